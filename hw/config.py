@@ -1,0 +1,437 @@
+"""The one configuration object of an accelerator.
+
+:class:`AcceleratorConfig` is read by the gateware generators, the compiler and the golden model.
+Every derived quantity (row widths, address widths, bank sizes, element sizes) is a property here,
+so that no other module computes it a second time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["AcceleratorConfig", "ConfigError", "ACTIVATIONS", "POOLINGS", "DATAFLOWS"]
+
+DATAFLOWS = ("ws", "os")
+ACTIVATIONS = ("relu", "relu6", "clip")
+POOLINGS = ("max", "avg")
+
+
+class ConfigError(ValueError):
+    """An accelerator configuration breaks a rule. The message names the field, the rule and
+    the value that was given."""
+
+
+def _is_pow2(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+def _ceil_log2(value: int) -> int:
+    return max(1, (value - 1).bit_length())
+
+
+# Field documentation, shown by `systolic config --help-fields` and in the README.
+_DOC = {
+    "rows": "rows of the MAC array (R): the reduction (K) dimension in WS, output rows (M) in OS",
+    "cols": "columns of the MAC array (C): output channels (N) per tile",
+    "input_bits": "width of an input (activation) element, bits",
+    "input_signed": "input elements are signed two's complement",
+    "weight_bits": "width of a weight element, bits",
+    "weight_signed": "weight elements are signed two's complement",
+    "acc_bits": "width of an accumulator element, bits",
+    "acc_signed": "accumulator elements are signed",
+    "dataflow": "'ws' (weight-stationary) or 'os' (output-stationary)",
+    "scratchpad_bytes": "scratchpad capacity, bytes",
+    "scratchpad_banks": "scratchpad banks (ping-pong halves are made of banks)",
+    "accumulator_bytes": "accumulator memory capacity, bytes",
+    "requant_table_rows": "rows of the SFU's per-channel bias/multiplier/shift table",
+    "dma_data_bits": "AXI4 data width of the DMA and instruction fetch, bits",
+    "dma_max_burst": "longest AXI4 INCR burst, beats",
+    "dma_outstanding": "AXI4 read bursts in flight",
+    "dram_latency": "DRAM read latency assumed by the cycle estimate, cycles",
+    "load_queue_depth": "instructions buffered in the load queue",
+    "compute_queue_depth": "instructions buffered in the compute queue",
+    "store_queue_depth": "instructions buffered in the store queue",
+    "token_depth": "dependency tokens each queue-to-queue channel can hold",
+    "sfu_activations": "activations the SFU implements: any of relu, relu6, clip",
+    "sfu_pooling": "pooling modes the SFU implements: any of max, avg",
+    "sfu_residual": "the SFU can add a residual int tensor on the store path",
+    "clock_mhz": "target clock frequency, MHz",
+}
+
+
+@dataclass(frozen=True)
+class AcceleratorConfig:
+    """Parameters of one accelerator instance. Frozen and validated at construction.
+
+    Units: widths in bits, sizes in bytes, depths in entries, clock in MHz.
+    """
+
+    rows: int = 8
+    cols: int = 8
+    input_bits: int = 8
+    input_signed: bool = True
+    weight_bits: int = 8
+    weight_signed: bool = True
+    acc_bits: int = 32
+    acc_signed: bool = True
+    dataflow: str = "ws"
+    scratchpad_bytes: int = 64 * 1024
+    scratchpad_banks: int = 2
+    accumulator_bytes: int = 16 * 1024
+    requant_table_rows: int = 64
+    dma_data_bits: int = 64
+    dma_max_burst: int = 16
+    dma_outstanding: int = 4
+    dram_latency: int = 16
+    load_queue_depth: int = 8
+    compute_queue_depth: int = 8
+    store_queue_depth: int = 8
+    token_depth: int = 8
+    sfu_activations: tuple[str, ...] = field(default=ACTIVATIONS)
+    sfu_pooling: tuple[str, ...] = field(default=POOLINGS)
+    sfu_residual: bool = True
+    clock_mhz: float = 100.0
+
+    # -- validation -------------------------------------------------------------------------------
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", int):
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ConfigError(f"{f.name} must be an integer, not {value!r}")
+            elif f.type in ("bool", bool):
+                if not isinstance(value, bool):
+                    raise ConfigError(f"{f.name} must be true or false, not {value!r}")
+            elif f.type in ("float", float):
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise ConfigError(f"{f.name} must be a number, not {value!r}")
+                object.__setattr__(self, f.name, float(value))
+            elif f.type in ("str", str):
+                if not isinstance(value, str):
+                    raise ConfigError(f"{f.name} must be a string, not {value!r}")
+            else:  # tuple[str, ...]
+                if isinstance(value, str) or not isinstance(value, list | tuple):
+                    raise ConfigError(f"{f.name} must be a list of strings, not {value!r}")
+                object.__setattr__(self, f.name, tuple(value))
+
+        for name in ("rows", "cols"):
+            value = getattr(self, name)
+            if not (_is_pow2(value) and 2 <= value <= 64):
+                raise ConfigError(f"{name} must be a power of two between 2 and 64, not {value!r}")
+        for name in ("input_bits", "weight_bits"):
+            value = getattr(self, name)
+            if value not in (8, 16):
+                raise ConfigError(f"{name} must be 8 or 16, not {value!r}")
+        if self.acc_bits not in (16, 32):
+            raise ConfigError(f"acc_bits must be 16 or 32, not {self.acc_bits!r}")
+        if self.acc_bits < self.input_bits + self.weight_bits:
+            raise ConfigError(
+                f"acc_bits must be at least input_bits + weight_bits "
+                f"({self.input_bits + self.weight_bits}) so that one product fits, not {self.acc_bits!r}")
+        if (self.input_signed or self.weight_signed) and not self.acc_signed:
+            raise ConfigError("acc_signed must be true when input_signed or weight_signed is true, "
+                              "not false")
+        if self.dataflow not in DATAFLOWS:
+            raise ConfigError(f"dataflow must be one of 'ws', 'os', not {self.dataflow!r}")
+
+        if not _is_pow2(self.scratchpad_banks) or not 2 <= self.scratchpad_banks <= 64:
+            raise ConfigError(f"scratchpad_banks must be a power of two between 2 and 64, "
+                              f"not {self.scratchpad_banks!r}")
+        if not _is_pow2(self.scratchpad_bytes):
+            raise ConfigError(f"scratchpad_bytes must be a power of two, not {self.scratchpad_bytes!r}")
+        min_spad = self.min_scratchpad_bytes
+        if self.scratchpad_bytes < min_spad:
+            raise ConfigError(
+                f"scratchpad_bytes must hold one tile in each of {self.scratchpad_banks} banks "
+                f"({self.tile_rows} rows of {self.spad_row_bytes} bytes per bank, {min_spad} bytes), "
+                f"not {self.scratchpad_bytes!r}")
+        if self.spad_rows > 1 << 16:
+            raise ConfigError(f"scratchpad_bytes must give at most 65536 rows of {self.spad_row_bytes} "
+                              f"bytes (the ISA's 16-bit row address), not {self.scratchpad_bytes!r}")
+        if not _is_pow2(self.accumulator_bytes):
+            raise ConfigError(f"accumulator_bytes must be a power of two, not {self.accumulator_bytes!r}")
+        min_acc = 2 * self.rows * self.acc_row_bytes
+        if self.accumulator_bytes < min_acc:
+            raise ConfigError(
+                f"accumulator_bytes must hold two output tiles ({2 * self.rows} rows of "
+                f"{self.acc_row_bytes} bytes, {min_acc} bytes), not {self.accumulator_bytes!r}")
+        if self.acc_rows > 1 << 16:
+            raise ConfigError(f"accumulator_bytes must give at most 65536 rows of {self.acc_row_bytes} "
+                              f"bytes (the ISA's 16-bit row address), not {self.accumulator_bytes!r}")
+        if not _is_pow2(self.requant_table_rows) or not 1 <= self.requant_table_rows <= 4096:
+            raise ConfigError(f"requant_table_rows must be a power of two between 1 and 4096, "
+                              f"not {self.requant_table_rows!r}")
+
+        if self.dma_data_bits not in (32, 64, 128):
+            raise ConfigError(f"dma_data_bits must be 32, 64 or 128, not {self.dma_data_bits!r}")
+        if not _is_pow2(self.dma_max_burst) or not 1 <= self.dma_max_burst <= 256:
+            raise ConfigError(f"dma_max_burst must be a power of two between 1 and 256 beats, "
+                              f"not {self.dma_max_burst!r}")
+        if self.dma_max_burst * self.dma_bytes > 4096:
+            raise ConfigError(
+                f"dma_max_burst times the bus width ({self.dma_bytes} bytes) must not cross AXI4's "
+                f"4096-byte boundary, not {self.dma_max_burst!r} beats "
+                f"({self.dma_max_burst * self.dma_bytes} bytes)")
+        if not 1 <= self.dma_outstanding <= 16:
+            raise ConfigError(f"dma_outstanding must be between 1 and 16, not {self.dma_outstanding!r}")
+        if not 1 <= self.dram_latency <= 1024:
+            raise ConfigError(f"dram_latency must be between 1 and 1024 cycles, not {self.dram_latency!r}")
+        for name in ("load_queue_depth", "compute_queue_depth", "store_queue_depth", "token_depth"):
+            value = getattr(self, name)
+            if not _is_pow2(value) or not 1 <= value <= 256:
+                raise ConfigError(f"{name} must be a power of two between 1 and 256, not {value!r}")
+
+        for name, allowed in (("sfu_activations", ACTIVATIONS), ("sfu_pooling", POOLINGS)):
+            value = getattr(self, name)
+            for item in value:
+                if item not in allowed:
+                    raise ConfigError(f"{name} entries must be among {', '.join(allowed)}, not {item!r}")
+            if len(set(value)) != len(value):
+                raise ConfigError(f"{name} must not repeat an entry, not {list(value)!r}")
+            # canonical order, so that equal feature sets hash alike
+            object.__setattr__(self, name, tuple(a for a in allowed if a in value))
+        if not 1.0 <= self.clock_mhz <= 1000.0:
+            raise ConfigError(f"clock_mhz must be between 1 and 1000, not {self.clock_mhz!r}")
+
+    # -- element types --------------------------------------------------------------------------
+
+    @property
+    def spad_elem_bits(self) -> int:
+        """Width of one scratchpad element (inputs and weights share rows), bits."""
+        return max(self.input_bits, self.weight_bits)
+
+    @property
+    def spad_elem_bytes(self) -> int:
+        """Size of one scratchpad element in DRAM, bytes."""
+        return self.spad_elem_bits // 8
+
+    @property
+    def input_bytes(self) -> int:
+        return self.input_bits // 8
+
+    @property
+    def acc_bytes(self) -> int:
+        """Size of one accumulator element in DRAM, bytes."""
+        return self.acc_bits // 8
+
+    @property
+    def output_bits(self) -> int:
+        """Width of a requantized output element: the input type of the next layer."""
+        return self.input_bits
+
+    @property
+    def output_signed(self) -> bool:
+        return self.input_signed
+
+    @property
+    def output_range(self) -> tuple[int, int]:
+        """Inclusive (min, max) of a requantized output element."""
+        return _int_range(self.output_bits, self.output_signed)
+
+    @property
+    def input_range(self) -> tuple[int, int]:
+        return _int_range(self.input_bits, self.input_signed)
+
+    @property
+    def weight_range(self) -> tuple[int, int]:
+        return _int_range(self.weight_bits, self.weight_signed)
+
+    @property
+    def acc_range(self) -> tuple[int, int]:
+        return _int_range(self.acc_bits, self.acc_signed)
+
+    # -- scratchpad geometry --------------------------------------------------------------------
+
+    @property
+    def spad_row_elems(self) -> int:
+        """Elements in one scratchpad row: an input vector (rows) or a weight row (cols)."""
+        return max(self.rows, self.cols)
+
+    @property
+    def spad_row_bits(self) -> int:
+        return self.spad_row_elems * self.spad_elem_bits
+
+    @property
+    def spad_row_bytes(self) -> int:
+        return self.spad_row_bits // 8
+
+    @property
+    def spad_rows(self) -> int:
+        """Rows in the whole scratchpad."""
+        return self.scratchpad_bytes // self.spad_row_bytes
+
+    @property
+    def spad_bank_rows(self) -> int:
+        """Rows in one scratchpad bank; bank b holds rows [b * spad_bank_rows, (b+1) * ...)."""
+        return self.spad_rows // self.scratchpad_banks
+
+    @property
+    def spad_addr_bits(self) -> int:
+        return _ceil_log2(self.spad_rows)
+
+    @property
+    def tile_rows(self) -> int:
+        """Scratchpad rows of one full operand tile (an R x C weight tile or R input rows)."""
+        return self.spad_row_elems
+
+    @property
+    def min_scratchpad_bytes(self) -> int:
+        return self.scratchpad_banks * self.tile_rows * self.spad_row_bytes
+
+    # -- accumulator geometry -------------------------------------------------------------------
+
+    @property
+    def acc_row_elems(self) -> int:
+        return self.cols
+
+    @property
+    def acc_row_bits(self) -> int:
+        return self.cols * self.acc_bits
+
+    @property
+    def acc_row_bytes(self) -> int:
+        return self.acc_row_bits // 8
+
+    @property
+    def acc_rows(self) -> int:
+        return self.accumulator_bytes // self.acc_row_bytes
+
+    @property
+    def acc_addr_bits(self) -> int:
+        return _ceil_log2(self.acc_rows)
+
+    @property
+    def requant_entry_bytes(self) -> int:
+        """One channel's requantize entry in DRAM: int32 bias, int32 multiplier, int32 shift."""
+        return 12
+
+    # -- bus ------------------------------------------------------------------------------------
+
+    @property
+    def dma_bytes(self) -> int:
+        """Bytes per AXI4 beat."""
+        return self.dma_data_bits // 8
+
+    @property
+    def peak_macs_per_cycle(self) -> int:
+        return self.rows * self.cols
+
+    # -- identity and serialization -------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        for key, value in out.items():
+            if isinstance(value, tuple):
+                out[key] = list(value)
+        return out
+
+    @property
+    def hash(self) -> int:
+        """64-bit identity of the config, stored in program headers (first 8 bytes of SHA-256
+        over the canonical JSON of every field)."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+    @property
+    def hash_hex(self) -> str:
+        return f"{self.hash:016x}"
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> AcceleratorConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown field {unknown[0]!r}; known fields are "
+                              f"{', '.join(sorted(known))}")
+        return cls(**values)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> AcceleratorConfig:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+        try:
+            values = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        for key, value in values.items():
+            if isinstance(value, dict):
+                raise ConfigError(f"{path}: tables are not used in a config file; "
+                                  f"write fields at top level, not [{key}]")
+        try:
+            return cls.from_dict(values, source=str(path))
+        except ConfigError as exc:
+            message = str(exc)
+            if not message.startswith(str(path)):
+                message = f"{path}: {message}"
+            raise ConfigError(message) from None
+
+    def to_toml(self) -> str:
+        lines = ["# systolic accelerator configuration", f"# hash {self.hash_hex}"]
+        for f in fields(self):
+            value = getattr(self, f.name)
+            lines.append(f"{f.name} = {_toml_value(value)}")
+        return "\n".join(lines) + "\n"
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_toml())
+
+    def replace(self, **changes: Any) -> AcceleratorConfig:
+        known = {f.name for f in fields(self)}
+        for key in changes:
+            if key not in known:
+                raise ConfigError(f"unknown field {key!r}; known fields are {', '.join(sorted(known))}")
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> str:
+        """Human-readable resolved config with derived quantities."""
+        out = [f"AcceleratorConfig {self.hash_hex}"]
+        width = max(len(f.name) for f in fields(self))
+        for f in fields(self):
+            out.append(f"  {f.name:<{width}} = {_toml_value(getattr(self, f.name))}")
+        out.append("derived:")
+        derived = {
+            "peak MACs/cycle": self.peak_macs_per_cycle,
+            "scratchpad rows": f"{self.spad_rows} x {self.spad_row_bytes} B "
+                               f"({self.spad_row_elems} elements), {self.scratchpad_banks} banks of "
+                               f"{self.spad_bank_rows} rows, {self.spad_addr_bits}-bit row address",
+            "accumulator rows": f"{self.acc_rows} x {self.acc_row_bytes} B ({self.cols} x "
+                                f"int{self.acc_bits}), {self.acc_addr_bits}-bit row address",
+            "requant table": f"{self.requant_table_rows} rows x {self.cols} channels",
+            "DMA beat": f"{self.dma_bytes} B, bursts up to {self.dma_max_burst * self.dma_bytes} B",
+            "peak GOPS": f"{2 * self.rows * self.cols * self.clock_mhz / 1000:.2f}",
+        }
+        for key, value in derived.items():
+            out.append(f"  {key:<{width}} : {value}")
+        return "\n".join(out)
+
+
+def field_docs() -> dict[str, str]:
+    return dict(_DOC)
+
+
+def _int_range(bits: int, signed: bool) -> tuple[int, int]:
+    if signed:
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
