@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AcceleratorConfig", "ConfigError", "ACTIVATIONS", "POOLINGS", "DATAFLOWS"]
+__all__ = ["AcceleratorConfig", "ConfigError", "ACTIVATIONS", "POOLINGS", "DATAFLOWS", "field_docs"]
 
 DATAFLOWS = ("ws", "os")
 ACTIVATIONS = ("relu", "relu6", "clip")
@@ -174,10 +174,10 @@ class AcceleratorConfig:
         if not _is_pow2(self.dma_max_burst) or not 1 <= self.dma_max_burst <= 256:
             raise ConfigError(f"dma_max_burst must be a power of two between 1 and 256 beats, "
                               f"not {self.dma_max_burst!r}")
-        if self.dma_max_burst * self.dma_bytes > 4096:
+        if self.dma_max_burst * self.dma_bytes < 64:
             raise ConfigError(
-                f"dma_max_burst times the bus width ({self.dma_bytes} bytes) must not cross AXI4's "
-                f"4096-byte boundary, not {self.dma_max_burst!r} beats "
+                f"dma_max_burst times the bus width ({self.dma_bytes} bytes) must cover one 64-byte "
+                f"instruction word, not {self.dma_max_burst!r} beats "
                 f"({self.dma_max_burst * self.dma_bytes} bytes)")
         if not 1 <= self.dma_outstanding <= 16:
             raise ConfigError(f"dma_outstanding must be between 1 and 16, not {self.dma_outstanding!r}")
@@ -356,9 +356,11 @@ class AcceleratorConfig:
     def from_toml(cls, path: str | Path) -> AcceleratorConfig:
         path = Path(path)
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: byte {exc.start} is not UTF-8 text") from None
         try:
             values = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:

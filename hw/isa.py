@@ -9,6 +9,7 @@ executable form of that meaning.
 
 from __future__ import annotations
 
+import operator
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -265,8 +266,8 @@ class Instruction:
                 value = int(value)
             if not isinstance(value, int):
                 try:
-                    value = int(value)  # numpy integers
-                except (TypeError, ValueError):
+                    value = operator.index(value)  # numpy integers; not floats or strings
+                except TypeError:
                     raise IsaError(f"{op.name} field {name} must be an integer, not {value!r}") from None
             if not f.min <= value <= f.max:
                 raise IsaError(f"{op.name} field {name} must be in [{f.min}, {f.max}] "
