@@ -1,0 +1,376 @@
+"""Golden model: queues, dependency tokens, hazards, deadlocks and the cycle estimate."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from systolic.hw.config import AcceleratorConfig
+from systolic.hw.isa import Instruction, Program, encode
+from systolic.sim.golden import (
+    DeadlockError,
+    ExecutionError,
+    GoldenModel,
+    HazardError,
+    InstrTiming,
+    run_golden,
+)
+from systolic.sim.programs import gemm_case, tile_load
+
+CONFIG = AcceleratorConfig()   # 8 x 8, 8-byte bus (8 cycles per instruction fetch), latency 16
+
+
+def _i(op, **fields):
+    return Instruction(op, **fields)
+
+
+def _spad_load(row, dram_addr, rows=1, **flags):
+    return tile_load("spad", row, dram_addr, rows, 8, row_bytes=8, elem_bytes=1, **flags)
+
+
+def _store_raw(acc_addr, dram_addr, **flags):
+    return _i("STORE", acc_addr=acc_addr, n=1, in_h=1, in_w=1, out_h=1, out_w=1, out_type="raw",
+              dram_addr=dram_addr, **flags)
+
+
+def _run(program, config=CONFIG, size=1 << 16, **kw):
+    return run_golden(config, program, np.zeros(size, np.uint8), **kw)
+
+
+# -- cycle estimate ---------------------------------------------------------------------------
+
+def test_cycle_estimate_by_hand():
+    program = [
+        # 16 aligned 8-byte rows: 16 beats + latency 16 = 32 cycles
+        tile_load("spad", 0, 0x1000, 16, 8, row_bytes=8, elem_bytes=1),
+        # 8 rows at an address 4 bytes into a beat: 2 beats each, 16 + 16 = 32 cycles
+        tile_load("spad", 16, 0x2004, 8, 8, row_bytes=8, elem_bytes=1, push_next=1),
+        # preload: busy max(m, k) = 16, results R + C = 16 cycles later
+        _i("COMPUTE", b_addr=16, m=16, k=8, n=8, preload=1, pop_prev=1, push_next=1),
+        # reuse: busy m = 16, starts when the unit is free (overlapping the drain)
+        _i("COMPUTE", acc_addr=16, m=16, k=8, n=8, push_next=1),
+        _i("CONFIG", zp_out=1),
+        # raw, 16 pixels of 32 aligned bytes: 64 beats > 16 SFU cycles; + 4
+        _i("STORE", n=8, in_h=16, in_w=1, out_h=16, out_w=1, out_type="raw", dram_addr=0x3000,
+           pitch_y=32, pitch_c=4, pop_prev=1),
+        # int with residual: 16 output beats + 16 residual rows of 2 beats + latency 16 = 64; + 4
+        _i("STORE", acc_addr=16, n=8, in_h=16, in_w=1, out_h=16, out_w=1, dram_addr=0x4000,
+           pitch_y=8, pitch_c=1, residual=1, res_addr=0x5003, pop_prev=1),
+        _i("FINISH"),
+    ]
+    result = _run(program)
+    assert result.timings == [
+        InstrTiming(0, "LOAD", "load", 8, 8, 40),
+        InstrTiming(1, "LOAD", "load", 16, 40, 72),
+        InstrTiming(2, "COMPUTE", "compute", 24, 72, 104),
+        InstrTiming(3, "COMPUTE", "compute", 32, 88, 120),
+        InstrTiming(4, "CONFIG", "store", 40, 40, 41),
+        InstrTiming(5, "STORE", "store", 48, 104, 172),
+        InstrTiming(6, "STORE", "store", 56, 172, 240),
+        InstrTiming(7, "FINISH", "dispatcher", 64, 240, 241),
+    ]
+    assert result.cycles == 241
+    assert result.busy == {"load": 64, "compute": 32, "store": 137}
+    assert result.macs == 2 * 16 * 8 * 8
+    assert result.dram_read_bytes == 128 + 64 + 128
+    assert result.dram_write_bytes == 16 * 32 + 128
+    assert result.instructions == 8
+    assert result.utilization == pytest.approx(2048 / (64 * 241))
+    assert result.summary()["cycles"] == 241
+
+
+def test_output_stationary_compute_cycles():
+    config = AcceleratorConfig(dataflow="os")
+    program = [_i("COMPUTE", m=8, k=20, n=8), _i("COMPUTE", m=3, k=5, n=2, acc_addr=8), _i("FINISH")]
+    result = _run(program, config)
+    # busy k + R = 28, complete R + C = 16 later; the next starts when the unit is free
+    assert result.timings[0] == InstrTiming(0, "COMPUTE", "compute", 8, 8, 52)
+    assert result.timings[1] == InstrTiming(1, "COMPUTE", "compute", 16, 36, 65)
+    assert result.busy["compute"] == 28 + 13
+
+
+def test_bounded_load_beats_skip_padding():
+    """A row of 8 elements, x from -2: two padding elements, then a run of 6 bytes starting 6
+    bytes into a beat (2 beats); a row entirely in padding costs 1 cycle."""
+    load = _i("LOAD", dst="spad", dram_addr=0x106, pitch_x=1, bounded=1, height=1, width=100,
+              x0=-2, rows_outer=1, rows_inner=2, inner_dy=1, segs=1, seg_len=8, elem_dx=1)
+    result = _run([load, _i("FINISH")])
+    assert result.timings[0].end - result.timings[0].start == 16 + 2 + 1
+    assert result.dram_read_bytes == 6
+
+
+def test_runs_break_at_non_consecutive_addresses():
+    # 4 elements 2 bytes apart: 4 runs of one byte, each in one beat
+    load = tile_load("spad", 0, 0, 1, 4, row_bytes=0, elem_bytes=2)
+    result = _run([load, _i("FINISH")])
+    assert result.timings[0].end - result.timings[0].start == 16 + 4
+
+
+def test_dispatch_waits_for_a_full_queue():
+    config = CONFIG.replace(load_queue_depth=1)
+    program = [_spad_load(0, 0), _spad_load(1, 8), _spad_load(2, 16), _i("FINISH")]
+    result = _run(program, config)
+    assert [(t.dispatch, t.start, t.end) for t in result.timings] == [
+        (8, 8, 25), (16, 25, 42), (25, 42, 59), (33, 59, 60)]
+
+
+def test_push_into_full_channel_waits_for_room():
+    """token_depth 1: the second token waits until COMPUTE 3 takes the first; the load queue
+    is held until then."""
+    config = CONFIG.replace(token_depth=1)
+    program = [
+        _spad_load(0, 0, push_next=1),
+        _spad_load(1, 8, push_next=1),
+        _i("COMPUTE", a_addr=200, b_addr=300, acc_addr=0, m=100, k=8, n=8, preload=1),
+        _i("COMPUTE", a_addr=0, b_addr=300, acc_addr=100, m=1, k=8, n=8, preload=1, pop_prev=1),
+        _i("COMPUTE", a_addr=1, acc_addr=101, m=1, k=8, n=8, pop_prev=1),
+        _spad_load(2, 16),
+        _i("FINISH"),
+    ]
+    t = _run(program, config).timings
+    assert (t[2].start, t[2].end) == (24, 140)          # busy 100, free at 124
+    assert t[3].start == 124                            # takes token 0 at 124
+    assert t[4].start == 132                            # token 1 arrived at max(42, 124)
+    assert t[5].start == 124                            # the load queue waited for the push
+
+
+def test_finish_waits_for_all_queues_and_ignores_what_follows():
+    bad = _i("LOAD", dst="spad", rows_outer=0)
+    result = _run([_spad_load(0, 0), _i("FINISH"), bad])
+    assert result.instructions == 2
+    words = encode(_spad_load(0, 0)) + encode(_i("FINISH")) + bytes(64)   # opcode 0 after it
+    assert GoldenModel(CONFIG).run(words, np.zeros(4096, np.uint8)).instructions == 2
+
+
+def test_finish_alone():
+    result = _run([_i("FINISH")])
+    assert result.timings == [InstrTiming(0, "FINISH", "dispatcher", 8, 8, 9)]
+    assert result.cycles == 9 and result.utilization == 0
+
+
+def test_gemm_case_overlaps_the_queues():
+    """Double buffering: the estimate is well below the sum of the units' busy cycles."""
+    case = gemm_case(AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=128,
+                                       accumulator_bytes=256), 24, 24, 8, seed=1)
+    result = run_golden(case.config, case.program, case.dram)
+    case.check(result.dram)
+    assert result.cycles < sum(result.busy.values())
+    assert max(result.busy.values()) <= result.cycles
+    starts = [t.start for t in result.timings]
+    ends = [t.end for t in result.timings]
+    assert all(s <= e for s, e in zip(starts, ends, strict=True))
+
+
+# -- hazards ----------------------------------------------------------------------------------
+
+def _hazard(program, message, config=CONFIG):
+    with pytest.raises(HazardError, match="^" + re.escape(message) + "$"):
+        _run(program, config)
+    _run(program, config, check_hazards=False)    # the same program runs unchecked
+
+
+def test_hazard_read_after_write_scratchpad():
+    program = [_spad_load(16, 0, rows=8), _spad_load(0, 64, rows=4, push_next=1),
+               _i("COMPUTE", b_addr=16, m=4, k=8, n=8, preload=1), _i("FINISH")]
+    _hazard(program, "instruction 2 (COMPUTE): reads scratchpad row 0 written by instruction 1 "
+                     "(LOAD) without a token ordering them")
+    program[2] = program[2].replace(pop_prev=1)   # the token orders both LOADs before it
+    _run(program)
+    program = [_spad_load(16, 0, rows=8), _i("COMPUTE", b_addr=16, m=4, k=8, n=8, preload=1),
+               _i("FINISH")]
+    _hazard(program, "instruction 1 (COMPUTE): reads scratchpad row 16 written by instruction 0 "
+                     "(LOAD) without a token ordering them")
+
+
+def test_hazard_write_after_read_scratchpad():
+    program = [_spad_load(0, 0, rows=8, push_next=1),
+               _i("COMPUTE", m=8, k=8, n=8, preload=1, pop_prev=1),
+               _spad_load(0, 64), _i("FINISH")]
+    _hazard(program, "instruction 2 (LOAD): writes scratchpad row 0 read by instruction 1 "
+                     "(COMPUTE) without a token ordering them")
+
+
+def test_hazard_write_after_write_accumulator():
+    program = [tile_load("acc", 5, 0, 1, 8, row_bytes=32, elem_bytes=4),
+               _i("COMPUTE", acc_addr=3, m=4, k=8, n=8, preload=1), _i("FINISH")]
+    _hazard(program, "instruction 1 (COMPUTE): writes accumulator row 5 written by instruction 0 "
+                     "(LOAD) without a token ordering them")
+
+
+def test_hazard_store_reads_unfinished_accumulator():
+    program = [_i("COMPUTE", m=1, k=8, n=8, preload=1), _store_raw(0, 0x100), _i("FINISH")]
+    _hazard(program, "instruction 1 (STORE): reads accumulator row 0 written by instruction 0 "
+                     "(COMPUTE) without a token ordering them")
+
+
+def test_hazard_store_reads_table_without_token():
+    program = [tile_load("table", 2, 0, 1, 8, row_bytes=0, elem_bytes=12),
+               _i("STORE", n=1, in_h=1, in_w=1, out_h=1, out_w=1, qrow=2, dram_addr=0x100),
+               _i("FINISH")]
+    _hazard(program, "instruction 1 (STORE): reads requantize table row 2 written by instruction "
+                     "0 (LOAD) without a token ordering them")
+
+
+def test_hazard_dram_read_after_store():
+    program = [_store_raw(0, 0x100), _spad_load(0, 0xFC), _i("FINISH")]
+    _hazard(program, "instruction 1 (LOAD): reads DRAM byte 0x100 written by instruction 0 "
+                     "(STORE) without a token ordering them")
+
+
+def test_hazard_dram_write_after_load():
+    program = [_spad_load(0, 0x100), _store_raw(0, 0x104), _i("FINISH")]
+    _hazard(program, "instruction 1 (STORE): writes DRAM byte 0x104 read by instruction 0 "
+                     "(LOAD) without a token ordering them")
+
+
+def test_token_chain_through_sync_orders_store_and_load():
+    """store -> compute -> load through a SYNC: the next layer may read the output."""
+    program = [_store_raw(0, 0x100, push_prev=1),
+               _i("SYNC", queue="compute", pop_next=1, push_prev=1),
+               _spad_load(0, 0x100, pop_next=1), _i("FINISH")]
+    result = _run(program)
+    assert [t.queue for t in result.timings] == ["store", "compute", "load", "dispatcher"]
+    assert result.timings[2].start >= result.timings[0].end
+
+
+def test_program_order_orders_one_queue():
+    """Same-queue accesses need no token: program order orders them."""
+    program = [_spad_load(0, 0), _spad_load(0, 8), _store_raw(0, 0x100), _store_raw(0, 0x100),
+               _i("FINISH")]
+    _run(program)
+
+
+def test_tokens_order_transitively():
+    """The table reaches the STORE through load -> compute -> store."""
+    program = [tile_load("table", 0, 0, 1, 8, row_bytes=0, elem_bytes=12),
+               _spad_load(8, 0x40, push_next=1),
+               _i("SYNC", queue="compute", pop_prev=1, push_next=1),
+               _i("STORE", n=1, in_h=1, in_w=1, out_h=1, out_w=1, dram_addr=0x100, pop_prev=1),
+               _i("FINISH")]
+    _run(program)
+
+
+def test_missing_token_in_a_gemm_is_found():
+    case = gemm_case(AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=128,
+                                       accumulator_bytes=256), 24, 8, 4, seed=2)
+    instrs = list(case.program.instructions)
+    index = next(i for i, ins in enumerate(instrs) if ins.op.name == "LOAD" and ins.pop_next)
+    instrs[index] = instrs[index].replace(pop_next=0)
+    # its compute -> load token is left in the channel and the slot's rewrite is unordered
+    with pytest.raises(HazardError, match=rf"^instruction {index} \(LOAD\): writes scratchpad "
+                                          rf"row \d+ read by instruction \d+ \(COMPUTE\) without "
+                                          rf"a token ordering them$"):
+        run_golden(case.config, Program(tuple(instrs), case.config.hash), case.dram)
+
+
+# -- deadlocks --------------------------------------------------------------------------------
+
+def _deadlock(program, message, config=CONFIG):
+    with pytest.raises(DeadlockError, match="^" + re.escape(message) + "$"):
+        _run(program, config)
+
+
+def test_deadlock_pop_without_push():
+    _deadlock([_i("COMPUTE", m=1, k=1, n=1, preload=1, pop_prev=1), _i("FINISH")],
+              "instruction 0 (COMPUTE): deadlock, no queue can progress: load queue: empty; "
+              "compute queue: instruction 0 (COMPUTE) waits for a token from the load queue; "
+              "store queue: empty; dispatcher: instruction 1 (FINISH) waits for every queue to "
+              "be idle")
+
+
+def test_deadlock_circular_wait():
+    _deadlock([_i("SYNC", queue="compute", pop_next=1, push_next=1),
+               _i("SYNC", queue="store", pop_prev=1, push_prev=1), _i("FINISH")],
+              "instruction 0 (SYNC): deadlock, no queue can progress: load queue: empty; "
+              "compute queue: instruction 0 (SYNC) waits for a token from the store queue; "
+              "store queue: instruction 1 (SYNC) waits for a token from the compute queue; "
+              "dispatcher: instruction 2 (FINISH) waits for every queue to be idle")
+
+
+def test_deadlock_full_queue_blocks_the_dispatcher():
+    program = [_i("SYNC", queue="compute", pop_prev=1), _i("SYNC", queue="compute"),
+               _i("SYNC", queue="load", push_next=1), _i("FINISH")]
+    _deadlock(program,
+              "instruction 0 (SYNC): deadlock, no queue can progress: load queue: empty; "
+              "compute queue: instruction 0 (SYNC) waits for a token from the load queue; "
+              "store queue: empty; dispatcher: instruction 1 (SYNC) waits for room in the "
+              "compute queue (1 of 1 entries used)", CONFIG.replace(compute_queue_depth=1))
+    _run(program, CONFIG.replace(compute_queue_depth=2))   # one more entry and it runs
+
+
+def test_deadlock_full_channel():
+    _deadlock([_spad_load(0, 0, push_next=1), _spad_load(1, 0, push_next=1), _i("FINISH")],
+              "instruction 1 (LOAD): deadlock, no queue can progress: load queue: instruction 1 "
+              "(LOAD) waits to push a token into a full channel (load->compute holds 1 of 1); "
+              "compute queue: empty; store queue: empty; dispatcher: instruction 2 (FINISH) "
+              "waits for every queue to be idle", CONFIG.replace(token_depth=1))
+
+
+def test_pop_waits_for_the_token_not_deadlock():
+    """A COMPUTE dispatched before its LOAD waits for it (the dispatcher runs ahead)."""
+    program = [_i("COMPUTE", m=1, k=8, n=8, preload=1, pop_prev=1), _spad_load(0, 0, push_next=1),
+               _i("FINISH")]
+    result = _run(program)
+    assert result.timings[0].start == result.timings[1].end
+
+
+# -- token flags ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("instr,flag,rule", [
+    (_spad_load(0, 0, pop_prev=1), "pop_prev", "the load queue has no previous queue"),
+    (_spad_load(0, 0, push_prev=1), "push_prev", "the load queue has no previous queue"),
+    (_store_raw(0, 0, push_next=1), "push_next", "the store queue has no next queue"),
+    (_store_raw(0, 0, pop_next=1), "pop_next", "the store queue has no next queue"),
+    (_i("CONFIG", push_next=1), "push_next", "the store queue has no next queue"),
+    (_i("CONFIG", pop_next=1), "pop_next", "the store queue has no next queue"),
+    (_i("SYNC", queue="load", pop_prev=1), "pop_prev",
+     "the load queue (SYNC queue=load) has no previous queue"),
+    (_i("SYNC", queue="store", push_next=1), "push_next",
+     "the store queue (SYNC queue=store) has no next queue"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_illegal_token_flags(instr, flag, rule):
+    message = f"instruction 1 ({instr.op.name}): field {flag}: {rule}, so {flag} must be 0, not 1"
+    with pytest.raises(ExecutionError, match="^" + re.escape(message) + "$"):
+        _run([_i("SYNC", queue="compute"), instr, _i("FINISH")])
+
+
+@pytest.mark.parametrize("flag", ["pop_prev", "pop_next", "push_prev", "push_next"])
+def test_finish_takes_no_flags(flag):
+    with pytest.raises(ExecutionError, match=rf"^instruction 0 \(FINISH\): field {flag}: FINISH "
+                                             rf"takes no token flags, so {flag} must be 0, not 1$"):
+        _run([_i("FINISH", **{flag: 1})])
+
+
+# -- builders under the tightest queues -------------------------------------------------------
+
+@pytest.mark.parametrize("dataflow", ["ws", "os"])
+def test_builders_run_with_depth_one_queues_and_channels(dataflow):
+    """The builders' token protocol never needs more than one token in flight per channel
+    to make progress, nor more than one instruction per queue."""
+    config = AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=64, accumulator_bytes=128,
+                               dataflow=dataflow, token_depth=1, load_queue_depth=1,
+                               compute_queue_depth=1, store_queue_depth=1)
+    roomy = config.replace(token_depth=8, load_queue_depth=8, compute_queue_depth=8,
+                           store_queue_depth=8)
+    case = gemm_case(config, 13, 9, 10, seed=1)
+    tight = run_golden(config, case.program, case.dram)
+    case.check(tight.dram)
+    case = gemm_case(roomy, 13, 9, 10, seed=1)
+    loose = run_golden(roomy, case.program, case.dram)
+    case.check(loose.dram)
+    assert loose.cycles <= tight.cycles
+
+
+def test_large_sparse_dram_image():
+    """A 96 MiB image touched only near its end: hazard bookkeeping allocates only what is
+    touched."""
+    size = 96 << 20
+    dram = np.zeros(size, np.uint8)
+    dram[size - 64:size - 56] = np.arange(8)
+    program = [_spad_load(0, size - 64), _store_raw(0, size - 4), _i("FINISH")]
+    with pytest.raises(HazardError, match=r"^instruction 1 \(STORE\): writes DRAM byte "
+                                          rf"{size - 4:#x} read by"):
+        run_golden(CONFIG, [_spad_load(0, size - 8), _store_raw(0, size - 4), _i("FINISH")], dram)
+    result = run_golden(CONFIG, program, dram)
+    assert result.dram[size - 4:].tolist() == [0, 0, 0, 0]
