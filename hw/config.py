@@ -308,6 +308,11 @@ class AcceleratorConfig:
         return _ceil_log2(self.acc_rows)
 
     @property
+    def requant_addr_bits(self) -> int:
+        """Width of a requantize-table row address (0 for a one-row table)."""
+        return (self.requant_table_rows - 1).bit_length()
+
+    @property
     def requant_entry_bytes(self) -> int:
         """One channel's requantize entry in DRAM: int32 bias, int32 multiplier, int32 shift."""
         return 12

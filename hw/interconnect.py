@@ -1,0 +1,79 @@
+"""AXI4 read arbiter: several read managers (instruction fetch, LOAD, residual reads) share one
+AXI4 read channel pair with a single ID.
+
+Bursts are granted round-robin on AR; the owner of each granted burst is queued so that the
+in-order R beats go back to the manager that asked for them (a single-ID subordinate answers in
+order). The owner FIFO is deep enough for every burst the managers can have in flight.
+"""
+
+from __future__ import annotations
+
+from amaranth import Module, Signal
+from amaranth.lib import fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .axi import AddressLayout, ReadDataLayout
+
+__all__ = ["ReadArbiter"]
+
+
+class ReadArbiter(wiring.Component):
+    """``managers[i]`` are subordinate-side ports (``ar`` in, ``r`` out) for ``count`` managers;
+    ``bus`` is the shared manager-side port."""
+
+    def __init__(self, count: int, *, addr_width: int = 32, data_width: int = 64, max_in_flight: int = 16):
+        if not isinstance(count, int) or count < 1:
+            raise ValueError(f"count must be a positive integer, not {count!r}")
+        if not isinstance(max_in_flight, int) or max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be a positive integer, not {max_in_flight!r}")
+        self.count = count
+        self.max_in_flight = max_in_flight
+        port = wiring.Signature({
+            "ar": Out(stream.Signature(AddressLayout(addr_width))),
+            "r": In(stream.Signature(ReadDataLayout(data_width))),
+        })
+        super().__init__({
+            "managers": In(port).array(count),
+            "bus": Out(port),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.count
+        m.submodules.owners = owners = fifo.SyncFIFOBuffered(width=max(1, (n - 1).bit_length()),
+                                                             depth=self.max_in_flight)
+
+        # AR: round-robin among requesting managers, only while the owner FIFO has room
+        last = Signal(range(max(2, n)))
+        grant = Signal(range(max(2, n)))
+        any_req = Signal()
+        for offset in reversed(range(n)):
+            # the first requester after `last` wins; iterate so that the highest priority is assigned last
+            for base in range(n):
+                index = (base + 1 + offset) % n
+                with m.If((last == base) & self.managers[index].ar.valid):
+                    m.d.comb += [grant.eq(index), any_req.eq(1)]
+        with m.Switch(grant):
+            for i in range(n):
+                with m.Case(i):
+                    m.d.comb += [
+                        self.bus.ar.valid.eq(self.managers[i].ar.valid & owners.w_rdy),
+                        self.bus.ar.payload.eq(self.managers[i].ar.payload),
+                        self.managers[i].ar.ready.eq(self.bus.ar.ready & owners.w_rdy),
+                    ]
+        ar_fire = self.bus.ar.valid & self.bus.ar.ready
+        m.d.comb += [owners.w_data.eq(grant), owners.w_en.eq(ar_fire & any_req)]
+        with m.If(ar_fire & any_req):
+            m.d.sync += last.eq(grant)
+
+        # R: to the owner at the head of the FIFO
+        with m.Switch(owners.r_data):
+            for i in range(n):
+                with m.Case(i):
+                    m.d.comb += [
+                        self.managers[i].r.valid.eq(self.bus.r.valid & owners.r_rdy),
+                        self.managers[i].r.payload.eq(self.bus.r.payload),
+                        self.bus.r.ready.eq(self.managers[i].r.ready & owners.r_rdy),
+                    ]
+        m.d.comb += owners.r_en.eq(self.bus.r.valid & self.bus.r.ready & self.bus.r.payload.last)
+        return m

@@ -1,0 +1,252 @@
+"""The top-level accelerator: one AXI4 manager port to DRAM, one AXI4-Lite subordinate port for
+the host's control and status registers, and an interrupt that rises when a program is done.
+
+Ports of the generated Verilog module (``systolic_top``):
+
+* ``clk``, ``rst`` — clock and synchronous active-high reset;
+* ``m_axi_*`` — AXI4 manager: ``arvalid arready araddr arlen arsize arburst``,
+  ``rvalid rready rdata rresp rlast``, ``awvalid awready awaddr awlen awsize awburst``,
+  ``wvalid wready wdata wstrb wlast``, ``bvalid bready bresp``; one ID, INCR bursts only;
+* ``s_axil_*`` — AXI4-Lite subordinate: ``awvalid awready awaddr wvalid wready wdata wstrb
+  bvalid bready bresp arvalid arready araddr rvalid rready rdata rresp``; registers in
+  :mod:`systolic.hw.csr`;
+* ``irq`` — high while STATUS.done is set.
+
+Inside (docs/architecture.md has the block diagram): CSRs, the instruction fetcher and dispatcher,
+three queue sequencers joined by four token channels, the load, compute and store units, the
+scratchpad, accumulator, requantize table and systolic array, and a read arbiter that shares the
+AXI read channels between instruction fetch, LOADs and residual reads.
+"""
+
+from __future__ import annotations
+
+from amaranth import Module, Signal
+from amaranth.hdl import ResetInserter
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from .accumulator import Accumulator
+from .array import SystolicArray
+from .axi import BURST_INCR
+from .config import AcceleratorConfig
+from .controller import Dispatcher, Fetcher, Sequencer, TokenChannel
+from .csr import COUNTERS, CSR_ADDR_BITS, CSRBank
+from .interconnect import ReadArbiter
+from .isa import Queue
+from .requant_table import RequantTable
+from .scratchpad import Scratchpad
+from .units import ComputeUnit, LoadUnit, StoreUnit
+
+__all__ = ["Accelerator", "top_ports"]
+
+
+def top_ports(config: AcceleratorConfig) -> dict[str, tuple[str, int]]:
+    """Every port of ``systolic_top`` but the clock and reset: name -> (direction, width)."""
+    w = config.dma_data_bits
+    ports = {}
+    for name, direction, width in (
+        ("arvalid", "out", 1), ("arready", "in", 1), ("araddr", "out", 32), ("arlen", "out", 8),
+        ("arsize", "out", 3), ("arburst", "out", 2),
+        ("rvalid", "in", 1), ("rready", "out", 1), ("rdata", "in", w), ("rresp", "in", 2), ("rlast", "in", 1),
+        ("awvalid", "out", 1), ("awready", "in", 1), ("awaddr", "out", 32), ("awlen", "out", 8),
+        ("awsize", "out", 3), ("awburst", "out", 2),
+        ("wvalid", "out", 1), ("wready", "in", 1), ("wdata", "out", w), ("wstrb", "out", w // 8),
+        ("wlast", "out", 1),
+        ("bvalid", "in", 1), ("bready", "out", 1), ("bresp", "in", 2),
+    ):
+        ports[f"m_axi_{name}"] = (direction, width)
+    for name, direction, width in (
+        ("awvalid", "in", 1), ("awready", "out", 1), ("awaddr", "in", CSR_ADDR_BITS),
+        ("wvalid", "in", 1), ("wready", "out", 1), ("wdata", "in", 32), ("wstrb", "in", 4),
+        ("bvalid", "out", 1), ("bready", "in", 1), ("bresp", "out", 2),
+        ("arvalid", "in", 1), ("arready", "out", 1), ("araddr", "in", CSR_ADDR_BITS),
+        ("rvalid", "out", 1), ("rready", "in", 1), ("rdata", "out", 32), ("rresp", "out", 2),
+    ):
+        ports[f"s_axil_{name}"] = (direction, width)
+    ports["irq"] = ("out", 1)
+    return ports
+
+
+class Accelerator(wiring.Component):
+    """The whole accelerator for one :class:`AcceleratorConfig` (flat AXI port names, see the
+    module docstring)."""
+
+    def __init__(self, config: AcceleratorConfig):
+        if not isinstance(config, AcceleratorConfig):
+            raise TypeError(f"config must be an AcceleratorConfig, not {config!r}")
+        self.config = config
+        members = {}
+        for name, (direction, width) in top_ports(config).items():
+            members[name] = (Out if direction == "out" else In)(width)
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+
+        m.submodules.csr = csr = CSRBank(cfg.hash)
+        core = Module()
+        m.submodules.core = ResetInserter(csr.soft_reset)(core)
+
+        # -- host port ------------------------------------------------------------------------
+        lite = csr.bus
+        m.d.comb += [
+            lite.aw.valid.eq(self.s_axil_awvalid), self.s_axil_awready.eq(lite.aw.ready),
+            lite.aw.payload.addr.eq(self.s_axil_awaddr),
+            lite.w.valid.eq(self.s_axil_wvalid), self.s_axil_wready.eq(lite.w.ready),
+            lite.w.payload.data.eq(self.s_axil_wdata), lite.w.payload.strb.eq(self.s_axil_wstrb),
+            self.s_axil_bvalid.eq(lite.b.valid), lite.b.ready.eq(self.s_axil_bready),
+            self.s_axil_bresp.eq(lite.b.payload.resp),
+            lite.ar.valid.eq(self.s_axil_arvalid), self.s_axil_arready.eq(lite.ar.ready),
+            lite.ar.payload.addr.eq(self.s_axil_araddr),
+            self.s_axil_rvalid.eq(lite.r.valid), lite.r.ready.eq(self.s_axil_rready),
+            self.s_axil_rdata.eq(lite.r.payload.data), self.s_axil_rresp.eq(lite.r.payload.resp),
+        ]
+
+        # -- blocks -----------------------------------------------------------------------------
+        core.submodules.fetcher = fetcher = Fetcher(cfg)
+        core.submodules.dispatcher = dispatcher = Dispatcher(cfg)
+        sequencers = [Sequencer() for _ in Queue]
+        for q, seq in zip(Queue, sequencers, strict=True):
+            core.submodules[f"seq_{q.name.lower()}"] = seq
+        core.submodules.load = load = LoadUnit(cfg)
+        core.submodules.compute = compute = ComputeUnit(cfg)
+        core.submodules.store = store = StoreUnit(cfg)
+        core.submodules.spad = spad = Scratchpad(cfg)
+        core.submodules.acc = acc = Accumulator(cfg)
+        core.submodules.table = table = RequantTable(cfg)
+        core.submodules.array = array = SystolicArray(cfg)
+        core.submodules.reads = reads = ReadArbiter(
+            3, data_width=cfg.dma_data_bits, max_in_flight=2 * cfg.dma_outstanding + 4)
+
+        # -- control --------------------------------------------------------------------------
+        start = csr.start
+        core.d.comb += [
+            fetcher.start.eq(start), fetcher.prog_addr.eq(csr.prog_addr), fetcher.prog_len.eq(csr.prog_len),
+            fetcher.abort.eq(dispatcher.halt),
+            dispatcher.start.eq(start), dispatcher.exhausted.eq(fetcher.exhausted),
+            dispatcher.fetch_error.eq(fetcher.error),
+        ]
+        wiring.connect(core, fetcher=fetcher.instr, dispatcher=dispatcher.instr)
+        units = (load, compute, store)
+        for q, seq, unit in zip(Queue, sequencers, units, strict=True):
+            wiring.connect(core, dispatcher=dispatcher.queues[q.value], sequencer=seq.queue)
+            wiring.connect(core, sequencer=seq.unit_cmd, unit=unit.cmd)
+            core.d.comb += [seq.unit_completed.eq(unit.completed), seq.halt.eq(dispatcher.halt)]
+
+        # token channels: (from, to)
+        channels = {}
+        for src, dst in ((Queue.LOAD, Queue.COMPUTE), (Queue.COMPUTE, Queue.LOAD),
+                         (Queue.COMPUTE, Queue.STORE), (Queue.STORE, Queue.COMPUTE)):
+            channel = TokenChannel(cfg.token_depth)
+            core.submodules[f"tokens_{src.name.lower()}_{dst.name.lower()}"] = channel
+            core.d.comb += channel.clear.eq(start)
+            channels[src, dst] = channel
+        for q, seq in zip(Queue, sequencers, strict=True):
+            prev = Queue(q.value - 1) if q.value > 0 else None
+            nxt = Queue(q.value + 1) if q.value < 2 else None
+            if prev is not None:
+                incoming, outgoing = channels[prev, q], channels[q, prev]
+                core.d.comb += [
+                    seq.prev_available.eq(incoming.available), incoming.pop.eq(seq.prev_pop),
+                    seq.prev_full.eq(outgoing.full), outgoing.push.eq(seq.prev_push),
+                ]
+            if nxt is not None:
+                incoming, outgoing = channels[nxt, q], channels[q, nxt]
+                core.d.comb += [
+                    seq.next_available.eq(incoming.available), incoming.pop.eq(seq.next_pop),
+                    seq.next_full.eq(outgoing.full), outgoing.push.eq(seq.next_push),
+                ]
+
+        idle = Signal()
+        core.d.comb += idle.eq(sequencers[0].idle & sequencers[1].idle & sequencers[2].idle &
+                               ~load.busy & ~compute.busy & ~store.busy)
+        core.d.comb += dispatcher.idle.eq(idle)
+        for unit in (store, load):      # the load unit's error wins when both report one
+            with core.If(unit.error != 0):
+                core.d.comb += [dispatcher.unit_error.eq(unit.error),
+                                dispatcher.unit_error_pc.eq(unit.error_pc)]
+
+        running = Signal()
+        with core.If(start):
+            core.d.sync += running.eq(1)
+        with core.Elif(dispatcher.done):
+            core.d.sync += running.eq(0)
+        core.d.comb += [
+            csr.busy.eq(running & ~dispatcher.done),
+            csr.done.eq(dispatcher.done),
+            csr.error.eq(dispatcher.error),
+            csr.error_pc.eq(dispatcher.error_pc),
+            csr.pc.eq(fetcher.instr.payload.pc),
+            self.irq.eq(dispatcher.done),
+        ]
+        core.d.comb += [load.dram_base.eq(csr.dram_base), store.dram_base.eq(csr.dram_base)]
+
+        # -- datapath ---------------------------------------------------------------------------
+        wiring.connect(core, load=load.spad_write, spad=spad.write)
+        wiring.connect(core, load=load.acc_write, acc=acc.dma_write)
+        wiring.connect(core, load=load.table_write, table=table.write)
+        wiring.connect(core, compute=compute.read_a, spad=spad.read_a)
+        wiring.connect(core, compute=compute.read_b, spad=spad.read_b)
+        if cfg.dataflow == "ws":
+            wiring.connect(core, compute=compute.weights, array=array.weights)
+        wiring.connect(core, compute=compute.inputs, array=array.inputs)
+        wiring.connect(core, array=array.outputs, compute=compute.outputs)
+        wiring.connect(core, compute=compute.acc_write, acc=acc.array_write)
+        wiring.connect(core, store=store.read_acc, acc=acc.read)
+        wiring.connect(core, store=store.read_table, table=table.read)
+
+        # -- DRAM port ----------------------------------------------------------------------------
+        wiring.connect(core, fetcher=fetcher.ar, arbiter=reads.managers[0].ar)
+        wiring.connect(core, arbiter=reads.managers[0].r, fetcher=fetcher.r)
+        wiring.connect(core, load=load.axi, arbiter=reads.managers[1])
+        wiring.connect(core, store=store.axi_r, arbiter=reads.managers[2])
+        bus, writes = reads.bus, store.axi_w
+        core.d.comb += [
+            self.m_axi_arvalid.eq(bus.ar.valid), bus.ar.ready.eq(self.m_axi_arready),
+            self.m_axi_araddr.eq(bus.ar.payload.addr), self.m_axi_arlen.eq(bus.ar.payload.len),
+            self.m_axi_arsize.eq(bus.ar.payload.size), self.m_axi_arburst.eq(BURST_INCR),
+            bus.r.valid.eq(self.m_axi_rvalid), self.m_axi_rready.eq(bus.r.ready),
+            bus.r.payload.data.eq(self.m_axi_rdata), bus.r.payload.resp.eq(self.m_axi_rresp),
+            bus.r.payload.last.eq(self.m_axi_rlast),
+            self.m_axi_awvalid.eq(writes.aw.valid), writes.aw.ready.eq(self.m_axi_awready),
+            self.m_axi_awaddr.eq(writes.aw.payload.addr), self.m_axi_awlen.eq(writes.aw.payload.len),
+            self.m_axi_awsize.eq(writes.aw.payload.size), self.m_axi_awburst.eq(BURST_INCR),
+            self.m_axi_wvalid.eq(writes.w.valid), writes.w.ready.eq(self.m_axi_wready),
+            self.m_axi_wdata.eq(writes.w.payload.data), self.m_axi_wstrb.eq(writes.w.payload.strb),
+            self.m_axi_wlast.eq(writes.w.payload.last),
+            writes.b.valid.eq(self.m_axi_bvalid), self.m_axi_bready.eq(writes.b.ready),
+            writes.b.payload.resp.eq(self.m_axi_bresp),
+        ]
+
+        # -- performance counters ------------------------------------------------------------------
+        BB = cfg.dma_bytes
+        dma_reads = reads.managers[1].r.valid & reads.managers[1].r.ready
+        res_reads = reads.managers[2].r.valid & reads.managers[2].r.ready
+        w_fire = writes.w.valid & writes.w.ready
+        strobes = writes.w.payload.strb
+        increments = {
+            "cycles": running & ~dispatcher.done,
+            "load_busy": load.busy,
+            "compute_busy": compute.busy,
+            "store_busy": store.busy,
+            "array_active": compute.array_active,
+            "macs": compute.macs,
+            "stall_load_token": sequencers[0].stall_token,
+            "stall_compute_token": sequencers[1].stall_token,
+            "stall_store_token": sequencers[2].stall_token,
+            "stall_dispatch": dispatcher.stall_dispatch,
+            "stall_fetch": dispatcher.stall_fetch & running,
+            "dram_read_bytes": (dma_reads + res_reads) * BB,
+            "dram_write_bytes": w_fire * sum(strobes[b] for b in range(len(strobes))),
+            "instructions": dispatcher.dispatched,
+        }
+        assert set(increments) == {name for name, _ in COUNTERS}
+        for name, increment in increments.items():
+            counter = Signal(64, name=f"count_{name}")
+            with core.If(start):
+                core.d.sync += counter.eq(0)
+            with core.Else():
+                core.d.sync += counter.eq(counter + increment)
+            core.d.comb += getattr(csr, f"counter_{name}").eq(counter)
+        return m

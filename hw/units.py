@@ -1,0 +1,609 @@
+"""The three execution units behind the queues: load, compute and store.
+
+Each unit takes instructions on ``cmd`` (from its :class:`~systolic.hw.controller.Sequencer`, tokens
+already popped) and raises ``completed`` for one cycle per instruction, in order, once the
+instruction's writes are visible to the other units.
+
+* :class:`LoadUnit` — LOAD: a :class:`~systolic.hw.dma.GatherReader` plus converters from its byte
+  rows to scratchpad, accumulator and requantize-table rows.
+* :class:`ComputeUnit` — COMPUTE: feeds the systolic array from the scratchpad (weights and inputs in
+  WS, A-transposed and B rows in OS) and writes its results into the accumulator. Instructions are
+  pipelined: the next COMPUTE's weights are read and preloaded while the current one streams.
+* :class:`StoreUnit` — CONFIG and STORE: walks the output pixels and pooling windows, reads the
+  accumulator rows and the requantize-table row, runs them through the SFU (with residual rows read
+  by a second GatherReader) and writes the pixels with a :class:`~systolic.hw.dma.ScatterWriter`.
+
+What the hardware does not check (the golden model does, and the compiler never emits such code):
+addresses past a memory wrap around, a table shift above 62 is taken modulo 64, illegal STORE field
+combinations give unspecified output.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .accumulator import acc_array_write_layout, acc_dma_write_layout, acc_row_layout
+from .array import input_layout, output_layout, weight_layout
+from .axi import AddressLayout, ReadDataLayout, ResponseLayout, WriteDataLayout
+from .config import AcceleratorConfig
+from .controller import InstructionLayout
+from .dma import GatherReader, LoadCommandLayout, ScatterWriter
+from .isa import LAYOUTS, Memory, Opcode, OutType, PoolMode
+from .requant_table import requant_row_layout, requant_write_layout
+from .scratchpad import read_port_signature, spad_row_layout, spad_write_layout
+from .sfu import SFU_REGS, SpecialFunctionUnit
+
+__all__ = ["LoadUnit", "ComputeUnit", "StoreUnit"]
+
+_ADDR = 32
+
+
+def _axi_read_port(config: AcceleratorConfig) -> wiring.Signature:
+    return wiring.Signature({
+        "ar": Out(stream.Signature(AddressLayout(_ADDR))),
+        "r": In(stream.Signature(ReadDataLayout(config.dma_data_bits))),
+    })
+
+
+def _axi_write_port(config: AcceleratorConfig) -> wiring.Signature:
+    return wiring.Signature({
+        "aw": Out(stream.Signature(AddressLayout(_ADDR))),
+        "w": Out(stream.Signature(WriteDataLayout(config.dma_data_bits))),
+        "b": In(stream.Signature(ResponseLayout())),
+    })
+
+
+def _view(op: Opcode, word) -> data.View:
+    return data.View(LAYOUTS[op], word)
+
+
+def _bytes_le(row: data.View, first: int, count: int):
+    """``count`` bytes of a byte-array view starting at ``first``, as one little-endian value."""
+    return Cat(*(row[first + i] for i in range(count)))
+
+
+# -- load -------------------------------------------------------------------------------------
+
+class LoadUnit(wiring.Component):
+    """Executes LOAD instructions; one at a time."""
+
+    def __init__(self, config: AcceleratorConfig):
+        self.config = config
+        super().__init__({
+            "cmd": In(stream.Signature(InstructionLayout())),
+            "completed": Out(1),
+            "busy": Out(1),
+            "dram_base": In(32),
+            "axi": Out(_axi_read_port(config)),
+            "spad_write": Out(stream.Signature(spad_write_layout(config))),
+            "acc_write": Out(stream.Signature(acc_dma_write_layout(config))),
+            "table_write": Out(stream.Signature(requant_write_layout(config))),
+            "error": Out(2),
+            "error_pc": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        m.submodules.reader = reader = GatherReader(cfg)
+        wiring.connect(m, reader=reader.ar, axi=wiring.flipped(self.axi.ar))
+        wiring.connect(m, axi=wiring.flipped(self.axi.r), reader=reader.r)
+
+        load = _view(Opcode.LOAD, self.cmd.payload.word)
+        dst = Signal(Memory)
+        widen = Signal()
+        pc = Signal(32)
+
+        command = Signal(LoadCommandLayout())
+        for name, _ in LoadCommandLayout():
+            if name in ("elem_bytes", "dram_addr"):
+                continue
+            m.d.comb += getattr(command, name).eq(getattr(load, name))
+        m.d.comb += command.dram_addr.eq(load.dram_addr + self.dram_base)
+        with m.Switch(load.dst):
+            with m.Case(Memory.SPAD):
+                m.d.comb += command.elem_bytes.eq(cfg.spad_elem_bytes)
+            with m.Case(Memory.ACC):
+                m.d.comb += command.elem_bytes.eq(Mux(load.widen, cfg.input_bytes, cfg.acc_bytes))
+            with m.Case(Memory.TABLE):
+                m.d.comb += command.elem_bytes.eq(cfg.requant_entry_bytes)
+        m.d.comb += reader.cmd.payload.eq(command)
+
+        with m.FSM(name="load"):
+            with m.State("IDLE"):
+                m.d.comb += [reader.cmd.valid.eq(self.cmd.valid), self.cmd.ready.eq(reader.cmd.ready)]
+                with m.If(self.cmd.valid & reader.cmd.ready):
+                    m.d.sync += [dst.eq(load.dst), widen.eq(load.widen), pc.eq(self.cmd.payload.pc)]
+                    m.next = "RUN"
+            with m.State("RUN"):
+                m.d.comb += self.busy.eq(1)
+                with m.If(~reader.busy):
+                    m.d.comb += self.completed.eq(1)
+                    m.next = "IDLE"
+
+        with m.If(reader.error != 0):
+            m.d.sync += [self.error.eq(reader.error), self.error_pc.eq(pc)]
+
+        # byte rows -> destination rows
+        rows = reader.rows.payload
+        spad = self.spad_write.payload
+        eb = cfg.spad_elem_bytes
+        for e in range(cfg.spad_row_elems):
+            m.d.comb += [spad.data[e].eq(_bytes_le(rows.data, e * eb, eb)),
+                         spad.mask[e].eq(rows.mask[e * eb])]
+        m.d.comb += spad.addr.eq(rows.row)
+
+        acc = self.acc_write.payload
+        ab, ib = cfg.acc_bytes, cfg.input_bytes
+        for c in range(cfg.cols):
+            narrow = _bytes_le(rows.data, c * ib, ib)
+            narrow = narrow.as_signed() if cfg.input_signed else narrow
+            m.d.comb += [
+                acc.data[c].eq(Mux(widen, narrow, _bytes_le(rows.data, c * ab, ab))),
+                acc.mask[c].eq(Mux(widen, rows.mask[c * ib], rows.mask[c * ab])),
+            ]
+        m.d.comb += acc.addr.eq(rows.row)
+
+        table = self.table_write.payload
+        tb = cfg.requant_entry_bytes
+        for c in range(cfg.cols):
+            m.d.comb += [
+                table.data[c].bias.eq(_bytes_le(rows.data, c * tb, 4)),
+                table.data[c].mult.eq(_bytes_le(rows.data, c * tb + 4, 4)),
+                table.data[c].shift.eq(_bytes_le(rows.data, c * tb + 8, 1)),
+                table.mask[c].eq(rows.mask[c * tb]),
+            ]
+        m.d.comb += table.addr.eq(rows.row)
+
+        with m.Switch(dst):
+            for kind, port in ((Memory.SPAD, self.spad_write), (Memory.ACC, self.acc_write),
+                               (Memory.TABLE, self.table_write)):
+                with m.Case(kind):
+                    m.d.comb += [port.valid.eq(reader.rows.valid), reader.rows.ready.eq(port.ready)]
+        m.d.comb += reader.clear_error.eq(self.cmd.valid & self.cmd.ready)
+        return m
+
+
+# -- compute ----------------------------------------------------------------------------------
+
+class ComputeUnit(wiring.Component):
+    """Executes COMPUTE instructions, several in flight (see the module docstring)."""
+
+    def __init__(self, config: AcceleratorConfig, *, depth: int = 4):
+        self.config = config
+        self.depth = depth
+        spad_addr = data.StructLayout({"addr": unsigned(config.spad_addr_bits)})
+        members = {
+            "cmd": In(stream.Signature(InstructionLayout())),
+            "completed": Out(1),
+            "busy": Out(1),
+            "macs": Out(40),             # MACs of the instruction completing this cycle
+            "array_active": Out(1),      # an input row entered the array this cycle
+            "read_a": Out(read_port_signature(spad_addr, spad_row_layout(config))),
+            "read_b": Out(read_port_signature(spad_addr, spad_row_layout(config))),
+            "inputs": Out(stream.Signature(input_layout(config))),
+            "outputs": In(stream.Signature(output_layout(config))),
+            "acc_write": Out(stream.Signature(acc_array_write_layout(config))),
+        }
+        if config.dataflow == "ws":
+            members["weights"] = Out(stream.Signature(weight_layout(config)))
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        R, C = cfg.rows, cfg.cols
+        ws = cfg.dataflow == "ws"
+        op = _view(Opcode.COMPUTE, self.cmd.payload.word)
+
+        feed_layout = data.StructLayout({"a_addr": 16, "b_addr": 16, "m": 16, "k": 16, "n": 8, "preload": 1})
+        write_layout = data.StructLayout({"acc_addr": 16, "rows": 16, "m": 16, "accumulate": 1, "macs": 40})
+        m.submodules.feeds = feeds = fifo.SyncFIFOBuffered(width=feed_layout.size, depth=self.depth)
+        m.submodules.writes = writes = fifo.SyncFIFOBuffered(width=write_layout.size, depth=self.depth)
+        if ws:
+            m.submodules.preloads = preloads = fifo.SyncFIFOBuffered(width=feed_layout.size,
+                                                                     depth=self.depth)
+
+        # -- accept: one descriptor per consumer ----------------------------------------------
+        feed = Signal(feed_layout)
+        write = Signal(write_layout)
+        m.d.comb += [
+            feed.a_addr.eq(op.a_addr), feed.b_addr.eq(op.b_addr), feed.m.eq(op.m), feed.k.eq(op.k),
+            feed.n.eq(op.n), feed.preload.eq(op.preload),
+            write.acc_addr.eq(op.acc_addr), write.m.eq(op.m), write.accumulate.eq(op.accumulate),
+            write.rows.eq(op.m if ws else R),
+            write.macs.eq(op.m * op.k * op.n),
+        ]
+        room = feeds.w_rdy & writes.w_rdy & (preloads.w_rdy if ws else 1)
+        accept = Signal()
+        m.d.comb += [
+            self.cmd.ready.eq(room),
+            accept.eq(self.cmd.valid & room),
+            feeds.w_data.eq(feed), feeds.w_en.eq(accept),
+            writes.w_data.eq(write), writes.w_en.eq(accept),
+        ]
+        if ws:
+            m.d.comb += [preloads.w_data.eq(feed), preloads.w_en.eq(accept & op.preload)]
+
+        def reader(name, port, fifo_, count_of, addr_of, meta_layout, meta_of):
+            """Issue one scratchpad read per row of the head descriptor; queue per-row metadata
+            for the response side."""
+            head = Signal(feed_layout, name=f"{name}_head")
+            m.d.comb += head.eq(fifo_.r_data)
+            row = Signal(16, name=f"{name}_row")
+            # first-word-fall-through: an entry is readable the cycle after it is written, in
+            # step with the memory's response (READ_LATENCY = 1)
+            meta = fifo.SyncFIFO(width=meta_layout.size, depth=4)
+            m.submodules[f"{name}_meta"] = meta
+            m.d.comb += [
+                port.req.valid.eq(fifo_.r_rdy & meta.w_rdy),
+                port.req.payload.addr.eq(addr_of(head) + row),
+                meta.w_data.eq(meta_of(head, row)),
+                meta.w_en.eq(port.req.valid & port.req.ready),
+            ]
+            with m.If(port.req.valid & port.req.ready):
+                with m.If(row == count_of(head) - 1):
+                    m.d.sync += row.eq(0)
+                    m.d.comb += fifo_.r_en.eq(1)
+                with m.Else():
+                    m.d.sync += row.eq(row + 1)
+            return meta
+
+        def element(row_view, index, shape):
+            raw = row_view[index]
+            value = raw[:shape.width]
+            return value.as_signed() if shape.signed else value
+
+        input_shape = input_layout(cfg)["data" if ws else "a"].shape.elem_shape
+        weight_shape = (weight_layout(cfg)["data"] if ws else input_layout(cfg)["b"]).shape.elem_shape
+
+        if ws:
+            # weights: k rows of B, columns >= n zeroed, last on row k-1
+            wmeta_layout = data.StructLayout({"n": 8, "last": 1})
+            wmeta = reader("weights", self.read_b, preloads, lambda h: h.k, lambda h: h.b_addr,
+                           wmeta_layout, lambda h, r: Cat(h.n, r == h.k - 1))
+            wm = Signal(wmeta_layout)
+            m.d.comb += wm.eq(wmeta.r_data)
+            resp = self.read_b.resp.payload
+            for j in range(C):
+                m.d.comb += self.weights.payload.data[j].eq(
+                    Mux(j < wm.n, element(resp, j, weight_shape), 0))
+            m.d.comb += [
+                self.weights.payload.last.eq(wm.last),
+                self.weights.valid.eq(self.read_b.resp.valid & wmeta.r_rdy),
+                self.read_b.resp.ready.eq(self.weights.ready & wmeta.r_rdy),
+                wmeta.r_en.eq(self.weights.valid & self.weights.ready),
+            ]
+            # inputs: m rows of A, new_weights on the first row of a preloading COMPUTE
+            imeta_layout = data.StructLayout({"new_weights": 1, "last": 1})
+            imeta = reader("inputs", self.read_a, feeds, lambda h: h.m, lambda h: h.a_addr,
+                           imeta_layout, lambda h, r: Cat(h.preload & (r == 0), r == h.m - 1))
+            im = Signal(imeta_layout)
+            m.d.comb += im.eq(imeta.r_data)
+            resp = self.read_a.resp.payload
+            for i in range(R):
+                m.d.comb += self.inputs.payload.data[i].eq(element(resp, i, input_shape))
+            m.d.comb += [
+                self.inputs.payload.new_weights.eq(im.new_weights),
+                self.inputs.payload.last.eq(im.last),
+                self.inputs.valid.eq(self.read_a.resp.valid & imeta.r_rdy),
+                self.read_a.resp.ready.eq(self.inputs.ready & imeta.r_rdy),
+                imeta.r_en.eq(self.inputs.valid & self.inputs.ready),
+            ]
+        else:
+            # k beats, each a row of A-transposed and a row of B (columns >= n zeroed)
+            ameta_layout = data.StructLayout({"n": 8, "last": 1})
+            a_head = Signal(feed_layout)
+            m.d.comb += a_head.eq(feeds.r_data)
+            a_row = Signal(16)
+            b_row = Signal(16)
+            ameta = fifo.SyncFIFO(width=ameta_layout.size, depth=4)
+            m.submodules.ameta = ameta
+            # A and B are requested row by row, neither running ahead of the other
+            both = Signal()
+            m.d.comb += [
+                both.eq(feeds.r_rdy & ameta.w_rdy),
+                self.read_a.req.payload.addr.eq(a_head.a_addr + a_row),
+                self.read_b.req.payload.addr.eq(a_head.b_addr + b_row),
+            ]
+            a_fire = self.read_a.req.valid & self.read_a.req.ready
+            b_fire = self.read_b.req.valid & self.read_b.req.ready
+            # the two requests may be granted in different cycles (bank conflicts): a row
+            # counter each, and the descriptor retires when both have issued row k-1
+            a_done = Signal()
+            b_done = Signal()
+            with m.If(a_fire):
+                m.d.sync += a_row.eq(a_row + 1)
+            with m.If(b_fire):
+                m.d.sync += b_row.eq(b_row + 1)
+            m.d.comb += [
+                self.read_a.req.valid.eq(both & (a_row <= b_row) & (a_row < a_head.k)),
+                self.read_b.req.valid.eq(both & (b_row <= a_row) & (b_row < a_head.k)),
+                a_done.eq((a_row + a_fire) == a_head.k),
+                b_done.eq((b_row + b_fire) == a_head.k),
+                ameta.w_data.eq(Cat(a_head.n, a_row == a_head.k - 1)),
+                ameta.w_en.eq(a_fire),
+            ]
+            with m.If(feeds.r_rdy & a_done & b_done):
+                m.d.sync += [a_row.eq(0), b_row.eq(0)]
+                m.d.comb += feeds.r_en.eq(1)
+            am = Signal(ameta_layout)
+            m.d.comb += am.eq(ameta.r_data)
+            a_resp = self.read_a.resp.payload
+            b_resp = self.read_b.resp.payload
+            for i in range(R):
+                m.d.comb += self.inputs.payload.a[i].eq(element(a_resp, i, input_shape))
+            for j in range(C):
+                m.d.comb += self.inputs.payload.b[j].eq(Mux(j < am.n, element(b_resp, j, weight_shape), 0))
+            beat = self.read_a.resp.valid & self.read_b.resp.valid & ameta.r_rdy
+            m.d.comb += [
+                self.inputs.payload.last.eq(am.last),
+                self.inputs.valid.eq(beat),
+                self.read_a.resp.ready.eq(beat & self.inputs.ready),
+                self.read_b.resp.ready.eq(beat & self.inputs.ready),
+                ameta.r_en.eq(beat & self.inputs.ready),
+            ]
+
+        m.d.comb += self.array_active.eq(self.inputs.valid & self.inputs.ready)
+
+        # -- results -> accumulator -------------------------------------------------------------
+        head = Signal(write_layout)
+        m.d.comb += head.eq(writes.r_data)
+        out_row = Signal(16)
+        out = self.acc_write.payload
+        m.d.comb += [
+            out.addr.eq(head.acc_addr + out_row),
+            out.data.eq(self.outputs.payload.data),
+            out.accumulate.eq(head.accumulate),
+            # OS tiles drain all R rows; rows >= m are dropped
+            self.acc_write.valid.eq(self.outputs.valid & writes.r_rdy & (out_row < head.m)),
+            self.outputs.ready.eq(writes.r_rdy & ((out_row >= head.m) | self.acc_write.ready)),
+        ]
+        completing = Signal()
+        with m.If(self.outputs.valid & self.outputs.ready):
+            with m.If(out_row == head.rows - 1):
+                m.d.sync += out_row.eq(0)
+                m.d.comb += [writes.r_en.eq(1), completing.eq(1)]
+            with m.Else():
+                m.d.sync += out_row.eq(out_row + 1)
+        # the accumulator makes a row readable two cycles after the beat: complete one cycle late
+        macs = Signal(40)
+        m.d.sync += [self.completed.eq(completing), macs.eq(head.macs)]
+        m.d.comb += self.macs.eq(Mux(self.completed, macs, 0))
+        m.d.comb += self.busy.eq(writes.r_rdy | self.completed)
+        return m
+
+
+# -- store ------------------------------------------------------------------------------------
+
+class StoreUnit(wiring.Component):
+    """Executes CONFIG and STORE instructions, one at a time."""
+
+    def __init__(self, config: AcceleratorConfig):
+        self.config = config
+        acc_addr = data.StructLayout({"addr": unsigned(config.acc_addr_bits)})
+        table_addr = data.StructLayout({"addr": unsigned(config.requant_addr_bits)})
+        super().__init__({
+            "cmd": In(stream.Signature(InstructionLayout())),
+            "completed": Out(1),
+            "busy": Out(1),
+            "dram_base": In(32),
+            "read_acc": Out(read_port_signature(acc_addr, acc_row_layout(config))),
+            "read_table": Out(read_port_signature(table_addr, requant_row_layout(config))),
+            "axi_r": Out(_axi_read_port(config)),
+            "axi_w": Out(_axi_write_port(config)),
+            "error": Out(2),
+            "error_pc": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        C = cfg.cols
+        m.submodules.sfu = sfu = SpecialFunctionUnit(cfg)
+        m.submodules.writer = writer = ScatterWriter(cfg)
+        wiring.connect(m, writer=writer.aw, axi=wiring.flipped(self.axi_w.aw))
+        wiring.connect(m, writer=writer.w, axi=wiring.flipped(self.axi_w.w))
+        wiring.connect(m, axi=wiring.flipped(self.axi_w.b), writer=writer.b)
+        if cfg.sfu_residual:
+            m.submodules.residual = residual = GatherReader(cfg)
+            wiring.connect(m, residual=residual.ar, axi=wiring.flipped(self.axi_r.ar))
+            wiring.connect(m, axi=wiring.flipped(self.axi_r.r), residual=residual.r)
+        else:
+            residual = None
+
+        word = self.cmd.payload.word
+        config_op = _view(Opcode.CONFIG, word)
+        store_op = _view(Opcode.STORE, word)
+        is_config = self.cmd.payload.word[:4] == Opcode.CONFIG.value
+
+        regs = Signal(SFU_REGS)
+        m.d.comb += sfu.regs.eq(regs)
+        m.d.comb += sfu.params.eq(self.read_table.resp.payload)
+
+        s = Signal(LAYOUTS[Opcode.STORE])       # the STORE being executed
+        pc = Signal(32)
+        pool_on = Signal()
+        win_h = Signal(8)                        # window (1 x 1 without pooling)
+        win_w = Signal(8)
+        str_h = Signal(8)
+        str_w = Signal(8)
+        m.d.comb += [
+            sfu.settings.out_type.eq(s.out_type),
+            sfu.settings.act.eq(s.act),
+            sfu.settings.pool.eq(s.pool),
+            sfu.settings.residual.eq(s.residual),
+            sfu.settings.pool_count.eq(win_h * win_w),
+        ]
+
+        # pixel / window walk state
+        oy = Signal(16)
+        ox = Signal(16)
+        wy = Signal(8)
+        wx = Signal(8)
+        iy = Signal(signed(20))                 # image coordinate of the current window pixel
+        ix = Signal(signed(20))
+        wrow = Signal(signed(24))               # accumulator row of the current window pixel
+        oy_row = Signal(signed(24))             # ... of window pixel (0, 0) of output (oy, 0)
+        ox_row = Signal(signed(24))             # ... of window pixel (0, 0) of output (oy, ox)
+        oy_iy = Signal(signed(20))
+        ox_ix = Signal(signed(20))
+        row_step = Signal(signed(28))           # stride_h * in_w
+
+        # acc reads: one request per window pixel, metadata to the response side
+        meta_layout = data.StructLayout({"first": 1, "last": 1, "pad": 1})
+        m.submodules.meta = meta = fifo.SyncFIFO(width=meta_layout.size, depth=4)
+        inside = Signal()
+        m.d.comb += inside.eq((iy >= 0) & (iy < s.in_h) & (ix >= 0) & (ix < s.in_w))
+        walking = Signal()
+        last_pixel = Signal()
+        m.d.comb += [
+            self.read_acc.req.valid.eq(walking & meta.w_rdy),
+            self.read_acc.req.payload.addr.eq(Mux(inside, wrow, s.acc_addr)),
+            meta.w_data.eq(Cat((wy == 0) & (wx == 0), (wy == win_h - 1) & (wx == win_w - 1), ~inside)),
+            meta.w_en.eq(self.read_acc.req.valid & self.read_acc.req.ready),
+        ]
+        step = Signal()
+        m.d.comb += step.eq(self.read_acc.req.valid & self.read_acc.req.ready)
+        with m.If(step):
+            with m.If(wx != win_w - 1):
+                m.d.sync += [wx.eq(wx + 1), ix.eq(ix + 1), wrow.eq(wrow + 1)]
+            with m.Elif(wy != win_h - 1):
+                m.d.sync += [wx.eq(0), wy.eq(wy + 1), ix.eq(ox_ix), iy.eq(iy + 1),
+                             wrow.eq(wrow - (win_w - 1) + s.in_w)]
+            with m.Elif(ox != s.out_w - 1):
+                nrow = ox_row + str_w
+                m.d.sync += [wx.eq(0), wy.eq(0), ox.eq(ox + 1), ox_row.eq(nrow), wrow.eq(nrow),
+                             ox_ix.eq(ox_ix + str_w), ix.eq(ox_ix + str_w), iy.eq(oy_iy)]
+            with m.Elif(oy != s.out_h - 1):
+                nrow = oy_row + row_step
+                m.d.sync += [wx.eq(0), wy.eq(0), ox.eq(0), oy.eq(oy + 1),
+                             oy_row.eq(nrow), ox_row.eq(nrow), wrow.eq(nrow),
+                             oy_iy.eq(oy_iy + str_h), iy.eq(oy_iy + str_h),
+                             ox_ix.eq(-s.pad_left), ix.eq(-s.pad_left)]
+            with m.Else():
+                m.d.comb += last_pixel.eq(1)
+
+        # acc response (+ residual row) -> SFU
+        mt = Signal(meta_layout)
+        m.d.comb += mt.eq(meta.r_data)
+        sfu_in = sfu.i.payload
+        m.d.comb += [
+            sfu_in.acc.eq(self.read_acc.resp.payload),
+            sfu_in.first.eq(mt.first), sfu_in.last.eq(mt.last), sfu_in.pad.eq(mt.pad),
+        ]
+        res_ok = Signal()
+        m.d.comb += res_ok.eq(1)
+        if residual is not None:
+            res_row = residual.rows.payload
+            ib = cfg.input_bytes
+            for c in range(C):
+                m.d.comb += sfu_in.residual[c].eq(_bytes_le(res_row.data, c * ib, ib))
+            m.d.comb += res_ok.eq(~s.residual | residual.rows.valid)
+            m.d.comb += residual.rows.ready.eq(s.residual & sfu.i.valid & sfu.i.ready)
+        m.d.comb += [
+            sfu.i.valid.eq(self.read_acc.resp.valid & res_ok & meta.r_rdy),
+            self.read_acc.resp.ready.eq(sfu.i.ready & res_ok & meta.r_rdy),
+            meta.r_en.eq(sfu.i.valid & sfu.i.ready),
+        ]
+
+        # SFU -> pixel bytes -> writer
+        raw = Signal()
+        m.d.comb += raw.eq(s.out_type == OutType.RAW)
+        pix = writer.pixels.payload
+        ob, ab = cfg.input_bytes, cfg.acc_bytes
+        with m.If(raw):
+            for c in range(C):
+                for b in range(ab):
+                    m.d.comb += pix[c * ab + b].eq(sfu.o.payload[c][8 * b:8 * b + 8])
+        with m.Else():
+            for c in range(C):
+                for b in range(ob):
+                    m.d.comb += pix[c * ob + b].eq(sfu.o.payload[c][8 * b:8 * b + 8])
+        m.d.comb += [writer.pixels.valid.eq(sfu.o.valid), sfu.o.ready.eq(writer.pixels.ready)]
+
+        wcmd = writer.cmd.payload
+        m.d.comb += [
+            wcmd.elem_bytes.eq(Mux(raw, ab, ob)), wcmd.n.eq(s.n), wcmd.out_h.eq(s.out_h),
+            wcmd.out_w.eq(s.out_w), wcmd.dram_addr.eq(s.dram_addr + self.dram_base),
+            wcmd.pitch_y.eq(s.pitch_y), wcmd.pitch_x.eq(s.pitch_x), wcmd.pitch_c.eq(s.pitch_c),
+        ]
+        if residual is not None:
+            rcmd = residual.cmd.payload
+            m.d.comb += [
+                rcmd.elem_bytes.eq(ob), rcmd.dram_addr.eq(s.res_addr + self.dram_base),
+                rcmd.pitch_y.eq(s.pitch_y), rcmd.pitch_x.eq(s.pitch_x), rcmd.pitch_c.eq(s.pitch_c),
+                rcmd.rows_outer.eq(s.out_h), rcmd.rows_inner.eq(s.out_w), rcmd.segs.eq(1),
+                rcmd.seg_len.eq(s.n), rcmd.outer_dy.eq(1), rcmd.inner_dx.eq(1), rcmd.elem_dc.eq(1),
+            ]
+
+        with m.FSM(name="store"):
+            with m.State("IDLE"):
+                m.d.comb += self.cmd.ready.eq(1)
+                with m.If(self.cmd.valid):
+                    m.d.sync += pc.eq(self.cmd.payload.pc)
+                    with m.If(is_config):
+                        for name, _ in SFU_REGS:
+                            m.d.sync += getattr(regs, name).eq(getattr(config_op, name))
+                        m.next = "CONFIG_DONE"
+                    with m.Else():
+                        pooling = store_op.pool != PoolMode.NONE
+                        m.d.sync += [
+                            s.eq(store_op), pool_on.eq(pooling),
+                            win_h.eq(Mux(pooling, store_op.pool_h, 1)),
+                            win_w.eq(Mux(pooling, store_op.pool_w, 1)),
+                            str_h.eq(Mux(pooling, store_op.stride_h, 1)),
+                            str_w.eq(Mux(pooling, store_op.stride_w, 1)),
+                        ]
+                        m.next = "SETUP"
+            with m.State("CONFIG_DONE"):
+                m.d.comb += self.completed.eq(1)
+                m.next = "IDLE"
+            with m.State("SETUP"):
+                m.d.comb += self.busy.eq(1)
+                top = -s.pad_top
+                first_row = s.acc_addr + top * s.in_w - s.pad_left
+                m.d.sync += [
+                    oy.eq(0), ox.eq(0), wy.eq(0), wx.eq(0),
+                    oy_iy.eq(top), iy.eq(top), ox_ix.eq(-s.pad_left), ix.eq(-s.pad_left),
+                    oy_row.eq(first_row), ox_row.eq(first_row), wrow.eq(first_row),
+                    row_step.eq(str_h * s.in_w),
+                ]
+                m.next = "TABLE"
+            with m.State("TABLE"):
+                m.d.comb += [self.busy.eq(1), self.read_table.req.valid.eq(1),
+                             self.read_table.req.payload.addr.eq(s.qrow)]
+                with m.If(self.read_table.req.ready):
+                    m.next = "PARAMS"
+            with m.State("PARAMS"):
+                # the table row is on resp.payload from now on; the SFU samples params a cycle
+                # before the first beat
+                m.d.comb += self.busy.eq(1)
+                m.next = "START"
+            with m.State("START"):
+                m.d.comb += [self.busy.eq(1), writer.cmd.valid.eq(1)]
+                if residual is not None:
+                    m.d.comb += residual.cmd.valid.eq(s.residual)
+                with m.If(writer.cmd.ready):
+                    m.next = "WALK"
+            with m.State("WALK"):
+                m.d.comb += [self.busy.eq(1), walking.eq(1)]
+                with m.If(last_pixel):
+                    m.next = "DRAIN"
+            with m.State("DRAIN"):
+                m.d.comb += self.busy.eq(1)
+                busy_res = residual.busy if residual is not None else 0
+                with m.If(~writer.busy & sfu.idle & ~self.read_acc.resp.valid & ~busy_res):
+                    m.d.comb += [self.completed.eq(1), self.read_table.resp.ready.eq(1)]
+                    m.next = "IDLE"
+
+        errors = [writer.error] + ([residual.error] if residual is not None else [])
+        for err in errors:
+            with m.If(err != 0):
+                m.d.sync += [self.error.eq(err), self.error_pc.eq(pc)]
+        m.d.comb += writer.clear_error.eq(self.cmd.valid & self.cmd.ready)
+        if residual is not None:
+            m.d.comb += residual.clear_error.eq(self.cmd.valid & self.cmd.ready)
+        return m
