@@ -50,6 +50,7 @@ _DOC = {
     "scratchpad_banks": "scratchpad banks (ping-pong halves are made of banks)",
     "accumulator_bytes": "accumulator memory capacity, bytes",
     "requant_table_rows": "rows of the SFU's per-channel bias/multiplier/shift table",
+    "dram_bytes": "size of the DRAM the accelerator addresses (program, weights, activations), bytes",
     "dma_data_bits": "AXI4 data width of the DMA and instruction fetch, bits",
     "dma_max_burst": "longest AXI4 INCR burst, beats",
     "dma_outstanding": "AXI4 read bursts in flight",
@@ -85,6 +86,7 @@ class AcceleratorConfig:
     scratchpad_banks: int = 2
     accumulator_bytes: int = 16 * 1024
     requant_table_rows: int = 64
+    dram_bytes: int = 256 * 1024 * 1024
     dma_data_bits: int = 64
     dma_max_burst: int = 16
     dma_outstanding: int = 4
@@ -169,6 +171,9 @@ class AcceleratorConfig:
             raise ConfigError(f"requant_table_rows must be a power of two between 1 and 4096, "
                               f"not {self.requant_table_rows!r}")
 
+        if not _is_pow2(self.dram_bytes) or not 1 << 12 <= self.dram_bytes <= 1 << 32:
+            raise ConfigError(f"dram_bytes must be a power of two between 4096 and 2**32 (the 32-bit "
+                              f"DRAM address), not {self.dram_bytes!r}")
         if self.dma_data_bits not in (32, 64, 128):
             raise ConfigError(f"dma_data_bits must be 32, 64 or 128, not {self.dma_data_bits!r}")
         if not _is_pow2(self.dma_max_burst) or not 1 <= self.dma_max_burst <= 256:

@@ -104,6 +104,10 @@ RULES = [
     ({"requant_table_rows": 8192},
      "requant_table_rows must be a power of two between 1 and 4096, not 8192"),
     # bus
+    ({"dram_bytes": 3 << 20}, "dram_bytes must be a power of two between 4096 and 2**32 (the 32-bit "
+                              "DRAM address), not 3145728"),
+    ({"dram_bytes": 2048}, "dram_bytes must be a power of two between 4096 and 2**32 (the 32-bit "
+                           "DRAM address), not 2048"),
     ({"dma_data_bits": 16}, "dma_data_bits must be 32, 64 or 128, not 16"),
     ({"dma_data_bits": 256}, "dma_data_bits must be 32, 64 or 128, not 256"),
     ({"dma_max_burst": 3}, "dma_max_burst must be a power of two between 1 and 256 beats, not 3"),
@@ -290,7 +294,7 @@ _OTHER_VALUE = {
     "rows": 16, "cols": 4, "input_bits": 16, "input_signed": False, "weight_bits": 16,
     "weight_signed": False, "acc_bits": 16, "acc_signed": False, "dataflow": "os",
     "scratchpad_bytes": 1 << 17, "scratchpad_banks": 4, "accumulator_bytes": 1 << 15,
-    "requant_table_rows": 32, "dma_data_bits": 128, "dma_max_burst": 8, "dma_outstanding": 2,
+    "requant_table_rows": 32, "dram_bytes": 1 << 20, "dma_data_bits": 128, "dma_max_burst": 8, "dma_outstanding": 2,
     "dram_latency": 40, "load_queue_depth": 4, "compute_queue_depth": 16, "store_queue_depth": 2,
     "token_depth": 4, "sfu_activations": ("relu",), "sfu_pooling": ("avg",), "sfu_residual": False,
     "clock_mhz": 50.0,
