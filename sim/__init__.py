@@ -12,7 +12,7 @@ from typing import Any
 _EXPORTS = {
     "DeadlockError": "golden", "ExecutionError": "golden", "GoldenModel": "golden",
     "HazardError": "golden", "InstrTiming": "golden", "RunResult": "golden",
-    "run_golden": "golden",
+    "run_golden": "golden", "MachineState": "golden",
     "Case": "programs", "conv_case": "programs", "gemm_case": "programs", "pool_case": "programs",
     "residual_case": "programs",
 }

@@ -64,8 +64,8 @@ from systolic.sim.arith import (
 )
 
 __all__ = [
-    "ExecutionError", "HazardError", "DeadlockError", "InstrTiming", "RunResult", "GoldenModel",
-    "run_golden", "SFU_LATENCY", "QUEUE_NAMES",
+    "ExecutionError", "HazardError", "DeadlockError", "InstrTiming", "MachineState", "RunResult",
+    "GoldenModel", "run_golden", "SFU_LATENCY", "QUEUE_NAMES",
 ]
 
 #: Pipeline latency of the special-function unit, cycles (docs/isa.md, "Cycle estimate").
@@ -114,6 +114,22 @@ class InstrTiming:
 
 
 @dataclass
+class MachineState:
+    """The on-chip state at FINISH (int64 arrays, owned by the result), for unit tests of the
+    gateware blocks that implement one instruction (a LOAD's DMA path, a STORE's SFU path).
+
+    ``spad`` holds raw element bits (``spad_elem_bits`` wide, unsigned: a scratchpad element has no
+    type until a COMPUTE reads it); ``acc`` holds signed (or unsigned, per ``acc_signed``)
+    accumulator values; ``table`` holds (bias, multiplier, shift) per row and channel."""
+
+    spad: np.ndarray                 #: (spad_rows, spad_row_elems) raw element bits
+    acc: np.ndarray                  #: (acc_rows, cols) accumulator values
+    table: np.ndarray                #: (requant_table_rows, cols, 3) bias, multiplier, shift
+    weights: np.ndarray              #: (rows, cols) stationary weights of the last WS preload
+    sfu: dict[str, int]              #: CONFIG registers by field name
+
+
+@dataclass
 class RunResult:
     """What a program did: the final DRAM image and its cost under the cycle estimate."""
 
@@ -126,6 +142,7 @@ class RunResult:
     dram_write_bytes: int            #: bytes written by STOREs
     instructions: int                #: instructions executed, FINISH included
     peak_macs_per_cycle: int = 1     #: rows * cols of the array
+    state: MachineState | None = None   #: on-chip memories and registers at FINISH
 
     @property
     def utilization(self) -> float:
@@ -466,7 +483,9 @@ class _Run:
             dram=self.dram, cycles=end, timings=self.timings, macs=self.macs,
             busy={name: self.busy[q] for q, name in enumerate(QUEUE_NAMES)},
             dram_read_bytes=self.read_bytes, dram_write_bytes=self.write_bytes,
-            instructions=len(self.timings), peak_macs_per_cycle=c.rows * c.cols)
+            instructions=len(self.timings), peak_macs_per_cycle=c.rows * c.cols,
+            state=MachineState(spad=self.spad, acc=self.acc, table=self.table,
+                               weights=self.weights, sfu=dict(self.sfu)))
 
     def _can_pop(self, op: _Op, q: int) -> bool:
         if op.pop_prev and not self.channels[(q - 1, q)]:

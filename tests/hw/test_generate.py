@@ -1,0 +1,62 @@
+"""`generate` writes the top-level Verilog, the resolved config and an interface description
+that agree with each other."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from systolic.hw.config import AcceleratorConfig
+from systolic.hw.csr import REGISTERS
+from systolic.hw.generate import TOP_NAME, generate
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    config = AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=4096, accumulator_bytes=2048,
+                               requant_table_rows=8, dma_data_bits=128, dma_max_burst=8)
+    out = tmp_path_factory.mktemp("gen")
+    return config, generate(config, out)
+
+
+def test_files_and_config_round_trip(generated):
+    config, paths = generated
+    assert AcceleratorConfig.from_toml(paths["config_toml"]) == config
+    data = json.loads(paths["config_json"].read_text())
+    assert data["hash"] == config.hash_hex
+    assert AcceleratorConfig.from_dict(data["fields"]) == config
+
+
+def test_interface_ports_are_the_verilog_ports(generated):
+    config, paths = generated
+    verilog = paths["verilog"].read_text()
+    header = re.search(rf"module {TOP_NAME}\((.*?)\);", verilog, re.S)
+    assert header, "no systolic_top module in the Verilog"
+    names = {p.strip() for p in header.group(1).split(",")}
+    interface = json.loads(paths["interface"].read_text())
+    described = {p["name"] for p in interface["ports"]}
+    assert names == described
+    widths = {}
+    for direction, width, name in re.findall(r"^\s*(input|output)\s+(?:wire\s+|reg\s+)?(\[\d+:0\]\s+)?(\w+);",
+                                             verilog, re.M):
+        widths[name] = (direction[:-3] if direction == "output" else "in",
+                        int(width.strip()[1:].split(":")[0]) + 1 if width else 1)
+    for port in interface["ports"]:
+        assert widths[port["name"]] == (port["direction"], port["width"]), port
+    assert interface["axi4"]["data_width"] == 128
+    assert next(p for p in interface["ports"] if p["name"] == "m_axi_rdata")["width"] == 128
+
+
+def test_register_map(generated):
+    _, paths = generated
+    registers = json.loads(paths["interface"].read_text())["registers"]
+    offsets = [r["offset"] for r in registers.values()]
+    assert len(set(offsets)) == len(offsets) == len(REGISTERS)
+    assert all(o % 4 == 0 for o in offsets)
+    assert registers["ctrl"]["offset"] == 0 and registers["status"]["offset"] == 4
+
+
+def test_generate_rejects_a_non_config(tmp_path):
+    with pytest.raises(TypeError, match=r"^config must be an AcceleratorConfig, not 'x'$"):
+        generate("x", tmp_path)
