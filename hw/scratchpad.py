@@ -1,0 +1,195 @@
+"""Banked, double-buffered scratchpad for the array's A and B operands.
+
+``config.spad_rows`` rows of ``config.spad_row_elems`` raw elements of ``config.spad_elem_bits``
+bits, split into ``config.scratchpad_banks`` banks of ``config.spad_bank_rows`` rows: row ``r`` is
+row ``r % spad_bank_rows`` of bank ``r // spad_bank_rows``. Each bank is one
+:class:`~amaranth.lib.memory.Memory` with one write port and one read port, which synthesis maps to
+simple dual-port block RAM (iCE40 SB_RAM40_4K, ECP5 DP16KD).
+
+Ports (see docs/arch-memory-sfu.md):
+
+* ``write`` — stream of (row address, row, element mask) from the DMA. Always ready: every bank has
+  its own write port, so a write never waits, whichever banks the readers use. Bit ``e`` of the
+  mask enables element ``e``; masked-off elements keep their value.
+* ``read_a``, ``read_b`` — read ports for the array's A and B operands
+  (:func:`read_port_signature`): ``req`` carries a row address, ``resp`` returns the row exactly
+  :data:`READ_LATENCY` cycle after ``req`` was accepted and holds it until taken.
+
+Arbitration: a bank serves one read per cycle. When ``read_a`` and ``read_b`` request the same bank
+in the same cycle, one waits (``req.ready`` low); the winner alternates between conflicts
+(round-robin), so neither starves and each gets half the bank's rate. Requests to different banks,
+and the write, proceed in the same cycle at full rate. A read of a row written in the same cycle
+returns the new contents (transparent; the ISA's token rules forbid such an unordered pair anyway).
+"""
+
+from __future__ import annotations
+
+from amaranth import Module, Mux, Signal, unsigned
+from amaranth.hdl import ShapeLike, Value
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
+
+from .config import AcceleratorConfig
+
+__all__ = [
+    "READ_LATENCY", "Scratchpad", "read_port_signature", "drive_read_response",
+    "spad_row_layout", "spad_write_layout",
+]
+
+#: Cycles from an accepted read request to its response, for every memory block of the datapath
+#: (scratchpad, accumulator, requantize table).
+READ_LATENCY = 1
+
+
+def read_port_signature(addr_layout: ShapeLike, data_layout: ShapeLike) -> wiring.Signature:
+    """A memory read port, seen from the requester: ``req`` (an address stream) goes out,
+    ``resp`` (a data stream) comes in. A memory block has ``In(read_port_signature(...))``.
+
+    Protocol: a request accepted in cycle t has its response valid from cycle t + READ_LATENCY;
+    the response stays valid, unchanged, until ``resp.ready``. Responses come in request order.
+    """
+    return wiring.Signature({
+        "req": Out(stream.Signature(addr_layout)),
+        "resp": In(stream.Signature(data_layout)),
+    })
+
+
+def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: Value, *,
+                        hold: bool) -> None:
+    """Drive the response stream of a read port whose memory read port was enabled in the cycle
+    where ``granted`` is high; ``row`` is that memory read port's data (valid the next cycle).
+
+    With ``hold``, the row is copied into a register in the first cycle the response waits, because
+    the memory read port may be reused by another requester meanwhile. Without it the caller
+    guarantees that the read port is not enabled while a response is pending.
+    """
+    with m.If(granted):
+        m.d.sync += resp.valid.eq(1)
+    with m.Elif(resp.ready):
+        m.d.sync += resp.valid.eq(0)
+    if not hold:
+        m.d.comb += resp.payload.eq(row)
+        return
+    held = Signal(name=f"{resp.valid.name}_held")
+    held_row = Signal.like(row, name=f"{resp.valid.name}_held_row")
+    with m.If(resp.valid & ~resp.ready & ~held):
+        m.d.sync += [held.eq(1), held_row.eq(row)]
+    with m.Elif(resp.ready):
+        m.d.sync += held.eq(0)
+    m.d.comb += resp.payload.eq(Mux(held, held_row, row))
+
+
+def spad_row_layout(config: AcceleratorConfig) -> data.ArrayLayout:
+    """One scratchpad row: ``spad_row_elems`` raw elements of ``spad_elem_bits`` bits."""
+    return data.ArrayLayout(unsigned(config.spad_elem_bits), config.spad_row_elems)
+
+
+def spad_write_layout(config: AcceleratorConfig) -> data.StructLayout:
+    """Payload of the scratchpad's DMA write stream."""
+    return data.StructLayout({
+        "addr": unsigned(config.spad_addr_bits),      # scratchpad row
+        "data": spad_row_layout(config),
+        "mask": unsigned(config.spad_row_elems),      # bit e enables element e
+    })
+
+
+def _spad_addr_layout(config: AcceleratorConfig) -> data.StructLayout:
+    return data.StructLayout({"addr": unsigned(config.spad_addr_bits)})
+
+
+class Scratchpad(wiring.Component):
+    """The operand scratchpad: one write port (DMA) and two read ports (A and B operands).
+
+    Parameters
+    ----------
+    config : AcceleratorConfig
+        Uses ``spad_rows``, ``spad_row_elems``, ``spad_elem_bits``, ``scratchpad_banks``,
+        ``spad_bank_rows`` and ``spad_addr_bits``.
+    """
+
+    def __init__(self, config: AcceleratorConfig) -> None:
+        if not isinstance(config, AcceleratorConfig):
+            raise TypeError(f"config must be an AcceleratorConfig, not {config!r}")
+        self._config = config
+        read = read_port_signature(_spad_addr_layout(config), spad_row_layout(config))
+        super().__init__({
+            "write": In(stream.Signature(spad_write_layout(config))),
+            "read_a": In(read),
+            "read_b": In(read),
+        })
+
+    @property
+    def config(self) -> AcceleratorConfig:
+        return self._config
+
+    @property
+    def read_latency(self) -> int:
+        """Cycles from an accepted read request to its response."""
+        return READ_LATENCY
+
+    def elaborate(self, platform: object) -> Module:
+        cfg = self._config
+        m = Module()
+
+        index_bits = exact_log2(cfg.spad_bank_rows)   # row within a bank; the bank is above
+        banks = []
+        for k in range(cfg.scratchpad_banks):
+            memory = Memory(shape=spad_row_layout(cfg), depth=cfg.spad_bank_rows, init=[])
+            m.submodules[f"bank{k}"] = memory
+            # Transparent reads: yosys maps them to block RAM plus one bypass register, half the
+            # cost of emulating old-data reads (Amaranth asks for a defined collision result).
+            write_port = memory.write_port(granularity=1)
+            banks.append((write_port, memory.read_port(transparent_for=(write_port,))))
+
+        # -- write: the DMA owns every bank's write port --------------------------------------
+        write = self.write.payload
+        m.d.comb += self.write.ready.eq(1)
+        for k, (write_port, _) in enumerate(banks):
+            m.d.comb += [
+                write_port.addr.eq(write.addr[:index_bits]),
+                write_port.data.eq(write.data),
+            ]
+            with m.If(self.write.valid & (write.addr[index_bits:] == k)):
+                m.d.comb += write_port.en.eq(write.mask)
+
+        # -- reads: A and B share each bank's read port ---------------------------------------
+        a, b = self.read_a, self.read_b
+        a_bank = a.req.payload.addr[index_bits:]
+        b_bank = b.req.payload.addr[index_bits:]
+        want_a = a.req.valid & (~a.resp.valid | a.resp.ready)
+        want_b = b.req.valid & (~b.resp.valid | b.resp.ready)
+        conflict = want_a & want_b & (a_bank == b_bank)
+        prefer_b = Signal()     # who wins the next conflict; flips after each conflict
+        grant_a = Signal()
+        grant_b = Signal()
+        m.d.comb += [
+            grant_a.eq(want_a & ~(conflict & prefer_b)),
+            grant_b.eq(want_b & ~(conflict & ~prefer_b)),
+            a.req.ready.eq(grant_a),
+            b.req.ready.eq(grant_b),
+        ]
+        with m.If(conflict):
+            m.d.sync += prefer_b.eq(~prefer_b)
+
+        for k, (_, read_port) in enumerate(banks):
+            a_here = grant_a & (a_bank == k)
+            b_here = grant_b & (b_bank == k)
+            m.d.comb += [
+                read_port.en.eq(a_here | b_here),
+                read_port.addr.eq(Mux(a_here, a.req.payload.addr[:index_bits],
+                                      b.req.payload.addr[:index_bits])),
+            ]
+
+        for port, bank, granted in ((a, a_bank, grant_a), (b, b_bank, grant_b)):
+            bank_of_resp = Signal.like(bank)
+            with m.If(granted):
+                m.d.sync += bank_of_resp.eq(bank)
+            row = Signal(spad_row_layout(cfg))
+            with m.Switch(bank_of_resp):
+                for k, (_, read_port) in enumerate(banks):
+                    with m.Case(k):
+                        m.d.comb += row.eq(read_port.data)
+            drive_read_response(m, port.resp, granted, row, hold=True)
+        return m

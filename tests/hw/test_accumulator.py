@@ -1,0 +1,222 @@
+"""Accumulator against a Python model: read-modify-write from the array (with forwarding), masked
+DMA writes and store-path reads, all concurrent, with random gaps and backpressure.
+
+Model of the timing (docs/arch-memory-sfu.md): writes take effect in accept order, a DMA write
+before the array beat of the same edge (a DMA write to a bank waits while an array beat for it is
+in flight, so no other interleaving can be seen); a read accepted at edge n sees the DMA writes of
+edges up to n and the array beats of edges up to n - 3 (WRITE_LATENCY).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import pytest
+from systolic.hw.accumulator import ACC_BANKS, WRITE_LATENCY, Accumulator
+from systolic.hw.config import AcceleratorConfig
+from systolic.sim.arith import wrap
+
+from .test_scratchpad import collect, construct_rejected, drive, simulate
+
+SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
+
+# 2 banks of 8 rows of 4 int32
+SMALL = AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=256, accumulator_bytes=256)
+# unsigned 16-bit accumulator (uint8 x uint8), 2 banks of 8 rows of 2 elements
+NARROW = AcceleratorConfig(rows=2, cols=2, input_signed=False, weight_signed=False, acc_signed=False,
+                           acc_bits=16, scratchpad_bytes=1024, accumulator_bytes=64)
+
+
+class AccumulatorModel:
+    def __init__(self, config: AcceleratorConfig) -> None:
+        self.config = config
+        self.rows = [[0] * config.cols for _ in range(config.acc_rows)]
+
+    def replay(self, array: list[tuple[int, dict[str, Any]]], dma: list[tuple[int, dict[str, Any]]],
+               reads: list[tuple[int, int]]) -> list[list[int]]:
+        # logical order: a DMA write at (e, 0), an array beat at (e + 3, 1) (its write-back),
+        # a read at (n, 1.5)
+        events = [(e, 0.0, "dma", w) for e, w in dma]
+        events += [(e + WRITE_LATENCY, 1.0, "array", w) for e, w in array]
+        events += [(e, 1.5, "read", addr) for e, addr in reads]
+        out = []
+        cfg = self.config
+        for _, _, kind, item in sorted(events, key=lambda x: (x[0], x[1])):
+            if kind == "read":
+                out.append(list(self.rows[item]))
+                continue
+            row = self.rows[item["addr"]]
+            for c, value in enumerate(item["data"]):
+                if kind == "dma":
+                    if item["mask"] >> c & 1:
+                        row[c] = value
+                elif item["accumulate"]:
+                    row[c] = int(wrap(row[c] + value, cfg.acc_bits, cfg.acc_signed))
+                else:
+                    row[c] = value
+        return out
+
+
+def _value(rng: random.Random, config: AcceleratorConfig) -> int:
+    lo, hi = config.acc_range
+    return rng.choice([lo, hi, 0, -1 if lo < 0 else 1, rng.randint(lo, hi), rng.randint(-1000, 1000)
+                       if lo < 0 else rng.randint(0, 1000)])
+
+
+def run_traffic(config: AcceleratorConfig, array: list[dict[str, Any]], dma: list[dict[str, Any]],
+                reads: list[int], *, seed: int, gap: float, stall: float, array_gap: float | None = None,
+                starts: tuple[int, int, int] = (0, 0, 0)) -> dict[str, Any]:
+    dut = Accumulator(config)
+    result: dict[str, Any] = {}
+
+    async def array_port(ctx):
+        result["array"] = await drive(ctx, dut.array_write, array, rng=random.Random(seed),
+                                      gap=gap if array_gap is None else array_gap, start=starts[0])
+
+    async def dma_port(ctx):
+        result["dma"] = await drive(ctx, dut.dma_write, dma, rng=random.Random(seed + 1), gap=gap,
+                                    start=starts[1])
+
+    async def read_req(ctx):
+        result["req"] = await drive(ctx, dut.read.req, [{"addr": a} for a in reads],
+                                    rng=random.Random(seed + 2), gap=gap, start=starts[2])
+
+    async def read_resp(ctx):
+        taken = await collect(ctx, dut.read.resp, len(reads), rng=random.Random(seed + 3), stall=stall)
+        result["resp"] = [(e, [row[c] for c in range(config.cols)]) for e, row in taken]
+
+    simulate(dut, array_port, dma_port, read_req, read_resp)
+    return result
+
+
+def check_against_model(config: AcceleratorConfig, array: list[dict[str, Any]], dma: list[dict[str, Any]],
+                        reads: list[int], result: dict[str, Any]) -> None:
+    expected = AccumulatorModel(config).replay(list(zip(result["array"], array, strict=True)),
+                                               list(zip(result["dma"], dma, strict=True)),
+                                               list(zip(result["req"], reads, strict=True)))
+    got = [row for _, row in result["resp"]]
+    for k, (g, e) in enumerate(zip(got, expected, strict=True)):
+        assert g == e, f"read {k} of row {reads[k]} at edge {result['req'][k]}: got {g}, expected {e}"
+    for (resp_edge, _), req_edge in zip(result["resp"], result["req"], strict=True):
+        assert resp_edge >= req_edge + 1
+
+
+def _readback(config: AcceleratorConfig) -> list[int]:
+    return list(range(config.acc_rows))
+
+
+# -- tests -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("config", [SMALL, NARROW], ids=["int32", "uint16"])
+def test_random_concurrent_traffic_matches_model(config: AcceleratorConfig) -> None:
+    rng = random.Random(SEED)
+    hot = [rng.randrange(config.acc_rows) for _ in range(3)]
+
+    def addr() -> int:
+        return rng.choice(hot) if rng.random() < 0.6 else rng.randrange(config.acc_rows)
+
+    full = (1 << config.cols) - 1
+    array = [{"addr": addr(), "data": [_value(rng, config) for _ in range(config.cols)],
+              "accumulate": int(rng.random() < 0.75)} for _ in range(300)]
+    dma = [{"addr": addr(), "data": [_value(rng, config) for _ in range(config.cols)],
+            "mask": rng.choice([full, 1, rng.randrange(full + 1)])} for _ in range(120)]
+    reads = [addr() for _ in range(200)]
+    result = run_traffic(config, array, dma, reads, seed=SEED, gap=0.4, stall=0.3, array_gap=0.2)
+    check_against_model(config, array, dma, reads, result)
+    # and the final contents, read after everything settled
+    final = run_traffic(config, array, dma, reads + _readback(config), seed=SEED, gap=0.4, stall=0.3,
+                        array_gap=0.2)
+    check_against_model(config, array, dma, reads + _readback(config), final)
+
+
+def test_back_to_back_accumulate_into_one_row_wraps() -> None:
+    # beats every cycle into row 3, then rows 5, 6, 5, 6 (distance two) and 9, 10, 11, 9, ...
+    config = SMALL
+    lo, hi = config.acc_range
+    rng = random.Random(SEED)
+    array = [{"addr": 3, "data": [hi, lo, lo, rng.randint(lo, hi)], "accumulate": 1} for _ in range(9)]
+    array += [{"addr": 5 + k % 2, "data": [hi, lo, -1, rng.randint(lo, hi)], "accumulate": 1}
+              for k in range(8)]
+    array += [{"addr": 9 + k % 3, "data": [hi, lo, 1, rng.randint(lo, hi)], "accumulate": 1}
+              for k in range(9)]
+    reads = [3, 5, 6, 9, 10, 11]
+    result = run_traffic(config, array, [], reads, seed=SEED, gap=0.0, stall=0.0, starts=(0, 0, 40))
+    assert result["array"] == list(range(1, len(array) + 1)), "one array beat per cycle"
+    check_against_model(config, array, [], reads, result)
+    # row 3: nine times 2**31 - 1 and nine times -2**31, wrapped to 32 bits
+    assert result["resp"][0][1][:3] == [int(wrap(9 * hi, 32)), int(wrap(9 * lo, 32)), int(wrap(9 * lo, 32))]
+
+
+def test_overwrite_ignores_the_old_row_and_then_accumulates() -> None:
+    config = SMALL
+    array = [{"addr": 2, "data": [7, 7, 7, 7], "accumulate": 1},
+             {"addr": 2, "data": [1, 2, 3, 4], "accumulate": 0},
+             {"addr": 2, "data": [10, 20, 30, 40], "accumulate": 1}]
+    result = run_traffic(config, array, [], [2], seed=SEED, gap=0.0, stall=0.0, starts=(0, 0, 10))
+    assert result["resp"][0][1] == [11, 22, 33, 44]
+
+
+def test_dma_write_then_accumulate_in_the_same_and_next_cycle() -> None:
+    # a masked DMA write accepted at the same edge as an accumulating beat to the same row counts
+    # first (the beat's read is forwarded the DMA's elements), in either bank
+    config = SMALL
+    dma = [{"addr": 4, "data": [100, 200, 300, 400], "mask": 0b0110},
+           {"addr": 12, "data": [5, 5, 5, 5], "mask": 0b1111}]
+    array = [{"addr": 4, "data": [1, 1, 1, 1], "accumulate": 1},
+             {"addr": 12, "data": [1, 2, 3, 4], "accumulate": 1}]
+    result = run_traffic(config, array, dma, [4, 12], seed=SEED, gap=0.0, stall=0.0, starts=(0, 0, 10))
+    assert result["dma"] == [1, 2] and result["array"] == [1, 2]
+    check_against_model(config, array, dma, [4, 12], result)
+    assert [row for _, row in result["resp"]] == [[1, 201, 301, 1], [6, 7, 8, 9]]
+
+
+def test_dma_waits_only_for_array_writes_to_its_bank() -> None:
+    config = SMALL
+    bank = config.acc_rows // ACC_BANKS
+    rng = random.Random(SEED)
+    # array beats for bank 0 are in flight until edge 13; DMA writes to bank 0 wait, to bank 1 not
+    array = [{"addr": k % bank, "data": [rng.randint(-9, 9) for _ in range(4)], "accumulate": k % 2}
+             for k in range(10)]
+    dma_other = [{"addr": bank + k, "data": [k] * 4, "mask": 0b1111} for k in range(4)]
+    result = run_traffic(config, array, dma_other, [bank + k for k in range(4)], seed=SEED, gap=0.0,
+                         stall=0.0, starts=(0, 2, 20))
+    assert result["dma"] == [3, 4, 5, 6]
+    check_against_model(config, array, dma_other, [bank + k for k in range(4)], result)
+    dma_same = [{"addr": bank - 1 - k, "data": [k] * 4, "mask": 0b1111} for k in range(3)]
+    reads = list(range(bank))
+    result = run_traffic(config, array, dma_same, reads, seed=SEED, gap=0.0, stall=0.0, starts=(0, 2, 30))
+    assert result["dma"] == [14, 15, 16], "waits until the array's last write-back (edge 13)"
+    check_against_model(config, array, dma_same, reads, result)
+
+
+def test_store_read_waits_only_for_accumulating_reads_of_its_bank() -> None:
+    config = SMALL
+    bank = config.acc_rows // ACC_BANKS
+    array = [{"addr": k, "data": [k] * 4, "accumulate": 1} for k in range(6)]         # bank 0
+    array += [{"addr": k, "data": [k] * 4, "accumulate": 0} for k in range(6)]        # no reads
+    reads_same = [bank - 1, bank - 2, bank - 3]
+    result = run_traffic(config, array, [], reads_same, seed=SEED, gap=0.0, stall=0.0, starts=(0, 0, 1))
+    assert result["req"] == [7, 8, 9], "bank 0 is busy with read-modify-writes until edge 6"
+    check_against_model(config, array, [], reads_same, result)
+    reads_other = [bank, bank + 1, bank + 2]
+    result = run_traffic(config, array, [], reads_other, seed=SEED, gap=0.0, stall=0.0, starts=(0, 0, 1))
+    assert result["req"] == [2, 3, 4]
+    assert [e for e, _ in result["resp"]] == [3, 4, 5], "one cycle read latency"
+    check_against_model(config, array, [], reads_other, result)
+
+
+def test_read_sees_an_array_beat_write_latency_after_it() -> None:
+    config = SMALL
+    array = [{"addr": 2, "data": [10 * (k + 1)] * 4, "accumulate": 0} for k in range(3)]  # edges 1..3
+    result = run_traffic(config, array, [], [2, 2], seed=SEED, gap=0.0, stall=0.0, starts=(0, 0, 4))
+    assert result["array"] == [1, 2, 3] and result["req"] == [5, 6]
+    assert result["req"][0] == result["array"][1] + WRITE_LATENCY
+    assert [row for _, row in result["resp"]] == [[20] * 4, [30] * 4]
+    check_against_model(config, array, [], [2, 2], result)
+
+
+def test_config_must_be_an_accelerator_config() -> None:
+    with pytest.raises(TypeError, match=r"^config must be an AcceleratorConfig, not 3$"):
+        construct_rejected(lambda: Accumulator(3))  # type: ignore[arg-type]

@@ -1,0 +1,442 @@
+"""SpecialFunctionUnit against the reference arithmetic (systolic.sim.arith), bit for bit.
+
+Each simulation streams several STOREs ("jobs") through one SFU with random input gaps and random
+output backpressure, changing the static inputs between jobs once the SFU is idle, and compares every
+output vector with sfu_pointwise / avg_pool_finish / max over non-pad pixels.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+from systolic.hw.config import AcceleratorConfig
+from systolic.hw.isa import Activation, OutType, PoolMode
+from systolic.hw.sfu import SpecialFunctionUnit, sfu_input_layout
+from systolic.sim.arith import ACT_NONE, MAX_SHIFT, avg_pool_finish, sfu_pointwise
+
+from .streams import stream_get, stream_put
+from .test_scratchpad import collect, construct_rejected, drive, simulate
+
+SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+SMALL = AcceleratorConfig(rows=4, cols=4)
+UNSIGNED = AcceleratorConfig(rows=4, cols=4, input_signed=False, weight_signed=False, acc_signed=False)
+WIDE = AcceleratorConfig(rows=2, cols=2, input_bits=16, weight_bits=16, acc_bits=32)
+NARROW_ACC = AcceleratorConfig(rows=2, cols=2, acc_bits=16, scratchpad_bytes=1024, accumulator_bytes=256)
+BARE = AcceleratorConfig(rows=2, cols=2, sfu_activations=(), sfu_pooling=(), sfu_residual=False)
+
+
+@dataclass
+class Job:
+    """One STORE's worth of SFU input: static settings and the beats."""
+    bias: list[int]
+    mult: list[int]
+    shift: list[int]
+    regs: dict[str, int] = field(default_factory=dict)
+    out_type: OutType = OutType.INT
+    act: Activation = Activation.NONE
+    pool: PoolMode = PoolMode.NONE
+    residual: bool = False
+    pool_count: int = 0
+    beats: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _reg(job: Job, name: str) -> int:
+    return job.regs.get(name, 0)
+
+
+def reference(config: AcceleratorConfig, job: Job) -> list[list[int]]:
+    """The expected output vectors of a job, from sim/arith.py."""
+    acc = np.array([b["acc"] for b in job.beats], dtype=np.int64)
+    if job.out_type == OutType.RAW:
+        return acc.tolist()
+    act = job.act.value if job.act.name.lower() in config.sfu_activations else ACT_NONE
+    pool = job.pool if job.pool.name.lower() in config.sfu_pooling else PoolMode.NONE
+    residual = None
+    if config.sfu_residual and job.residual:
+        residual = np.array([b["residual"] for b in job.beats], dtype=np.int64)
+    common = dict(zp_out=_reg(job, "zp_out"), act=act, act_lo=_reg(job, "act_lo"), act_hi=_reg(job, "act_hi"))
+    v = sfu_pointwise(acc, np.array(job.bias), np.array(job.mult), np.array(job.shift), **common,
+                      acc_range=config.acc_range, out_range=config.output_range, residual=residual,
+                      res_zp=_reg(job, "res_zp"), res_mult=_reg(job, "res_mult"),
+                      res_shift=_reg(job, "res_shift"))
+    if pool == PoolMode.NONE:
+        return v.tolist()
+    out, window = [], []
+    for k, beat in enumerate(job.beats):
+        if beat["first"]:
+            window = []
+        window.append((v[k], beat["pad"]))
+        if beat["last"]:
+            if pool == PoolMode.MAX:
+                out.append(np.max([vk for vk, pad in window if not pad], axis=0).tolist())
+            else:
+                total = np.sum([np.full(config.cols, common["zp_out"]) if pad else vk
+                                for vk, pad in window], axis=0)
+                out.append(avg_pool_finish(total, job.pool_count, avg_mult=_reg(job, "avg_mult"),
+                                           avg_shift=_reg(job, "avg_shift"), out_range=config.output_range,
+                                           **common).tolist())
+    return out
+
+
+def _set_static(ctx: Any, dut: SpecialFunctionUnit, job: Job) -> None:
+    ctx.set(dut.params, [{"bias": b, "mult": mu, "shift": s}
+                         for b, mu, s in zip(job.bias, job.mult, job.shift, strict=True)])
+    ctx.set(dut.regs, {name: _reg(job, name) for name in ("zp_out", "act_lo", "act_hi", "avg_mult",
+                                                         "avg_shift", "res_zp", "res_mult", "res_shift")})
+    ctx.set(dut.settings, {"out_type": job.out_type, "act": job.act, "pool": job.pool,
+                           "residual": int(job.residual), "pool_count": job.pool_count})
+
+
+def _payload(config: AcceleratorConfig, beat: dict[str, Any]) -> dict[str, Any]:
+    if config.sfu_residual:
+        return beat
+    return {k: v for k, v in beat.items() if k != "residual"}
+
+
+def run_sfu(config: AcceleratorConfig, jobs: list[Job], *, seed: int, gap: float = 0.3,
+            stall: float = 0.3) -> list[list[list[int]]]:
+    """Stream the jobs through an SFU; returns the output vectors of each job."""
+    dut = SpecialFunctionUnit(config)
+    expected_counts = [len(reference(config, job)) for job in jobs]
+    results: list[list[list[int]]] = [[] for _ in jobs]
+    progress = {"consumed_jobs": 0}
+
+    async def producer(ctx):
+        rng = random.Random(seed)
+        for k, job in enumerate(jobs):
+            while progress["consumed_jobs"] < k or not ctx.get(dut.idle):
+                await ctx.tick()
+            _set_static(ctx, dut, job)
+            await ctx.tick()
+            for beat in job.beats:
+                while rng.random() < gap:
+                    await ctx.tick()
+                await stream_put(ctx, dut.i, _payload(config, beat))
+
+    async def consumer(ctx):
+        rng = random.Random(seed + 1)
+        for k in range(len(jobs)):
+            for _ in range(expected_counts[k]):
+                while rng.random() < stall:
+                    await ctx.tick()
+                payload = await stream_get(ctx, dut.o)
+                results[k].append([payload[c] for c in range(config.cols)])
+            progress["consumed_jobs"] = k + 1
+
+    simulate(dut, producer, consumer)
+    return results
+
+
+def check(config: AcceleratorConfig, jobs: list[Job], *, seed: int = SEED, **kwargs: Any) -> None:
+    results = run_sfu(config, jobs, seed=seed, **kwargs)
+    for k, job in enumerate(jobs):
+        expected = reference(config, job)
+        assert results[k] == expected, (
+            f"job {k} ({job.out_type.name} act={job.act.name} pool={job.pool.name} "
+            f"residual={job.residual}): first mismatch at output "
+            f"{next(i for i, (a, b) in enumerate(zip(results[k], expected, strict=True)) if a != b)}")
+
+
+# -- random jobs ---------------------------------------------------------------------------------
+
+def _acc_value(rng: random.Random, config: AcceleratorConfig) -> int:
+    lo, hi = config.acc_range
+    r = rng.random()
+    if r < 0.1:
+        return rng.choice([lo, hi, lo + 1, hi - 1, 0])
+    if r < 0.3:
+        return rng.randint(lo, hi)
+    span = min(hi, 1 << 20)
+    return max(lo, min(hi, rng.randint(-span, span)))
+
+
+def _params(rng: random.Random, config: AcceleratorConfig) -> tuple[list[int], list[int], list[int]]:
+    """Per-channel (bias, mult, shift): mostly scales that land in the output range, some extremes."""
+    bias, mult, shift = [], [], []
+    for _ in range(config.cols):
+        if rng.random() < 0.25:
+            bias.append(rng.choice([INT32_MIN, INT32_MAX, rng.randint(INT32_MIN, INT32_MAX), 0]))
+            mult.append(rng.choice([INT32_MIN, INT32_MAX, -INT32_MAX, 1, -1, 0,
+                                    rng.randint(INT32_MIN, INT32_MAX)]))
+            shift.append(rng.choice([0, 1, 31, 32, 61, MAX_SHIFT, rng.randint(0, MAX_SHIFT)]))
+        else:
+            bias.append(rng.randint(-5000, 5000))
+            mult.append(rng.choice([-1, 1]) * rng.randint(1 << 29, INT32_MAX))
+            shift.append(rng.randint(30, 48))
+    return bias, mult, shift
+
+
+def _regs(rng: random.Random, config: AcceleratorConfig) -> dict[str, int]:
+    out_lo, out_hi = config.output_range
+    lo = rng.randint(out_lo - 20, out_hi)
+    return {
+        "zp_out": rng.choice([0, rng.randint(out_lo, out_hi), rng.randint(-(1 << 15), (1 << 15) - 1)]),
+        "act_lo": lo,
+        "act_hi": rng.choice([rng.randint(lo, out_hi + 20), rng.randint(out_lo - 20, out_hi + 20)]),
+        "avg_mult": rng.choice([rng.randint(1 << 28, INT32_MAX), INT32_MIN, INT32_MAX, 1]),
+        "avg_shift": rng.choice([rng.randint(28, 34), 0, MAX_SHIFT]),
+        "res_zp": rng.randint(-(1 << 15), (1 << 15) - 1),
+        "res_mult": rng.choice([rng.randint(1 << 29, INT32_MAX), -rng.randint(1 << 29, INT32_MAX),
+                                INT32_MIN, INT32_MAX]),
+        "res_shift": rng.choice([rng.randint(29, 33), 0, MAX_SHIFT]),
+    }
+
+
+def _beat(rng: random.Random, config: AcceleratorConfig, *, first: int = 0, last: int = 0,
+          pad: int = 0) -> dict[str, Any]:
+    out_lo, out_hi = config.output_range
+    return {"acc": [_acc_value(rng, config) for _ in range(config.cols)],
+            "residual": [rng.choice([out_lo, out_hi, rng.randint(out_lo, out_hi)])
+                         for _ in range(config.cols)],
+            "first": first, "last": last, "pad": pad}
+
+
+def _plain(acc: list[int], residual: list[int] | None = None) -> dict[str, Any]:
+    """A beat outside any pooling window."""
+    return {"acc": acc, "residual": residual or [0] * len(acc), "first": 0, "last": 0, "pad": 0}
+
+
+def _pointwise_job(rng: random.Random, config: AcceleratorConfig, beats: int, **settings: Any) -> Job:
+    bias, mult, shift = _params(rng, config)
+    return Job(bias, mult, shift, regs=_regs(rng, config), **settings,
+               beats=[_beat(rng, config) for _ in range(beats)])
+
+
+def _pool_job(rng: random.Random, config: AcceleratorConfig, pool: PoolMode, windows: int,
+              **settings: Any) -> Job:
+    size = rng.randint(1, 9)
+    beats = []
+    for _ in range(windows):
+        pads = [rng.random() < 0.3 for _ in range(size)]
+        if pool == PoolMode.MAX and all(pads):
+            pads[rng.randrange(size)] = False     # a window must reach into the image
+        for k in range(size):
+            beats.append(_beat(rng, config, first=int(k == 0), last=int(k == size - 1), pad=int(pads[k])))
+    bias, mult, shift = _params(rng, config)
+    return Job(bias, mult, shift, regs=_regs(rng, config), pool=pool, pool_count=size, **settings,
+               beats=beats)
+
+
+# -- tests ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("act", list(Activation))
+def test_pointwise_every_activation_random_and_extreme(act: Activation) -> None:
+    rng = random.Random(SEED * 100 + act.value)
+    check(SMALL, [_pointwise_job(rng, SMALL, 60, act=act) for _ in range(3)])
+
+
+def test_rounding_ties_and_shift_extremes() -> None:
+    # mult = 1: the product is the accumulator itself, so k * 2**s +- 2**(s-1) are exact ties.
+    rng = random.Random(SEED)
+    cols = SMALL.cols
+    jobs = []
+    for shift in (1, 2, 7, 30):
+        beats = []
+        for _ in range(16):
+            acc = []
+            for _ in range(cols):
+                k = rng.randint(-100, 100)
+                tie = (k << shift) + rng.choice([-1, 1]) * (1 << (shift - 1))
+                acc.append(max(INT32_MIN, min(INT32_MAX, tie)))
+            beats.append(_plain(acc))
+        jobs.append(Job([0] * cols, [1] * cols, [shift] * cols, regs={"zp_out": rng.randint(-5, 5)},
+                        beats=beats))
+    # the largest products: (-2**31)**2 = 2**62 with shift 62 and 61; shift 0 passes the product
+    extreme = [[INT32_MIN] * cols, [INT32_MAX] * cols, [INT32_MIN + 1, INT32_MAX - 1, 0, -1]]
+    for shift in (0, 61, MAX_SHIFT):
+        jobs.append(Job([0] * cols, [INT32_MIN, INT32_MAX, INT32_MIN, 1], [shift] * cols,
+                        regs={"zp_out": -1}, beats=[_plain(a) for a in extreme]))
+    # bias saturation at both ends of the accumulator range
+    jobs.append(Job([INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN], [1 << 30] * cols, [60] * cols,
+                    beats=[_plain(a) for a in extreme]))
+    check(SMALL, jobs)
+
+
+def test_output_saturates_at_both_ends() -> None:
+    cols = SMALL.cols
+    beats = [_plain([1 << 20, -(1 << 20), 200, -200])]
+    job = Job([0] * cols, [1] * cols, [0] * cols, regs={"zp_out": 0}, beats=beats)
+    results = run_sfu(SMALL, [job], seed=SEED)
+    assert results == [[[127, -128, 127, -128]]]
+    check(SMALL, [job])
+
+
+def test_raw_passes_accumulator_elements() -> None:
+    rng = random.Random(SEED + 7)
+    jobs = [_pointwise_job(rng, SMALL, 40, out_type=OutType.RAW) for _ in range(2)]
+    results = run_sfu(SMALL, jobs, seed=SEED)
+    assert results == [[b["acc"] for b in job.beats] for job in jobs]
+
+
+def test_residual_add_with_saturation() -> None:
+    rng = random.Random(SEED + 11)
+    jobs = [_pointwise_job(rng, SMALL, 60, residual=True, act=act) for act in Activation]
+    # residual alone drives the output to both saturation limits
+    cols = SMALL.cols
+    jobs.append(Job([0] * cols, [0] * cols, [0] * cols,
+                    regs={"res_zp": 0, "res_mult": INT32_MAX, "res_shift": 0}, residual=True,
+                    beats=[_plain([0] * cols, [127, -128, 1, -1])]))
+    check(SMALL, jobs)
+    assert reference(SMALL, jobs[-1]) == [[127, -128, 127, -128]]
+
+
+@pytest.mark.parametrize("pool", [PoolMode.MAX, PoolMode.AVG])
+def test_pooling_windows_with_pad_pixels(pool: PoolMode) -> None:
+    rng = random.Random(SEED * 7 + pool.value)
+    jobs = [_pool_job(rng, SMALL, pool, 12, act=rng.choice(list(Activation))) for _ in range(4)]
+    check(SMALL, jobs)
+
+
+def test_avg_pool_count_from_settings_and_global_window() -> None:
+    # A 7x7 global average and a window of one (avg of one pixel is its requantized value).
+    rng = random.Random(SEED + 3)
+    jobs = [_pool_job(rng, SMALL, PoolMode.AVG, 2) for _ in range(2)]
+    beats = [_beat(rng, SMALL, first=int(k == 0), last=int(k == 48), pad=int(rng.random() < 0.2))
+             for k in range(49)]
+    bias, mult, shift = _params(rng, SMALL)
+    jobs.append(Job(bias, mult, shift, regs=_regs(rng, SMALL) | {"avg_mult": 1402438301, "avg_shift": 36},
+                    pool=PoolMode.AVG, pool_count=49, beats=beats))
+    jobs.append(Job(bias, mult, shift, regs={"zp_out": 3, "avg_mult": 1 << 30, "avg_shift": 30},
+                    pool=PoolMode.AVG, pool_count=1,
+                    beats=[_beat(rng, SMALL, first=1, last=1) for _ in range(10)]))
+    check(SMALL, jobs)
+    single = jobs[-1]
+    pointwise = Job(single.bias, single.mult, single.shift, regs=single.regs, beats=single.beats)
+    assert reference(SMALL, single) == reference(SMALL, pointwise)
+
+
+def test_unsigned_types_and_int64_wrap() -> None:
+    # uint8 x uint8 with an unsigned accumulator: t * mult + rounding exceeds int64 and wraps
+    # in the reference; the SFU wraps the same way.
+    rng = random.Random(SEED + 5)
+    cols = UNSIGNED.cols
+    hi = UNSIGNED.acc_range[1]
+    wrap_job = Job([0] * cols, [INT32_MAX, INT32_MAX, INT32_MIN, 1], [MAX_SHIFT, 61, MAX_SHIFT, 0],
+                   regs={"zp_out": 7}, beats=[_plain([hi, hi - 1, hi, hi])])
+    # a + bias below zero saturates to 0, above 2**32 - 1 to that (then to the output's 255)
+    bias_job = Job([INT32_MIN, -6, INT32_MAX, 3], [1] * cols, [0] * cols,
+                   beats=[_plain([5, 5, hi, 0]), _plain([hi, 6, 0, 250])])
+    assert reference(UNSIGNED, bias_job) == [[0, 0, 255, 3], [255, 0, 255, 253]]
+    jobs = [wrap_job, bias_job, _pointwise_job(rng, UNSIGNED, 40, act=Activation.CLIP),
+            _pointwise_job(rng, UNSIGNED, 40, residual=True),
+            _pool_job(rng, UNSIGNED, PoolMode.AVG, 6), _pool_job(rng, UNSIGNED, PoolMode.MAX, 6),
+            _pointwise_job(rng, UNSIGNED, 20, out_type=OutType.RAW)]
+    check(UNSIGNED, jobs)
+
+
+@pytest.mark.parametrize("config", [WIDE, NARROW_ACC], ids=["int16-out", "acc16"])
+def test_other_element_widths(config: AcceleratorConfig) -> None:
+    rng = random.Random(SEED + config.acc_bits + config.input_bits)
+    jobs = [_pointwise_job(rng, config, 40, act=Activation.RELU6, residual=True),
+            _pool_job(rng, config, PoolMode.AVG, 6, act=Activation.CLIP),
+            _pool_job(rng, config, PoolMode.MAX, 6),
+            _pointwise_job(rng, config, 20, out_type=OutType.RAW)]
+    check(config, jobs)
+
+
+def test_modes_left_out_of_the_config_behave_as_none() -> None:
+    rng = random.Random(SEED + 13)
+    jobs = [_pointwise_job(rng, BARE, 30, act=act) for act in Activation]
+    jobs.append(_pool_job(rng, BARE, PoolMode.MAX, 3))       # every beat comes out, unpooled
+    check(BARE, jobs)
+    assert "residual" not in dict(iter(sfu_input_layout(BARE)))
+    # relu really is absent: a negative value passes unchanged
+    assert reference(BARE, jobs[Activation.RELU.value]) == reference(
+        BARE, Job(jobs[1].bias, jobs[1].mult, jobs[1].shift, regs=jobs[1].regs, beats=jobs[1].beats))
+
+
+def _accept_and_output_cycles(dut: SpecialFunctionUnit, job: Job) -> tuple[list[int], list[int]]:
+    """With the input always offered and the output always taken: the cycles in which each beat
+    was accepted and each output taken, counted on the same clock."""
+    config = dut.config
+    accepted: list[int] = []
+    taken: list[int] = []
+    expected = len(reference(config, job))
+
+    async def producer(ctx):
+        _set_static(ctx, dut, job)
+        cycle = 0
+        for beat in job.beats:
+            ctx.set(dut.i.valid, 1)
+            ctx.set(dut.i.payload, _payload(config, beat))
+            while True:
+                _, _, ready = await ctx.tick().sample(dut.i.ready)
+                cycle += 1
+                if ready:
+                    accepted.append(cycle)
+                    break
+        ctx.set(dut.i.valid, 0)
+
+    async def consumer(ctx):
+        ctx.set(dut.o.ready, 1)
+        cycle = 0
+        while len(taken) < expected:
+            _, _, valid = await ctx.tick().sample(dut.o.valid)
+            cycle += 1
+            if valid:
+                taken.append(cycle)
+
+    simulate(dut, producer, consumer)
+    assert taken and accepted
+    return accepted, taken
+
+
+def test_full_throughput_and_latency() -> None:
+    rng = random.Random(SEED + 17)
+    for config in (SMALL, BARE):
+        sfu = SpecialFunctionUnit(config)
+        job = _pointwise_job(rng, config, 50)
+        accepted, taken = _accept_and_output_cycles(sfu, job)
+        assert accepted == list(range(accepted[0], accepted[0] + 50))     # one beat per cycle
+        assert taken == [a + sfu.latency for a in accepted]
+    # average pooling: windows of 4, output after the last beat plus avg_latency
+    job = _pool_job(random.Random(SEED), SMALL, PoolMode.AVG, 5)
+    size = job.pool_count
+    sfu = SpecialFunctionUnit(SMALL)
+    accepted, taken = _accept_and_output_cycles(sfu, job)
+    assert sfu.avg_latency > sfu.latency
+    assert taken == [accepted[k * size + size - 1] + sfu.avg_latency for k in range(5)]
+
+
+@pytest.mark.parametrize("pool", [PoolMode.NONE, PoolMode.AVG])
+def test_long_output_stall_fills_the_fifo_without_losing_outputs(pool: PoolMode) -> None:
+    # The consumer takes nothing for 300 cycles while beats keep coming: the SFU stops accepting
+    # once every FIFO entry is promised, then delivers every output in order.
+    rng = random.Random(SEED + 23)
+    if pool == PoolMode.NONE:
+        job = _pointwise_job(rng, SMALL, 120, act=Activation.RELU)
+    else:
+        job = _pool_job(rng, SMALL, PoolMode.AVG, 60)
+    expected = reference(SMALL, job)
+    dut = SpecialFunctionUnit(SMALL)
+    got: list[list[int]] = []
+    accepted: list[int] = []
+
+    async def producer(ctx):
+        _set_static(ctx, dut, job)
+        await ctx.tick()
+        accepted.extend(await drive(ctx, dut.i, [_payload(SMALL, b) for b in job.beats], rng=rng))
+
+    async def consumer(ctx):
+        await ctx.tick().repeat(300)
+        taken = await collect(ctx, dut.o, len(expected), rng=rng, stall=0.2)
+        got.extend([row[c] for c in range(SMALL.cols)] for _, row in taken)
+
+    simulate(dut, producer, consumer)
+    assert got == expected
+    outputs_per_beat = 1 if pool == PoolMode.NONE else 1 / job.pool_count
+    stalled = [a for a in accepted if a < 300]
+    assert len(stalled) * outputs_per_beat <= 33, "accepted more than the FIFO can hold"
+    assert len(stalled) < len(job.beats), "input backpressure never happened"
+
+
+def test_config_must_be_an_accelerator_config() -> None:
+    with pytest.raises(TypeError, match=r"^config must be an AcceleratorConfig, not 'small'$"):
+        construct_rejected(lambda: SpecialFunctionUnit("small"))  # type: ignore[arg-type]
