@@ -1,0 +1,374 @@
+"""The R x C systolic array with its input skew, output de-skew and stream interfaces.
+
+:class:`SystolicArray` is a grid of :class:`~systolic.hw.pe.ProcessingElement` (R = ``rows``,
+C = ``cols``) behind ``amaranth.lib.stream`` ports. Callers see aligned vectors: the skew
+(element i of an input row enters PE row i, i cycles later) and the de-skew of the results are
+inside the block. Every register of the array sits behind one global enable that is low while the
+output holds a result nobody takes, so back-pressure stalls the whole array and loses nothing.
+
+The timing and the interface rules are in ``docs/arch-array.md``; in short, with T tiles streamed
+back to back and the output always ready:
+
+* weight-stationary: :func:`ws_cycles` — ``k + (T-1)*max(m, k) + m + R + C + 4`` cycles from the
+  first weight row to the last result row, i.e. ``max(m, k)`` per tile in steady state (the next
+  tile's weights shift into the shadow registers while the current tile streams);
+* output-stationary: :func:`os_cycles` — ``K + (T-1)*max(K, R) + 2R + C + 2`` cycles from the
+  first operand beat to the last result row (the result registers of one tile drain while the
+  next accumulates).
+
+Both give R * C multiply-accumulates every cycle in steady state (m >= k, K >= R).
+"""
+
+from __future__ import annotations
+
+from amaranth import Const, Module, Mux, Signal, Value
+from amaranth.hdl import EnableInserter
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .config import AcceleratorConfig
+from .pe import MAC_LATENCY, ProcessingElement, element_shapes
+
+__all__ = [
+    "SystolicArray", "weight_layout", "input_layout", "output_layout",
+    "array_latency", "ws_cycles", "os_cycles",
+]
+
+
+def _check_config(config: object) -> AcceleratorConfig:
+    if not isinstance(config, AcceleratorConfig):
+        raise TypeError(f"config must be an AcceleratorConfig, not {config!r}")
+    return config
+
+
+def weight_layout(config: AcceleratorConfig) -> data.StructLayout:
+    """Payload of the weight-stationary preload stream: one row of C weights per beat.
+
+    ``data``: C weight elements, row i of W (the caller zeroes columns >= n).
+    ``last``: 1 on the last row of a preload (row k-1); rows k..R-1 become zero.
+    """
+    config = _check_config(config)
+    if config.dataflow != "ws":
+        raise ValueError(f"weight_layout needs dataflow 'ws' (the output-stationary array takes "
+                         f"B with A on one stream), not {config.dataflow!r}")
+    _, weight_shape, _ = element_shapes(config)
+    return data.StructLayout({"data": data.ArrayLayout(weight_shape, config.cols), "last": 1})
+
+
+def input_layout(config: AcceleratorConfig) -> data.StructLayout:
+    """Payload of the input stream, one beat per cycle.
+
+    Weight-stationary: ``data`` = one row of A (R input elements; elements >= k meet zero
+    weights), ``new_weights`` = 1 on the first row of a tile that uses the most recently completed
+    preload (the beat waits until that preload has arrived), ``last`` = 1 on the tile's last row.
+
+    Output-stationary: ``a`` = one row of A transposed (R input elements: column k of A),
+    ``b`` = one row of B (C weight elements; the caller zeroes columns >= n), ``last`` = 1 on the
+    tile's last beat (beat K-1).
+    """
+    config = _check_config(config)
+    input_shape, weight_shape, _ = element_shapes(config)
+    if config.dataflow == "ws":
+        return data.StructLayout({
+            "data": data.ArrayLayout(input_shape, config.rows),
+            "new_weights": 1,
+            "last": 1,
+        })
+    return data.StructLayout({
+        "a": data.ArrayLayout(input_shape, config.rows),
+        "b": data.ArrayLayout(weight_shape, config.cols),
+        "last": 1,
+    })
+
+
+def output_layout(config: AcceleratorConfig) -> data.StructLayout:
+    """Payload of the result stream: ``data`` = one row of P (C accumulator elements, acc_bits
+    each, wrapped modulo 2**acc_bits), ``last`` = 1 on the tile's last row (WS: row m-1 of the
+    tile; OS: row R-1, every output-stationary tile drains all R rows)."""
+    config = _check_config(config)
+    _, _, acc_shape = element_shapes(config)
+    return data.StructLayout({"data": data.ArrayLayout(acc_shape, config.cols), "last": 1})
+
+
+def array_latency(config: AcceleratorConfig) -> int:
+    """Cycles from the handshake of an input beat to its result row being valid on the output,
+    without stalls. WS (every input row): R + C + 4; OS (the tile's last beat to result row 0):
+    R + C + 3.
+
+    OS: element r of the beat reaches PE row q = R-1-r after 1 + q cycles (skew) and column j
+    after j more; the tile's sum lands in the PE's result register ``MAC_LATENCY`` (4) cycles
+    later, and the bottom row's results are aligned by delaying column j by C-1-j:
+    1 + (R-1) + MAC_LATENCY + (C-1) = R + C + 3. WS: one cycle more, because ``new_weights``
+    runs one cycle ahead of the elements (which enter PE row i after 2 + i cycles)."""
+    config = _check_config(config)
+    if config.dataflow == "ws":
+        return config.rows + config.cols + MAC_LATENCY
+    return config.rows + config.cols - 1 + MAC_LATENCY
+
+
+def _check_tile_counts(**counts: int) -> None:
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an integer, not {value!r}")
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, not {value!r}")
+
+
+def ws_cycles(config: AcceleratorConfig, *, m: int, k: int, tiles: int) -> int:
+    """Cycles, counting from the handshake of the first weight row as cycle 0 to the handshake
+    of the last result row inclusive, of ``tiles`` weight-stationary tiles that each preload k
+    weight rows and stream m input rows, all streams back to back and the output always ready:
+    ``k + (tiles-1)*max(m, k) + m + R + C + 4``."""
+    config = _check_config(config)
+    _check_tile_counts(m=m, k=k, tiles=tiles)
+    if k > config.rows:
+        raise ValueError(f"k must be at most rows ({config.rows}), not {k!r}")
+    return k + (tiles - 1) * max(m, k) + m + array_latency(config)
+
+
+def os_cycles(config: AcceleratorConfig, *, k: int, tiles: int) -> int:
+    """Cycles, from the handshake of the first operand beat as cycle 0 to the handshake of the
+    last result row inclusive, of ``tiles`` output-stationary tiles of K = ``k`` beats each,
+    back to back with the output always ready: ``k + (tiles-1)*max(k, R) + 2R + C + 2``."""
+    config = _check_config(config)
+    _check_tile_counts(k=k, tiles=tiles)
+    return k + (tiles - 1) * max(k, config.rows) + array_latency(config) + config.rows - 1
+
+
+def _delay(m: Module, value: Value, cycles: int, name: str) -> Value:
+    """``value`` delayed by ``cycles`` registers in ``m``'s sync domain."""
+    for stage in range(cycles):
+        reg = Signal(value.shape(), name=f"{name}_d{stage + 1}")
+        m.d.sync += reg.eq(value)
+        value = reg
+    return value
+
+
+class SystolicArray(wiring.Component):
+    """R x C systolic array for the config's dataflow (R = ``rows``, C = ``cols``).
+
+    Ports, weight-stationary (``dataflow = "ws"``), computing P = A . W:
+
+    ``weights``: ``In(stream.Signature(weight_layout(config)))`` — preload rows 0..k-1 of W,
+    in order, ``last`` on row k-1 (or the R-th row ends the preload). While a completed preload
+    waits for its tile, the stream is not ready.
+    ``inputs``: ``In(stream.Signature(input_layout(config)))`` — rows of A. A beat with
+    ``new_weights`` is not ready until a preload has completed; it and the rows after it use
+    those weights.
+    ``outputs``: ``Out(stream.Signature(output_layout(config)))`` — one row of P per input row,
+    in order, ``last`` copied from the input row.
+
+    Ports, output-stationary (``dataflow = "os"``), computing P = A . B:
+
+    ``inputs``: ``In(stream.Signature(input_layout(config)))`` — beat k carries column k of A
+    (``a``) and row k of B (``b``); ``last`` on beat K-1. A ``last`` beat is not ready until R
+    cycles after the previous one (the previous tile's results must have left the PEs).
+    ``outputs``: ``Out(stream.Signature(output_layout(config)))`` — R rows of P per tile, row 0
+    first, ``last`` on row R-1.
+
+    Raises :class:`TypeError` when ``config`` is not an :class:`AcceleratorConfig`.
+    """
+
+    def __init__(self, config: AcceleratorConfig) -> None:
+        self.config = _check_config(config)
+        members = {}
+        if config.dataflow == "ws":
+            members["weights"] = In(stream.Signature(weight_layout(config)))
+        members["inputs"] = In(stream.Signature(input_layout(config)))
+        members["outputs"] = Out(stream.Signature(output_layout(config)))
+        super().__init__(members)
+
+    @property
+    def latency(self) -> int:
+        """Cycles from an input handshake to its result row, without stalls (see
+        :func:`array_latency`)."""
+        return array_latency(self.config)
+
+    def elaborate(self, platform) -> Module:
+        config = self.config
+        m = Module()
+
+        # Every register below this point advances only while the output can move: a global
+        # enable, so that a stalled output freezes the skewed wavefronts in place.
+        pipeline = Module()
+        enable = Signal()
+        m.submodules.pipeline = EnableInserter(enable)(pipeline)
+        m.d.comb += enable.eq(~self.outputs.valid | self.outputs.ready)
+
+        pes = [[ProcessingElement(config) for _ in range(config.cols)] for _ in range(config.rows)]
+        for i, row in enumerate(pes):
+            for j, pe in enumerate(row):
+                pipeline.submodules[f"pe_{i}_{j}"] = pe
+                pipeline.d.comb += pe.enable.eq(enable)
+
+        if config.dataflow == "ws":
+            self._elaborate_ws(pipeline, pes, enable)
+        else:
+            self._elaborate_os(pipeline, pes, enable)
+        return m
+
+    def _elaborate_ws(self, m: Module, pes: list[list[ProcessingElement]], enable: Signal) -> None:
+        rows, cols = self.config.rows, self.config.cols
+        inputs, weights, outputs = self.inputs, self.weights, self.outputs
+
+        # -- handshakes and preload bookkeeping ----------------------------------------------
+        pending = Signal()                  # a completed preload waits in the shadow registers
+        weight_row = Signal(range(rows))    # index of the next preload row
+        in_fire = Signal()
+        w_fire = Signal()
+        w_done = Signal()
+        swap = Signal()
+        m.d.comb += [
+            inputs.ready.eq(enable & (~inputs.payload.new_weights | pending)),
+            # The next preload may start in the cycle its predecessor is consumed: the shadow
+            # register is read by the swap before the new row reaches it.
+            weights.ready.eq(enable & (~pending | (inputs.valid & inputs.payload.new_weights))),
+            in_fire.eq(inputs.valid & inputs.ready),
+            w_fire.eq(weights.valid & weights.ready),
+            w_done.eq(w_fire & (weights.payload.last | (weight_row == rows - 1))),
+            swap.eq(in_fire & inputs.payload.new_weights),
+        ]
+        with m.If(w_fire):
+            m.d.sync += weight_row.eq(Mux(w_done, 0, weight_row + 1))
+        with m.If(swap):
+            m.d.sync += pending.eq(0)
+        with m.If(w_done):
+            m.d.sync += pending.eq(1)
+
+        # -- weight preload: data down the columns, row selection along the rows -------------
+        # A preload row reaches PE (i, j) i + j + 1 cycles after its handshake. The row control
+        # walks down the left edge one row per cycle; each PE row captures the row with its own
+        # index, and rows the caller does not send are cleared by the first row of a preload.
+        ctl_valid = _delay(m, w_fire, 1, "w_valid_0")
+        ctl_first = _delay(m, w_fire & (weight_row == 0), 1, "w_first_0")
+        ctl_index = _delay(m, weight_row, 1, "w_index_0")
+        for i in range(rows):
+            if i:
+                ctl_valid = _delay(m, ctl_valid, 1, f"w_valid_{i}")
+                ctl_first = _delay(m, ctl_first, 1, f"w_first_{i}")
+                ctl_index = _delay(m, ctl_index, 1, f"w_index_{i}")
+            m.d.comb += [
+                pes[i][0].w_capture_in.eq(ctl_valid & (ctl_index == i)),
+                pes[i][0].w_zero_in.eq(ctl_valid & ctl_first if i else Const(0)),
+            ]
+        for j in range(cols):
+            m.d.comb += pes[0][j].w_in.eq(_delay(m, weights.payload.data[j], 1 + j, f"w_skew_{j}"))
+
+        # -- input skew ----------------------------------------------------------------------
+        # Element i of an input row reaches PE (i, 0) 2 + i cycles after its handshake; the
+        # new_weights flag runs one cycle ahead of it (the PE swaps its weight registers then).
+        for i in range(rows):
+            m.d.comb += [
+                pes[i][0].a_in.eq(_delay(m, inputs.payload.data[i], 2 + i, f"a_skew_{i}")),
+                pes[i][0].new_weights_in.eq(_delay(m, swap, 1 + i, f"swap_skew_{i}")),
+            ]
+
+        # -- the grid ------------------------------------------------------------------------
+        for i in range(rows):
+            for j in range(cols):
+                pe = pes[i][j]
+                if j:
+                    left = pes[i][j - 1]
+                    m.d.comb += [
+                        pe.a_in.eq(left.a_out),
+                        pe.new_weights_in.eq(left.new_weights_out),
+                        pe.w_capture_in.eq(left.w_capture_out),
+                        pe.w_zero_in.eq(left.w_zero_out),
+                    ]
+                if i:
+                    above = pes[i - 1][j]
+                    m.d.comb += [
+                        pe.w_in.eq(above.w_out),
+                        pe.psum_in.eq(above.psum_out),
+                    ]
+
+        # -- output de-skew ------------------------------------------------------------------
+        # Column j's sum leaves the bottom row j cycles after column 0's; delaying it by
+        # C-1-j aligns the row. The result of an input row is valid R+C+4 cycles after it.
+        for j in range(cols):
+            m.d.comb += outputs.payload.data[j].eq(
+                _delay(m, pes[rows - 1][j].psum_out, cols - 1 - j, f"deskew_{j}"))
+        latency = array_latency(self.config)
+        m.d.comb += [
+            outputs.valid.eq(_delay(m, in_fire, latency, "out_valid")),
+            outputs.payload.last.eq(_delay(m, in_fire & inputs.payload.last, latency, "out_last")),
+        ]
+
+    def _elaborate_os(self, m: Module, pes: list[list[ProcessingElement]], enable: Signal) -> None:
+        rows, cols = self.config.rows, self.config.cols
+        inputs, outputs = self.inputs, self.outputs
+
+        # -- handshake: a tile's results must have left the result registers (R cycles of
+        # drain) before the next tile finishes in them, so `last` beats are >= R cycles apart.
+        cooldown = Signal(range(rows))
+        in_fire = Signal()
+        fire_last = Signal()
+        m.d.comb += [
+            inputs.ready.eq(enable & (~inputs.payload.last | (cooldown == 0))),
+            in_fire.eq(inputs.valid & inputs.ready),
+            fire_last.eq(in_fire & inputs.payload.last),
+        ]
+        with m.If(fire_last):
+            m.d.sync += cooldown.eq(rows - 1)
+        with m.Elif(cooldown != 0):
+            m.d.sync += cooldown.eq(cooldown - 1)
+
+        # -- operand skew --------------------------------------------------------------------
+        # Output row r lives in PE row R-1-r: tiles finish top row first, and the drain shifts
+        # down, so the bottom row (output row 0) leaves first. Idle cycles feed zeros to A so
+        # that they add nothing to the accumulators.
+        for r in range(rows):
+            q = rows - 1 - r
+            a = Mux(in_fire, inputs.payload.a[r], 0)
+            m.d.comb += [
+                pes[q][0].a_in.eq(_delay(m, a, 1 + q, f"a_skew_{r}")),
+                pes[q][0].last_in.eq(_delay(m, fire_last, 1 + q, f"last_skew_{r}")),
+            ]
+        for j in range(cols):
+            m.d.comb += pes[0][j].b_in.eq(_delay(m, inputs.payload.b[j], 1 + j, f"b_skew_{j}"))
+
+        # -- drain control -------------------------------------------------------------------
+        # PE row q's result register takes a tile's sum q + MAC_LATENCY cycles after the last
+        # beat's handshake; the bottom row's is visible R + MAC_LATENCY cycles after it. From
+        # then on, column 0 shifts for R-1 cycles; row q shifts only in the first q of them (it
+        # has passed every row above it down by then), so that it is free when the next tile's
+        # sum arrives, which a cooldown of R cycles between `last` beats guarantees.
+        drain_start = _delay(m, fire_last, rows + MAC_LATENCY - 1, "drain_start")
+        draining = Signal()
+        drain_step = Signal(range(rows))
+        with m.If(drain_start):
+            m.d.sync += [draining.eq(1), drain_step.eq(0)]
+        with m.Elif(draining):
+            m.d.sync += drain_step.eq(drain_step + 1)
+            with m.If(drain_step == rows - 1):
+                m.d.sync += draining.eq(0)
+        for q in range(rows):
+            m.d.comb += pes[q][0].drain_in.eq(draining & (drain_step < q) if q else Const(0))
+
+        # -- the grid ------------------------------------------------------------------------
+        for i in range(rows):
+            for j in range(cols):
+                pe = pes[i][j]
+                if j:
+                    left = pes[i][j - 1]
+                    m.d.comb += [
+                        pe.a_in.eq(left.a_out),
+                        pe.last_in.eq(left.last_out),
+                        pe.drain_in.eq(left.drain_out),
+                    ]
+                if i:
+                    above = pes[i - 1][j]
+                    m.d.comb += [
+                        pe.b_in.eq(above.b_out),
+                        pe.result_in.eq(above.result_out),
+                    ]
+
+        # -- output de-skew ------------------------------------------------------------------
+        for j in range(cols):
+            m.d.comb += outputs.payload.data[j].eq(
+                _delay(m, pes[rows - 1][j].result_out, cols - 1 - j, f"deskew_{j}"))
+        m.d.comb += [
+            outputs.valid.eq(_delay(m, draining, cols - 1, "out_valid")),
+            outputs.payload.last.eq(
+                _delay(m, draining & (drain_step == rows - 1), cols - 1, "out_last")),
+        ]

@@ -1,0 +1,286 @@
+"""The processing element (PE): one multiply-accumulate cell of the systolic array.
+
+A PE has no handshakes. Every port is a plain signal that moves one PE per clock cycle, so that
+a row or column of PEs forms a pipeline; :class:`~systolic.hw.array.SystolicArray` wires them into
+a grid, skews the operands on the way in and stalls every register with one global enable when
+the output stalls (the PE's ``enable`` port). The multiplier is a :class:`PipelinedMultiplier`
+(operand, product and routing registers: :data:`MULTIPLIER_LATENCY` = 3 cycles), so that a PE
+maps onto one DSP block plus an adder and nothing slow shares a cycle with the DSP.
+
+Weight-stationary (``dataflow = "ws"``), PE at row i (reduction index k) and column j (output
+channel n)::
+
+             w_in  psum_in              cycle t:    new_weights_in: active <= shadow
+               |     |                  cycle t+1:  a_in (the tile's first element) and active
+    a_in ---> [ shadow | active ] ---> a_out         enter the multiplier
+    new_weights_in  ...  new_weights_out cycle t+4: psum_out <= psum_in + product
+    w_capture_in / w_zero_in --> ..._out any cycle:  shadow <= w_in if w_capture_in,
+               |     |                                        0    if w_zero_in
+             w_out psum_out
+
+``a``, ``new_weights``, ``w_capture`` and ``w_zero`` travel to the right, ``w`` (the weight preload
+data) and ``psum`` travel down. The shadow register takes the next tile's weights while the active
+register computes the current tile: that is the "second weight register per PE" of docs/isa.md.
+``new_weights`` runs one cycle ahead of the operand, so that the active register feeds the DSP
+input with no select logic in between.
+
+Output-stationary (``dataflow = "os"``)::
+
+    cycle t:    a_in, b_in (and last_in) enter the multiplier
+    cycle t+3:  acc + product -> result (and acc <= 0)  if the beat was the tile's last
+                acc <= acc + product                     otherwise
+    any cycle:  result <= result_in                      if drain_in (shift one row down)
+
+``a``, ``last`` and ``drain`` travel to the right, ``b`` and ``result`` travel down. The result
+register holds the finished tile while the next one accumulates; the array shifts the result
+registers of a column down (``drain``) to read them out.
+
+All widths come from the :class:`~systolic.hw.config.AcceleratorConfig`: input elements are
+``input_bits`` wide, weights ``weight_bits``, partial sums and accumulators ``acc_bits``, each
+signed as the config says. Sums wrap modulo 2**acc_bits, as docs/isa.md specifies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from amaranth import Cat, ClockSignal, Const, Instance, Module, ResetSignal, Shape, Signal
+from amaranth.hdl import EnableInserter
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from .config import AcceleratorConfig
+
+__all__ = ["ProcessingElement", "PipelinedMultiplier", "element_shapes", "MAC_LATENCY",
+           "MULTIPLIER_LATENCY"]
+
+#: Cycles from operands at a :class:`PipelinedMultiplier`'s inputs to their product at its
+#: output: operand registers, a product register and a register for the route to the adder.
+MULTIPLIER_LATENCY = 3
+
+#: Cycles from an operand at a PE's ``a_in`` to the sum that includes its product being visible
+#: at ``psum_out`` (WS) or in ``result_out`` (OS): the multiplier, then the sum register.
+MAC_LATENCY = MULTIPLIER_LATENCY + 1
+
+
+def element_shapes(config: AcceleratorConfig) -> tuple[Shape, Shape, Shape]:
+    """The Amaranth shapes of an input element, a weight element and an accumulator element
+    (``input_bits``, ``weight_bits`` and ``acc_bits`` wide, signed as the config says)."""
+    if not isinstance(config, AcceleratorConfig):
+        raise TypeError(f"config must be an AcceleratorConfig, not {config!r}")
+    return (Shape(config.input_bits, config.input_signed),
+            Shape(config.weight_bits, config.weight_signed),
+            Shape(config.acc_bits, config.acc_signed))
+
+
+def _is_ecp5(platform: Any) -> bool:
+    return getattr(platform, "family", None) == "ecp5"
+
+
+class PipelinedMultiplier(wiring.Component):
+    """``product`` = ``a`` * ``b``, :data:`MULTIPLIER_LATENCY` (3) cycles after the operands:
+    both operands are registered, then the product, then the product again. Every register
+    advances only while ``enable`` is high.
+
+    Generic platforms get the registers as logic (yosys maps the multiply to a DSP block). On a
+    Lattice ECP5 platform (``platform.family == "ecp5"``) the first two stages are the input and
+    output registers of one MULT18X18D, so that no fabric routing sits in the multiplier's path
+    (with the combinational MULT18X18D that yosys infers, a 4x4 array reached 112-138 MHz), and the
+    third is a fabric register, because DSP blocks sit in fixed rows and the route from one to
+    its PE's adder takes up to 4 ns on an 85F.
+
+    ``a``: ``In(a_shape)``; ``b``: ``In(b_shape)``; ``product``: ``Out`` of the exact product
+    shape (a_bits + b_bits wide, one more when exactly one operand is signed);
+    ``enable``: ``In(1, init=1)``.
+
+    Raises :class:`ValueError` for operands wider than the 18 bits of a DSP multiplier input
+    (17 for an unsigned operand).
+    """
+
+    def __init__(self, a_shape: Shape, b_shape: Shape) -> None:
+        a_shape, b_shape = Shape.cast(a_shape), Shape.cast(b_shape)
+        for name, shape in (("a_shape", a_shape), ("b_shape", b_shape)):
+            if shape.width + (not shape.signed) > 18:
+                raise ValueError(f"{name} must fit an 18-bit signed multiplier input "
+                                 f"(at most 18 bits signed or 17 unsigned), not {shape!r}")
+        self._a_shape, self._b_shape = a_shape, b_shape
+        product_shape = (Const(0, a_shape) * Const(0, b_shape)).shape()
+        super().__init__({
+            "a": In(a_shape),
+            "b": In(b_shape),
+            "product": Out(product_shape),
+            "enable": In(1, init=1),
+        })
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        if _is_ecp5(platform):
+            a = Signal(18)
+            b = Signal(18)
+            p = Signal(36)
+            m.d.comb += [
+                a.eq(self.a),           # sign- or zero-extended by the operand's shape
+                b.eq(self.b),
+            ]
+            with m.If(self.enable):
+                m.d.sync += self.product.eq(p[:len(self.product)])
+            ports: dict[str, Any] = {}
+            for name in ("INPUTA", "INPUTB", "OUTPUT"):
+                ports[f"p_REG_{name}_CLK"] = "CLK0"
+                ports[f"p_REG_{name}_CE"] = "CE0"
+                ports[f"p_REG_{name}_RST"] = "RST0"
+            ports.update({f"i_A{n}": a[n] for n in range(18)})
+            ports.update({f"i_B{n}": b[n] for n in range(18)})
+            ports.update({f"i_C{n}": Const(0) for n in range(18)})
+            ports.update({f"o_P{n}": p[n] for n in range(36)})
+            m.submodules.mult = Instance(
+                "MULT18X18D",
+                p_RESETMODE="SYNC",
+                i_SIGNEDA=Const(int(self._a_shape.signed)),
+                i_SIGNEDB=Const(int(self._b_shape.signed)),
+                i_SOURCEA=Const(0), i_SOURCEB=Const(0),
+                i_CLK0=ClockSignal("sync"), i_CE0=self.enable, i_RST0=ResetSignal("sync"),
+                i_CLK1=Const(0), i_CE1=Const(0), i_RST1=Const(0),
+                i_CLK2=Const(0), i_CE2=Const(0), i_RST2=Const(0),
+                i_CLK3=Const(0), i_CE3=Const(0), i_RST3=Const(0),
+                **ports,
+            )
+            return m
+
+        a = Signal(self._a_shape)
+        b = Signal(self._b_shape)
+        product = Signal.like(self.product)
+        with m.If(self.enable):
+            m.d.sync += [
+                a.eq(self.a),
+                b.eq(self.b),
+                product.eq(a * b),
+                self.product.eq(product),
+            ]
+        return m
+
+
+class ProcessingElement(wiring.Component):
+    """One MAC cell of the systolic array, for the config's dataflow.
+
+    Ports of every PE: ``enable`` (``In(1, init=1)``): the PE's registers advance only while it
+    is high (the array's global stall).
+
+    Ports of a weight-stationary PE (``config.dataflow == "ws"``):
+
+    ``a_in``, ``a_out``: input element (activation), ``input_bits``; ``a_out`` is ``a_in`` one
+    cycle later, for the PE to the right.
+    ``new_weights_in``, ``new_weights_out``: 1 one cycle before the first input element of a tile
+    that uses the weights in the shadow register (they become active); passed right like ``a``.
+    ``w_in``, ``w_out``: weight preload data, ``weight_bits``; passed down one cycle later.
+    ``w_capture_in``, ``w_capture_out``: the shadow register takes ``w_in``; passed right.
+    ``w_zero_in``, ``w_zero_out``: the shadow register becomes 0 (a preload row the caller did
+    not send); passed right.
+    ``psum_in``, ``psum_out``: partial sum from the PE above and to the PE below, ``acc_bits``;
+    ``psum_out`` = ``psum_in`` + a * w, :data:`MAC_LATENCY` cycles after ``a_in``.
+
+    Ports of an output-stationary PE (``config.dataflow == "os"``):
+
+    ``a_in``, ``a_out``: element of A, ``input_bits``, passed right.
+    ``b_in``, ``b_out``: element of B, ``weight_bits``, passed down.
+    ``last_in``, ``last_out``: 1 with the last pair of elements of a tile; passed right.
+    ``drain_in``, ``drain_out``: shift the result register one row down this cycle; passed right.
+    ``result_in``, ``result_out``: result register of the PE above / of this PE, ``acc_bits``;
+    the tile's sum lands in ``result_out`` :data:`MAC_LATENCY` cycles after its last operands.
+
+    Raises :class:`TypeError` when ``config`` is not an :class:`AcceleratorConfig`.
+    """
+
+    def __init__(self, config: AcceleratorConfig) -> None:
+        input_shape, weight_shape, acc_shape = element_shapes(config)
+        self.config = config
+        members = {"enable": In(1, init=1)}
+        if config.dataflow == "ws":
+            members.update({
+                "a_in": In(input_shape), "a_out": Out(input_shape),
+                "new_weights_in": In(1), "new_weights_out": Out(1),
+                "w_in": In(weight_shape), "w_out": Out(weight_shape),
+                "w_capture_in": In(1), "w_capture_out": Out(1),
+                "w_zero_in": In(1), "w_zero_out": Out(1),
+                "psum_in": In(acc_shape), "psum_out": Out(acc_shape),
+            })
+        else:
+            members.update({
+                "a_in": In(input_shape), "a_out": Out(input_shape),
+                "b_in": In(weight_shape), "b_out": Out(weight_shape),
+                "last_in": In(1), "last_out": Out(1),
+                "drain_in": In(1), "drain_out": Out(1),
+                "result_in": In(acc_shape), "result_out": Out(acc_shape),
+            })
+        super().__init__(members)
+
+    def elaborate(self, platform) -> Any:
+        input_shape, weight_shape, _ = element_shapes(self.config)
+        m = Module()
+        m.submodules.multiplier = multiplier = PipelinedMultiplier(input_shape, weight_shape)
+        m.d.comb += multiplier.enable.eq(self.enable)
+        if self.config.dataflow == "ws":
+            self._elaborate_ws(m, multiplier)
+        else:
+            self._elaborate_os(m, multiplier)
+        # One enable for every register of the cell (the multiplier takes it as a port, since
+        # a vendor primitive's clock enable is not rewritten by EnableInserter).
+        return EnableInserter(self.enable)(m)
+
+    def _elaborate_ws(self, m: Module, multiplier: PipelinedMultiplier) -> None:
+        _, weight_shape, _ = element_shapes(self.config)
+        shadow = Signal(weight_shape)
+        active = Signal(weight_shape)
+
+        # new_weights arrives one cycle ahead of the tile's first element, so that the active
+        # register feeds the multiplier with no select logic on the way (a DSP input).
+        with m.If(self.new_weights_in):
+            m.d.sync += active.eq(shadow)
+        m.d.comb += [
+            multiplier.a.eq(self.a_in),
+            multiplier.b.eq(active),
+        ]
+        m.d.sync += self.psum_out.eq(self.psum_in + multiplier.product)   # wraps to acc_bits
+
+        with m.If(self.w_capture_in):
+            m.d.sync += shadow.eq(self.w_in)
+        with m.Elif(self.w_zero_in):
+            m.d.sync += shadow.eq(0)
+
+        m.d.sync += [
+            self.a_out.eq(self.a_in),
+            self.new_weights_out.eq(self.new_weights_in),
+            self.w_out.eq(self.w_in),
+            self.w_capture_out.eq(self.w_capture_in),
+            self.w_zero_out.eq(self.w_zero_in),
+        ]
+
+    def _elaborate_os(self, m: Module, multiplier: PipelinedMultiplier) -> None:
+        _, _, acc_shape = element_shapes(self.config)
+        last = Signal(MULTIPLIER_LATENCY)       # `last` beside the multiplier's stages
+        acc = Signal(acc_shape)
+        total = Signal(acc_shape)
+
+        m.d.comb += [
+            multiplier.a.eq(self.a_in),
+            multiplier.b.eq(self.b_in),
+            total.eq(acc + multiplier.product),                 # wraps to acc_bits
+        ]
+        m.d.sync += last.eq(Cat(self.last_in, last[:-1]))
+        with m.If(last[-1]):
+            m.d.sync += acc.eq(0)
+        with m.Else():
+            m.d.sync += acc.eq(total)
+
+        # The array never asks for a capture and a drain shift of the same PE in one cycle.
+        with m.If(last[-1]):
+            m.d.sync += self.result_out.eq(total)
+        with m.Elif(self.drain_in):
+            m.d.sync += self.result_out.eq(self.result_in)
+
+        m.d.sync += [
+            self.a_out.eq(self.a_in),
+            self.b_out.eq(self.b_in),
+            self.last_out.eq(self.last_in),
+            self.drain_out.eq(self.drain_in),
+        ]

