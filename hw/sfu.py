@@ -49,7 +49,7 @@ from .isa import HEADER_LAYOUT, LAYOUTS, Activation, Opcode, OutType, PoolMode
 from .requant_table import REQUANT_ENTRY
 
 __all__ = [
-    "SFU_REGS", "SFU_SETTINGS", "SpecialFunctionUnit", "sfu_input_layout", "sfu_output_layout",
+    "SFU_REGS", "SFU_SETTINGS", "SpecialFunctionUnit", "sfu_latency", "sfu_input_layout", "sfu_output_layout",
     "output_elem_shape",
 ]
 
@@ -179,6 +179,16 @@ class _Multiplier:
         self.product = register("product", _wrap(total, wrap) if wrap is not None else total)
 
 
+def sfu_latency(config: AcceleratorConfig, *, avg: bool = False) -> int:
+    """Cycles from the SFU accepting a beat to its output being valid, without stalls, when the
+    beat ends its window (or without pooling): input, bias, 3 multiply, round, 2 shift, zero
+    point, [residual], narrow, 2 activation, [pooling]. ``avg``: for the last beat of an
+    average-pooling window, which adds centre, 3 multiply, round, 2 shift, zero point, narrow and
+    2 activation stages."""
+    latency = 12 + int(config.sfu_residual) + int(bool(config.sfu_pooling)) + _FIFO_LATENCY
+    return latency + 11 if avg else latency
+
+
 class SpecialFunctionUnit(wiring.Component):
     """The SFU: C lanes of bias add, requantize, residual add, activation and saturation, then
     max or average pooling over windows of beats, then an output FIFO.
@@ -216,17 +226,13 @@ class SpecialFunctionUnit(wiring.Component):
 
     @property
     def latency(self) -> int:
-        """Cycles from accepting a beat to its output being valid, without stalls, when it ends
-        its window (or without pooling): input, bias, 3 multiply, round, 2 shift, zero point,
-        [residual], narrow, 2 activation, [pooling]."""
-        cfg = self._config
-        return 12 + int(cfg.sfu_residual) + int(bool(cfg.sfu_pooling)) + _FIFO_LATENCY
+        """Cycles from accepting a beat to its output being valid (see :func:`sfu_latency`)."""
+        return sfu_latency(self._config)
 
     @property
     def avg_latency(self) -> int:
-        """Like :attr:`latency` for the last beat of an average-pooling window (adds centre,
-        3 multiply, round, 2 shift, zero point, narrow, 2 activation); 0 without ``avg``."""
-        return self.latency + 11 if "avg" in self._config.sfu_pooling else 0
+        """:func:`sfu_latency` for the last beat of an average-pooling window; 0 without ``avg``."""
+        return sfu_latency(self._config, avg=True) if "avg" in self._config.sfu_pooling else 0
 
     def elaborate(self, platform: object) -> Module:
         cfg = self._config

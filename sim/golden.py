@@ -25,15 +25,21 @@ Where docs/isa.md leaves a detail open, this model decides as follows (to be wri
   reads the accumulator rows its output windows cover, not the whole image.
 * ``pad_value`` must fit a scratchpad element read as the input or the weight type (spad), the
   input type (acc with widen) or the accumulator type (acc); a dst=table LOAD cannot be bounded.
-* Timing: instruction 0 is dispatched at INSTR_BYTES / dma_bytes. An instruction occupies its
-  unit for its *busy* cycles (a COMPUTE: max(m, k), m or k + R; LOAD, STORE: their whole
-  estimate; CONFIG, SYNC: 1) and the next instruction of the queue may start when they are over;
-  it *ends* ``R + C`` cycles later for a COMPUTE, and never before the previous instruction of its
+* Timing: instruction 0 is dispatched at INSTR_BYTES / dma_bytes. A LOAD or STORE occupies its
+  unit for its whole estimate, CONFIG and SYNC for 1 cycle, and the next instruction of the queue
+  may start when they are over. A COMPUTE follows the array of :mod:`systolic.hw.array`: a WS
+  preload shifts its k weight rows in from the first input row of the previous preload on, its m
+  input rows follow the previous COMPUTE's rows; OS operand beats follow the previous COMPUTE's,
+  with ``last`` beats at least R cycles apart. It ends when its last result row is readable in the
+  accumulator (:func:`~systolic.hw.array.array_latency`, the OS drain and
+  :data:`~systolic.hw.accumulator.WRITE_LATENCY`), and never before the previous instruction of its
   queue ends (completion is in order, so a SYNC's token follows the COMPUTEs before it). The j-th
   token pushed into a channel arrives at max(end, the start of the instruction that took token
   j - token_depth). FINISH starts at max(its dispatch, the latest end or token arrival) and takes
   1 cycle; its end is the program's cycle count. DRAM bytes count each in-image element read or
-  written (instruction fetch excluded); a STORE's DRAM beats count one row per output pixel.
+  written (instruction fetch excluded); a STORE's DRAM beats count one row per output pixel, and
+  a STORE adds the latency of :func:`~systolic.hw.sfu.sfu_latency` (``avg=True`` for
+  average pooling).
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from systolic.hw.accumulator import WRITE_LATENCY
+from systolic.hw.array import array_latency
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.isa import (
     INSTR_BYTES,
@@ -56,6 +64,7 @@ from systolic.hw.isa import (
     Program,
     decode,
 )
+from systolic.hw.sfu import sfu_latency
 from systolic.sim.arith import (
     MAX_SHIFT,
     avg_pool_finish,
@@ -65,11 +74,8 @@ from systolic.sim.arith import (
 
 __all__ = [
     "ExecutionError", "HazardError", "DeadlockError", "InstrTiming", "MachineState", "RunResult",
-    "GoldenModel", "run_golden", "SFU_LATENCY", "QUEUE_NAMES",
+    "GoldenModel", "run_golden", "QUEUE_NAMES",
 ]
-
-#: Pipeline latency of the special-function unit, cycles (docs/isa.md, "Cycle estimate").
-SFU_LATENCY = 4
 
 #: Queue names by queue number (``systolic.hw.isa.Queue`` values).
 QUEUE_NAMES = ("load", "compute", "store")
@@ -101,9 +107,10 @@ class DeadlockError(ExecutionError):
 class InstrTiming:
     """Cycle estimate of one instruction (docs/isa.md, "Cycle estimate"); all values in cycles.
 
-    ``end`` is when the instruction's results are complete and its tokens are pushed (for a
-    COMPUTE, after the array's fill and drain); ``queue`` is ``load``/``compute``/``store``, or
-    ``dispatcher`` for FINISH."""
+    ``start`` is when the instruction begins to use its unit (for a COMPUTE, its first weight
+    row or input row / operand beat enters the array); ``end`` is when its results are complete
+    and its tokens are pushed (for a COMPUTE, its last result row is readable in the
+    accumulator); ``queue`` is ``load``/``compute``/``store``, or ``dispatcher`` for FINISH."""
 
     index: int
     op: str
@@ -422,6 +429,12 @@ class _Run:
         self.queue_end = [0] * _NQ      # end of the queue's last instruction (in-order completion)
         self.timings: list[InstrTiming] = []
         self.busy = [0] * _NQ
+        # the array (docs/isa.md, "Cycle estimate"), all in cycles
+        self.array_latency = array_latency(c)   # input row / last OS beat to (first) result row
+        self.shadow_free = 0    # WS: first cycle a preload's weight rows may enter
+        self.stream_end = 0     # the cycle after the last input row / operand beat so far
+        self.os_last_beat = 0   # OS: earliest cycle of the next tile's last beat
+        self.sfu_latency, self.sfu_avg_latency = sfu_latency(c), sfu_latency(c, avg=True)
         self.macs = 0
         self.read_bytes = 0
         self.write_bytes = 0
@@ -506,6 +519,10 @@ class _Run:
                 start = max(start, arrival)
                 if token_vc is not None:
                     np.maximum(vc, token_vc, out=vc)
+        ready = start   # a COMPUTE may wait for the array beyond this
+        opcode = op.opcode
+        if opcode is Opcode.COMPUTE:
+            start = self._array_start(op, ready)
         for flag, src in ((op.pop_prev, q - 1), (op.pop_next, q + 1)):
             if flag:
                 self.pop_cycles[(src, q)].append(start)
@@ -514,20 +531,23 @@ class _Run:
         vc[q] = self.seq[q]
         self.instr_of_seq[q].append(op.index)
 
-        opcode = op.opcode
-        latency = 0
-        if opcode is Opcode.LOAD:
-            busy = self._load(op)
-        elif opcode is Opcode.COMPUTE:
-            busy, latency = self._compute(op)
-        elif opcode is Opcode.STORE:
-            busy = self._store(op)
-        elif opcode is Opcode.CONFIG:
-            busy = self._config(op)
-        else:  # SYNC
-            busy = 1
-        end = max(start + busy + latency, self.queue_end[q])
-        self.queue_free[q] = start + busy
+        if opcode is Opcode.COMPUTE:
+            # the array, not the queue, keeps COMPUTEs apart: the next may be issued a cycle later
+            self._compute(op)
+            busy, done = self._compute_timing(op, ready, start)
+            self.queue_free[q] = start + 1
+        else:
+            if opcode is Opcode.LOAD:
+                busy = self._load(op)
+            elif opcode is Opcode.STORE:
+                busy = self._store(op)
+            elif opcode is Opcode.CONFIG:
+                busy = self._config(op)
+            else:  # SYNC
+                busy = 1
+            done = start + busy
+            self.queue_free[q] = start + busy
+        end = max(done, self.queue_end[q])
         self.queue_end[q] = end
         self.busy[q] += busy
         self.latest = max(self.latest, end)
@@ -764,7 +784,18 @@ class _Run:
 
     # -- COMPUTE ----------------------------------------------------------------------------
 
-    def _compute(self, op: _Op) -> tuple[int, int]:
+    def _array_start(self, op: _Op, ready: int) -> int:
+        """First cycle, not before ``ready``, at which a COMPUTE may use the array: a WS
+        preload's first weight row (the weight shadow registers are free from the previous
+        preload's first input row on), else its first input row or operand beat (after the
+        previous COMPUTE's; in OS, its ``last`` beat at least R cycles after the previous one)."""
+        f = op.f
+        if self.c.dataflow == "ws":
+            return max(ready, self.shadow_free if f["preload"] else self.stream_end)
+        return max(ready, self.stream_end, self.os_last_beat - (max(f["k"], 1) - 1))
+
+    def _compute(self, op: _Op) -> None:
+        """Check and execute a COMPUTE (its timing is :meth:`_compute_timing`)."""
         c = self.c
         f = op.f
         R, C = c.rows, c.cols
@@ -839,18 +870,40 @@ class _Run:
                 self.weights_kn = (k, n)
             a = wrap(self.spad[a_addr:a_addr + m, :k], *self.input_type)
             product = a @ self.weights[:k]
-            busy = max(m, k) if preload else m
         else:
             a_t = wrap(self.spad[a_addr:a_addr + k, :m], *self.input_type)
             b = wrap(self.spad[b_addr:b_addr + k, :n], *self.weight_type)
             product = np.zeros((m, C), np.int64)
             product[:, :n] = a_t.T @ b
-            busy = k + R
         if f["accumulate"]:
             product = product + self.acc[acc_addr:acc_addr + m]
         self.acc[acc_addr:acc_addr + m] = wrap(product, *self.acc_type)
         self.macs += m * k * n
-        return busy, R + C
+
+    def _compute_timing(self, op: _Op, ready: int, start: int) -> tuple[int, int]:
+        """Timing of an executed COMPUTE whose tokens and queue allow it at ``ready`` and whose
+        array use begins at ``start`` (:meth:`_array_start`): its busy cycles (array input
+        occupied, counted from ``ready`` or the end of the previous COMPUTE's input) and the cycle
+        its last result row is readable in the accumulator."""
+        R = self.c.rows
+        f = op.f
+        m, k = f["m"], f["k"]
+        if self.c.dataflow == "ws":
+            preload = f["preload"]
+            # the preload's k weight rows enter from start on; the input rows follow them and the
+            # previous COMPUTE's input rows
+            first_row = max(start + k, self.stream_end) if preload else start
+            if preload:
+                self.shadow_free = first_row
+            stream_end = first_row + m
+            last_result = stream_end - 1 + self.array_latency
+        else:
+            stream_end = start + k
+            self.os_last_beat = stream_end - 1 + R
+            last_result = stream_end - 1 + self.array_latency + R - 1   # R rows drain
+        busy = stream_end - max(ready, self.stream_end)
+        self.stream_end = stream_end
+        return busy, last_result + WRITE_LATENCY
 
     # -- STORE ------------------------------------------------------------------------------
 
@@ -1012,7 +1065,8 @@ class _Run:
             beats += res_beats + c.dram_latency
             self.read_bytes += res_bytes
         sfu_cycles = out_h * out_w * (f["pool_h"] * f["pool_w"] if pool else 1)
-        return max(sfu_cycles, beats) + SFU_LATENCY
+        latency = self.sfu_avg_latency if pool == PoolMode.AVG.value else self.sfu_latency
+        return max(sfu_cycles, beats) + latency
 
     # -- CONFIG -----------------------------------------------------------------------------
 

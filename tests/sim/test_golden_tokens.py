@@ -6,6 +6,8 @@ import re
 
 import numpy as np
 import pytest
+from systolic.hw.accumulator import WRITE_LATENCY
+from systolic.hw.array import array_latency, os_cycles, ws_cycles
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.isa import Instruction, Program, encode
 from systolic.sim.golden import (
@@ -41,20 +43,24 @@ def _run(program, config=CONFIG, size=1 << 16, **kw):
 # -- cycle estimate ---------------------------------------------------------------------------
 
 def test_cycle_estimate_by_hand():
+    """8 x 8 WS: array latency R + C + 4 = 20, a row readable in the accumulator 3 cycles after
+    its result; SFU latency 16 (residual and pooling configured); DRAM latency 16."""
     program = [
         # 16 aligned 8-byte rows: 16 beats + latency 16 = 32 cycles
         tile_load("spad", 0, 0x1000, 16, 8, row_bytes=8, elem_bytes=1),
         # 8 rows at an address 4 bytes into a beat: 2 beats each, 16 + 16 = 32 cycles
         tile_load("spad", 16, 0x2004, 8, 8, row_bytes=8, elem_bytes=1, push_next=1),
-        # preload: busy max(m, k) = 16, results R + C = 16 cycles later
+        # preload from 72: weight rows 72..79, input rows 80..95 (busy k + m = 24); last result
+        # row at 95 + 20 = 115, readable at 118
         _i("COMPUTE", b_addr=16, m=16, k=8, n=8, preload=1, pop_prev=1, push_next=1),
-        # reuse: busy m = 16, starts when the unit is free (overlapping the drain)
+        # reuse: input rows follow at 96..111 (busy m = 16), result 131, readable at 134
         _i("COMPUTE", acc_addr=16, m=16, k=8, n=8, push_next=1),
         _i("CONFIG", zp_out=1),
-        # raw, 16 pixels of 32 aligned bytes: 64 beats > 16 SFU cycles; + 4
+        # raw, 16 pixels of 32 aligned bytes: 64 beats > 16 SFU cycles; + SFU latency 16 = 80
         _i("STORE", n=8, in_h=16, in_w=1, out_h=16, out_w=1, out_type="raw", dram_addr=0x3000,
            pitch_y=32, pitch_c=4, pop_prev=1),
-        # int with residual: 16 output beats + 16 residual rows of 2 beats + latency 16 = 64; + 4
+        # int with residual: 16 output beats + 16 residual rows of 2 beats + latency 16 = 64;
+        # + SFU latency 16 = 80, after the previous STORE
         _i("STORE", acc_addr=16, n=8, in_h=16, in_w=1, out_h=16, out_w=1, dram_addr=0x4000,
            pitch_y=8, pitch_c=1, residual=1, res_addr=0x5003, pop_prev=1),
         _i("FINISH"),
@@ -63,31 +69,122 @@ def test_cycle_estimate_by_hand():
     assert result.timings == [
         InstrTiming(0, "LOAD", "load", 8, 8, 40),
         InstrTiming(1, "LOAD", "load", 16, 40, 72),
-        InstrTiming(2, "COMPUTE", "compute", 24, 72, 104),
-        InstrTiming(3, "COMPUTE", "compute", 32, 88, 120),
+        InstrTiming(2, "COMPUTE", "compute", 24, 72, 118),
+        InstrTiming(3, "COMPUTE", "compute", 32, 96, 134),
         InstrTiming(4, "CONFIG", "store", 40, 40, 41),
-        InstrTiming(5, "STORE", "store", 48, 104, 172),
-        InstrTiming(6, "STORE", "store", 56, 172, 240),
-        InstrTiming(7, "FINISH", "dispatcher", 64, 240, 241),
+        InstrTiming(5, "STORE", "store", 48, 118, 198),
+        InstrTiming(6, "STORE", "store", 56, 198, 278),
+        InstrTiming(7, "FINISH", "dispatcher", 64, 278, 279),
     ]
-    assert result.cycles == 241
-    assert result.busy == {"load": 64, "compute": 32, "store": 137}
+    assert result.cycles == 279
+    assert result.busy == {"load": 64, "compute": 24 + 16, "store": 1 + 80 + 80}
     assert result.macs == 2 * 16 * 8 * 8
     assert result.dram_read_bytes == 128 + 64 + 128
     assert result.dram_write_bytes == 16 * 32 + 128
     assert result.instructions == 8
-    assert result.utilization == pytest.approx(2048 / (64 * 241))
-    assert result.summary()["cycles"] == 241
+    assert result.utilization == pytest.approx(2048 / (64 * 279))
+    assert result.summary()["cycles"] == 279
 
 
 def test_output_stationary_compute_cycles():
     config = AcceleratorConfig(dataflow="os")
     program = [_i("COMPUTE", m=8, k=20, n=8), _i("COMPUTE", m=3, k=5, n=2, acc_addr=8), _i("FINISH")]
     result = _run(program, config)
-    # busy k + R = 28, complete R + C = 16 later; the next starts when the unit is free
-    assert result.timings[0] == InstrTiming(0, "COMPUTE", "compute", 8, 8, 52)
-    assert result.timings[1] == InstrTiming(1, "COMPUTE", "compute", 16, 36, 65)
-    assert result.busy["compute"] == 28 + 13
+    # array latency R + C + 3 = 19. First: beats 8..27; result rows 27 + 19 = 46 .. 53,
+    # readable 3 cycles later. Second: its last beat waits until 27 + R = 35, so beats 31..35
+    # (busy 5 + 3 cycles of cooldown); rows 54 .. 61, readable at 64.
+    assert result.timings[0] == InstrTiming(0, "COMPUTE", "compute", 8, 8, 56)
+    assert result.timings[1] == InstrTiming(1, "COMPUTE", "compute", 16, 31, 64)
+    assert result.busy["compute"] == 20 + 8
+
+
+def _back_to_back(config, tiles, m, k):
+    """A long LOAD, then ``tiles`` COMPUTEs (each preloading in WS) that are all dispatched before
+    the first may start, so that the array runs them back to back."""
+    rows = 8 * (tiles + 2)
+    program = [tile_load("spad", 0, 0, rows, 8, row_bytes=8, elem_bytes=1, push_next=1)]
+    for t in range(tiles):
+        fields = {"m": m, "k": k, "n": 1, "pop_prev": int(t == 0)}
+        program.append(_i("COMPUTE", b_addr=200, preload=int(config.dataflow == "ws"), **fields))
+    result = _run(program + [_i("FINISH")], config)
+    assert all(t.dispatch < result.timings[0].end for t in result.timings[1:tiles + 1])
+    return result, result.timings[1:tiles + 1]
+
+
+#: (tiles, m, k): m below, equal to and above k, 1-row tiles and 1-row weights
+WS_TILES = [(1, 1, 1), (1, 1, 8), (1, 16, 8), (4, 3, 8), (3, 8, 8), (3, 20, 5), (5, 1, 1), (2, 2, 7)]
+
+
+@pytest.mark.parametrize("config", [CONFIG, CONFIG.replace(rows=4, cols=16)], ids=["8x8", "4x16"])
+@pytest.mark.parametrize("tiles,m,k", WS_TILES, ids=str)
+def test_back_to_back_ws_tiles_take_the_arrays_cycles(config, tiles, m, k):
+    """From the first weight row to the last result row: hw.array's ws_cycles, then the
+    accumulator's write latency; the array's input is busy for all but the array latency."""
+    k = min(k, config.rows)
+    result, computes = _back_to_back(config, tiles, m, k)
+    first, last = computes[0], computes[-1]
+    assert last.end == first.start + ws_cycles(config, m=m, k=k, tiles=tiles) - 1 + WRITE_LATENCY
+    assert result.busy["compute"] == ws_cycles(config, m=m, k=k, tiles=tiles) - array_latency(config)
+    # a tile's preload starts with its predecessor's stream: max(m, k) apart
+    assert [t.start - first.start for t in computes] == [
+        k + (t - 1) * max(m, k) if t else 0 for t in range(tiles)]
+
+
+@pytest.mark.parametrize("config", [CONFIG.replace(dataflow="os"),
+                                    CONFIG.replace(dataflow="os", rows=4, cols=16)], ids=["8x8", "4x16"])
+@pytest.mark.parametrize("tiles,k", [(1, 1), (1, 20), (3, 1), (3, 4), (4, 8), (2, 13)], ids=str)
+def test_back_to_back_os_tiles_take_the_arrays_cycles(config, tiles, k):
+    """From the first operand beat to the last drained result row: hw.array's os_cycles, then
+    the accumulator's write latency; tiles max(k, R) apart."""
+    R = config.rows
+    m = R
+    result, computes = _back_to_back(config, tiles, m, k)
+    first, last = computes[0], computes[-1]
+    assert last.end == first.start + os_cycles(config, k=k, tiles=tiles) - 1 + WRITE_LATENCY
+    assert [t.start - first.start for t in computes] == [t * max(k, R) for t in range(tiles)]
+    assert result.busy["compute"] == k + (tiles - 1) * max(k, R)
+
+
+def test_ws_preload_overlaps_the_previous_stream():
+    """8 x 8 WS (array latency 20), tiles (m, k) = (2, 8) then (2, 3) from cycle s: weight rows
+    s..s+7, input rows s+8, s+9; the second preload enters from s+8 (the first tile's first input
+    row frees the shadow registers) to s+10 and its input rows follow at s+11, s+12: max(m, k_next)
+    = 3 after the first tile's. A reuse tile's rows then follow at s+13."""
+    program = [
+        _spad_load(0, 0, push_next=1),
+        _i("COMPUTE", b_addr=8, m=2, k=8, n=8, preload=1, pop_prev=1),
+        _i("COMPUTE", b_addr=8, m=2, k=3, n=8, preload=1),
+        _i("COMPUTE", m=1, k=3, n=8),
+        _i("FINISH"),
+    ]
+    t = _run(program).timings
+    s = 25          # the LOAD: 1 beat + latency 16 from 8
+    assert (t[1].start, t[1].end) == (s, s + 9 + 20 + 3)
+    assert (t[2].start, t[2].end) == (s + 8, s + 12 + 20 + 3)
+    assert (t[3].start, t[3].end) == (s + 13, s + 13 + 20 + 3)
+
+
+@pytest.mark.parametrize("pool,latency", [(0, 16), (1, 16), (2, 27)], ids=["none", "max", "avg"])
+def test_store_waits_for_the_sfu_pipeline(pool, latency):
+    """A 2 x 2 image of 1 channel, 1-byte output pixels: 4 DRAM beats. Without pooling 4 SFU
+    cycles; 3 x 3 windows (stride 1, pad 1): 36. Then the SFU's latency, with residual and
+    pooling configured 12 + 1 + 1 stages and 2 of output FIFO = 16, and 11 more for the end of an
+    average window (centre, 3 multiply, round, 2 shift, zero point, narrow, 2 activation)."""
+    window = {"pool": pool, "pool_h": 3, "pool_w": 3, "stride_h": 1, "stride_w": 1,
+              "pad_top": 1, "pad_left": 1} if pool else {}
+    store = _i("STORE", n=1, in_h=2, in_w=2, out_h=2, out_w=2, dram_addr=0x100, pitch_y=2,
+               pitch_x=1, pitch_c=1, **window)
+    t = _run([store, _i("FINISH")]).timings[0]
+    assert t.end - t.start == (36 if pool else 4) + latency
+
+
+def test_store_latency_follows_the_configured_sfu():
+    """Without residual and pooling the SFU has 12 stages and 2 of output FIFO: 4 + 14."""
+    config = CONFIG.replace(sfu_pooling=(), sfu_residual=False)
+    store = _i("STORE", n=1, in_h=2, in_w=2, out_h=2, out_w=2, dram_addr=0x100, pitch_y=2,
+               pitch_x=1, pitch_c=1)
+    t = _run([store, _i("FINISH")], config).timings[0]
+    assert t.end - t.start == 4 + 14
 
 
 def test_bounded_load_beats_skip_padding():
@@ -116,23 +213,24 @@ def test_dispatch_waits_for_a_full_queue():
 
 
 def test_push_into_full_channel_waits_for_room():
-    """token_depth 1: the second token waits until COMPUTE 3 takes the first; the load queue
-    is held until then."""
+    """token_depth 1: the second token waits until COMPUTE 3 takes the first when the array is
+    free of COMPUTE 2's 100 input rows; the load queue is held until then."""
     config = CONFIG.replace(token_depth=1)
     program = [
         _spad_load(0, 0, push_next=1),
         _spad_load(1, 8, push_next=1),
         _i("COMPUTE", a_addr=200, b_addr=300, acc_addr=0, m=100, k=8, n=8, preload=1),
-        _i("COMPUTE", a_addr=0, b_addr=300, acc_addr=100, m=1, k=8, n=8, preload=1, pop_prev=1),
+        _i("COMPUTE", a_addr=0, acc_addr=100, m=1, k=8, n=8, pop_prev=1),
         _i("COMPUTE", a_addr=1, acc_addr=101, m=1, k=8, n=8, pop_prev=1),
         _spad_load(2, 16),
         _i("FINISH"),
     ]
     t = _run(program, config).timings
-    assert (t[2].start, t[2].end) == (24, 140)          # busy 100, free at 124
-    assert t[3].start == 124                            # takes token 0 at 124
-    assert t[4].start == 132                            # token 1 arrived at max(42, 124)
-    assert t[5].start == 124                            # the load queue waited for the push
+    # weights 24..31, inputs 32..131; last result 131 + 20, readable 3 cycles later
+    assert (t[2].start, t[2].end) == (24, 154)
+    assert (t[3].start, t[3].end) == (132, 155)         # takes token 0 at 132
+    assert t[4].start == 133                            # token 1 arrived at max(42, 132)
+    assert t[5].start == 132                            # the load queue waited for the push
 
 
 def test_finish_waits_for_all_queues_and_ignores_what_follows():
