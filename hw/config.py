@@ -89,7 +89,7 @@ class AcceleratorConfig:
     dram_bytes: int = 256 * 1024 * 1024
     dma_data_bits: int = 64
     dma_max_burst: int = 16
-    dma_outstanding: int = 4
+    dma_outstanding: int = 16
     dram_latency: int = 16
     load_queue_depth: int = 8
     compute_queue_depth: int = 8

@@ -67,10 +67,13 @@ def _bytes_le(row: data.View, first: int, count: int):
 # -- load -------------------------------------------------------------------------------------
 
 class LoadUnit(wiring.Component):
-    """Executes LOAD instructions; one at a time."""
+    """Executes LOAD instructions, several in flight: the next LOAD is accepted (and its address
+    pattern set up) while the rows of earlier ones are still being read, and each completes, in
+    order, in the cycle its last row is written."""
 
-    def __init__(self, config: AcceleratorConfig):
+    def __init__(self, config: AcceleratorConfig, *, depth: int = 4):
         self.config = config
+        self.depth = depth
         super().__init__({
             "cmd": In(stream.Signature(InstructionLayout())),
             "completed": Out(1),
@@ -91,11 +94,11 @@ class LoadUnit(wiring.Component):
         wiring.connect(m, reader=reader.ar, axi=wiring.flipped(self.axi.ar))
         wiring.connect(m, axi=wiring.flipped(self.axi.r), reader=reader.r)
 
-        load = _view(Opcode.LOAD, self.cmd.payload.word)
-        dst = Signal(Memory)
-        widen = Signal()
-        pc = Signal(32)
+        # per LOAD in flight, in order: where its rows go and its program counter
+        info_layout = data.StructLayout({"dst": Memory, "widen": 1, "pc": 32})
+        m.submodules.inflight = inflight = fifo.SyncFIFOBuffered(width=info_layout.size, depth=self.depth)
 
+        load = _view(Opcode.LOAD, self.cmd.payload.word)
         command = Signal(LoadCommandLayout())
         for name, _ in LoadCommandLayout():
             if name in ("elem_bytes", "dram_addr"):
@@ -109,24 +112,20 @@ class LoadUnit(wiring.Component):
                 m.d.comb += command.elem_bytes.eq(Mux(load.widen, cfg.input_bytes, cfg.acc_bytes))
             with m.Case(Memory.TABLE):
                 m.d.comb += command.elem_bytes.eq(cfg.requant_entry_bytes)
-        m.d.comb += reader.cmd.payload.eq(command)
+        incoming = Signal(info_layout)
+        m.d.comb += [incoming.dst.eq(load.dst), incoming.widen.eq(load.widen),
+                     incoming.pc.eq(self.cmd.payload.pc)]
+        m.d.comb += [
+            reader.cmd.payload.eq(command),
+            reader.cmd.valid.eq(self.cmd.valid & inflight.w_rdy),
+            self.cmd.ready.eq(reader.cmd.ready & inflight.w_rdy),
+            inflight.w_data.eq(incoming),
+            inflight.w_en.eq(self.cmd.valid & self.cmd.ready),
+        ]
 
-        with m.FSM(name="load"):
-            with m.State("IDLE"):
-                m.d.comb += [reader.cmd.valid.eq(self.cmd.valid), self.cmd.ready.eq(reader.cmd.ready)]
-                with m.If(self.cmd.valid & reader.cmd.ready):
-                    m.d.sync += [dst.eq(load.dst), widen.eq(load.widen), pc.eq(self.cmd.payload.pc)]
-                    m.next = "RUN"
-            with m.State("RUN"):
-                m.d.comb += self.busy.eq(1)
-                with m.If(~reader.busy):
-                    m.d.comb += self.completed.eq(1)
-                    m.next = "IDLE"
-
-        with m.If(reader.error != 0):
-            m.d.sync += [self.error.eq(reader.error), self.error_pc.eq(pc)]
-
-        # byte rows -> destination rows
+        # byte rows -> destination rows of the oldest LOAD in flight
+        info = Signal(info_layout)
+        m.d.comb += info.eq(inflight.r_data)
         rows = reader.rows.payload
         spad = self.spad_write.payload
         eb = cfg.spad_elem_bytes
@@ -141,8 +140,8 @@ class LoadUnit(wiring.Component):
             narrow = _bytes_le(rows.data, c * ib, ib)
             narrow = narrow.as_signed() if cfg.input_signed else narrow
             m.d.comb += [
-                acc.data[c].eq(Mux(widen, narrow, _bytes_le(rows.data, c * ab, ab))),
-                acc.mask[c].eq(Mux(widen, rows.mask[c * ib], rows.mask[c * ab])),
+                acc.data[c].eq(Mux(info.widen, narrow, _bytes_le(rows.data, c * ab, ab))),
+                acc.mask[c].eq(Mux(info.widen, rows.mask[c * ib], rows.mask[c * ab])),
             ]
         m.d.comb += acc.addr.eq(rows.row)
 
@@ -157,12 +156,18 @@ class LoadUnit(wiring.Component):
             ]
         m.d.comb += table.addr.eq(rows.row)
 
-        with m.Switch(dst):
-            for kind, port in ((Memory.SPAD, self.spad_write), (Memory.ACC, self.acc_write),
-                               (Memory.TABLE, self.table_write)):
-                with m.Case(kind):
-                    m.d.comb += [port.valid.eq(reader.rows.valid), reader.rows.ready.eq(port.ready)]
-        m.d.comb += reader.clear_error.eq(self.cmd.valid & self.cmd.ready)
+        with m.If(inflight.r_rdy):
+            with m.Switch(info.dst):
+                for kind, port in ((Memory.SPAD, self.spad_write), (Memory.ACC, self.acc_write),
+                                   (Memory.TABLE, self.table_write)):
+                    with m.Case(kind):
+                        m.d.comb += [port.valid.eq(reader.rows.valid), reader.rows.ready.eq(port.ready)]
+        written = reader.rows.valid & reader.rows.ready
+        # the row is in its memory from the next cycle on: the LOAD is complete with its last row
+        m.d.comb += [self.completed.eq(written & rows.last), inflight.r_en.eq(written & rows.last)]
+        with m.If(written & (rows.resp != 0) & (self.error == 0)):
+            m.d.sync += [self.error.eq(rows.resp), self.error_pc.eq(info.pc)]
+        m.d.comb += self.busy.eq(inflight.level != 0)
         return m
 
 

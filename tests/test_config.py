@@ -26,7 +26,7 @@ def test_defaults() -> None:
     assert c.dataflow == "ws"
     assert (c.scratchpad_bytes, c.scratchpad_banks, c.accumulator_bytes) == (65536, 2, 16384)
     assert c.requant_table_rows == 64
-    assert (c.dma_data_bits, c.dma_max_burst, c.dma_outstanding, c.dram_latency) == (64, 16, 4, 16)
+    assert (c.dma_data_bits, c.dma_max_burst, c.dma_outstanding, c.dram_latency) == (64, 16, 16, 16)
     assert (c.load_queue_depth, c.compute_queue_depth, c.store_queue_depth, c.token_depth) == (8, 8, 8, 8)
     assert c.sfu_activations == ("relu", "relu6", "clip")
     assert c.sfu_pooling == ("max", "avg")

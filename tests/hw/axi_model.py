@@ -39,17 +39,23 @@ class AXIMemory:
         self.write_bursts: collections.deque = collections.deque()
         self.responses: collections.deque = collections.deque()
         self.write_beats = 0
+        self.write_burst_count = 0
 
     def _stalled(self) -> bool:
         return self.stall > 0 and self.rng.random() < self.stall
 
     async def serve_ar(self, ctx: Any, bus: Any) -> None:
+        accepted = completed = 0       # bursts accepted on AR, bursts whose last beat was taken
         while True:
             ready = not self._stalled()
             ctx.set(bus.ar.ready, ready)
-            _, _, valid, addr, length, size = await ctx.tick().sample(
-                bus.ar.valid, bus.ar.payload.addr, bus.ar.payload.len, bus.ar.payload.size)
+            _, _, valid, addr, length, size, r_valid, r_ready, r_last = await ctx.tick().sample(
+                bus.ar.valid, bus.ar.payload.addr, bus.ar.payload.len, bus.ar.payload.size,
+                bus.r.valid, bus.r.ready, bus.r.payload.last)
             self.cycle += 1
+            # counted here, at the edge itself: a burst that ends at the edge where another is
+            # accepted does not count as in flight with it
+            completed += bool(r_valid and r_ready and r_last)
             if not (ready and valid):
                 continue
             assert 1 << size == self.data_bytes, f"AR size {size} for a {self.data_bytes}-byte bus"
@@ -62,7 +68,8 @@ class AXIMemory:
             # the edge from which its first beat may be offered
             self.bursts.append([addr, beats, self.cycle + self.rng.randint(*self.latency)])
             self.read_bursts += 1
-            self.max_outstanding = max(self.max_outstanding, len(self.bursts))
+            accepted += 1
+            self.max_outstanding = max(self.max_outstanding, accepted - completed)
 
     async def serve_r(self, ctx: Any, bus: Any) -> None:
         while True:
@@ -110,6 +117,7 @@ class AXIMemory:
                 f"AW burst at {addr:#x} of {beats} beats, longer than {self.max_burst}"
             self.longest_burst = max(self.longest_burst, beats)
             self.write_bursts.append([addr, beats, 0, RESP_OKAY])
+            self.write_burst_count += 1
 
     async def serve_w(self, ctx: Any, bus: Any) -> None:
         while True:

@@ -7,16 +7,24 @@ accumulator and 12-byte table elements, dst_col offsets) on three configurations
 1/2/4/12, buses of 32/64/128 bits), with random AXI stalls and latency and a stalling row consumer.
 The finished rows (bytes + byte mask) are applied to numpy copies of the destination memories the
 way the golden model defines them and compared with the golden model's state after the same LOADs.
+Commands are given one at a time (each after ``busy`` fell) and also back to back, as fast as the
+engine takes them (it sets the next one up while the previous one's rows drain); each command's
+rows end with the one flagged ``last``. Every bus beat is read once for consecutive elements that
+share it: the beats read are exactly the changes of beat along the LOAD's in-image bytes in order.
 
 ``ScatterWriter``: random STORE geometries (raw and requantized outputs, 1xN and Nx1 images,
 NCHW-like and gapped pitches, unaligned addresses, bursts at 4 KiB boundaries and longer than
 ``dma_max_burst``) on the same configurations plus a 16-column one; it is given the pixel bytes the
 golden model writes (with junk past each pixel's elements) and the whole DRAM image must then
-equal the golden model's, byte for byte, including the bytes no STORE writes.
+equal the golden model's, byte for byte, including the bytes no STORE writes. Consecutive outputs
+in one beat share it and consecutive beats share a burst: the beats and bursts written are exactly
+those of the STORE's bytes in order (a new beat when the beat changes, a new burst when a beat does
+not follow the previous one, the burst is full or a 4 KiB boundary is reached).
 
 On the way, ``AXIMemory`` asserts the AXI rules (beat size, alignment, no burst across 4 KiB or
 longer than ``dma_max_burst``, WLAST) and counts the bursts in flight; SLVERR responses must set
-``error`` without hanging the engines; ``busy`` must rise with a command and fall only after the
+``error`` without hanging the engines (and, for the reader, flag the rows read from the refused
+beat); ``busy`` must rise with a command and fall only after the
 last row (GatherReader) or the last write response (ScatterWriter). No cycle counts are asserted:
 bench/dma_throughput.py measures speed.
 Set SYSTOLIC_TEST_SEED to vary the random cases.
@@ -35,7 +43,13 @@ import pytest
 from amaranth.sim import Simulator
 from systolic.hw.axi import RESP_OKAY, RESP_SLVERR
 from systolic.hw.config import AcceleratorConfig
-from systolic.hw.dma import GatherReader, LoadCommandLayout, ScatterWriter, StoreCommandLayout
+from systolic.hw.dma import (
+    GatherReader,
+    LoadCommandLayout,
+    ScatterWriter,
+    StoreCommandLayout,
+    write_burst_beats,
+)
 from systolic.hw.isa import Instruction
 from systolic.sim.golden import MachineState, run_golden
 from systolic.sim.programs import tile_load
@@ -70,10 +84,10 @@ DRAM_BYTES = 16 * 1024
 TABLE_BASE = 3 * 4096 - 20 * 12
 TABLE_ENTRIES = (DRAM_BYTES - TABLE_BASE) // 12
 DESTINATIONS = ("spad", "acc", "widen", "table")
-FEATURES = ("tile", "3d", "segments", "negative", "padded", "im2col", "nchw", "transpose",
-            "broadcast", "random")
+FEATURES = ("tile", "3d", "segments", "negative", "padded", "im2col", "taps", "nchw",
+            "transpose", "broadcast", "random")
 #: Features that need ``bounded`` (a table LOAD cannot be bounded).
-BOUNDED_FEATURES = ("padded", "im2col", "nchw")
+BOUNDED_FEATURES = ("padded", "im2col", "taps", "nchw")
 
 
 # -- DRAM image and element formats --------------------------------------------------------------
@@ -194,7 +208,7 @@ def _random_geometry(rng: random.Random, config: AcceleratorConfig, dst: Destina
              bounded=0, height=0, width=0, y0=0, x0=0, pad_value=0, rows_outer=1)
     width = rng.randint(1, dst.row_elems)
     segs = 1
-    if feature in ("segments", "im2col", "nchw", "random"):
+    if feature in ("segments", "im2col", "taps", "nchw", "random"):
         divisors = [d for d in range(2, width + 1) if width % d == 0]
         segs = rng.choice(divisors) if divisors else 1
     f.update(segs=segs, seg_len=width // segs, dst_col=rng.randint(0, dst.row_elems - width))
@@ -225,6 +239,8 @@ def _random_geometry(rng: random.Random, config: AcceleratorConfig, dst: Destina
         f.update(outer_dy=rng.choice([1, 2]), outer_dc=rng.choice([0, f["seg_len"]]), inner_dx=1)
     elif feature == "segments":
         f.update(inner_dx=1, seg_dx=rng.choice([1, 2, -1]), seg_dy=rng.choice([0, 1]))
+        if rng.random() < 0.5:      # segments back to back in DRAM
+            f.update(seg_dx=1, seg_dy=0, pitch_x=f["seg_len"] * eb)
     elif feature == "negative":
         f.update(inner_dy=-1, inner_dx=rng.choice([0, -1]), seg_dx=-1, elem_dc=-1,
                  outer_dy=-rng.randint(0, 2))
@@ -234,6 +250,11 @@ def _random_geometry(rng: random.Random, config: AcceleratorConfig, dst: Destina
     elif feature == "im2col":
         stride, dilation = rng.choice([1, 2]), rng.choice([1, 2])
         f.update(outer_dy=stride, inner_dx=stride, seg_dx=dilation)
+    elif feature == "taps":
+        # a row gathers the taps of a kernel row, each all seg_len channels of a pixel (NHWC
+        # without gaps, dilation 1): segments back to back in DRAM, the row cut by the image edge
+        f.update(outer_dy=1, inner_dx=rng.choice([1, 2]), seg_dx=1, pitch_x=f["seg_len"] * eb)
+        f["pitch_y"] = width_px * f["pitch_x"] + rng.choice([0, eb])
     elif feature == "nchw":
         # rows walk channels, elements walk pixels along x (then y per segment): per element
         f.update(inner_dc=1, elem_dc=0, elem_dx=1, seg_dy=1, outer_dc=f["rows_inner"])
@@ -305,6 +326,33 @@ def beats_read(f: dict[str, int], dst: Destination, beat_bytes: int) -> set[int]
     return {int(b) * beat_bytes for lo, hi in zip(first, last, strict=True) for b in range(lo, hi + 1)}
 
 
+def _element_bytes(f: dict[str, int], dst: Destination) -> list[np.ndarray]:
+    """Per destination row, the byte addresses of the LOAD's in-image elements, in element order."""
+    y, x, c = _coordinates(f)
+    addr = f["dram_addr"] + y * f["pitch_y"] + x * f["pitch_x"] + c * f["pitch_c"]
+    inside = np.ones(addr.shape, bool)
+    if f["bounded"]:
+        inside = (y >= 0) & (y < f["height"]) & (x >= 0) & (x < f["width"])
+    return [(a[keep][:, None] + np.arange(dst.elem_bytes)).reshape(-1)
+            for a, keep in zip(addr, inside, strict=True)]
+
+
+def beat_changes(byte_addresses: np.ndarray, beat_bytes: int) -> np.ndarray:
+    """The bus beats (addresses) an engine moves for bytes handled in this order when consecutive
+    bytes in one beat share it: the beat of each byte, consecutive repeats dropped."""
+    beats = np.asarray(byte_addresses, np.int64) // beat_bytes * beat_bytes
+    if beats.size == 0:
+        return beats
+    return beats[np.concatenate(([True], beats[1:] != beats[:-1]))]
+
+
+def beats_fetched(f: dict[str, int], dst: Destination, beat_bytes: int) -> int:
+    """Beats a LOAD reads: each beat once for consecutive in-image elements (and padding between
+    them) that lie in it."""
+    rows = _element_bytes(f, dst)
+    return int(beat_changes(np.concatenate(rows), beat_bytes).size) if rows else 0
+
+
 def expected_errors(touched: list[set[int]], bad: int, clear_between: bool) -> list[int]:
     """``error`` after each command when the beat at ``bad`` answers SLVERR: set by a command
     that touches it, kept until cleared."""
@@ -334,6 +382,8 @@ class EngineRun:
     memory: AXIMemory
     rows: list[list[tuple[int, bytes, int]]] = field(default_factory=list)
     errors: list[int] = field(default_factory=list)
+    resps: list[list[int]] = field(default_factory=list)    #: GatherReader: ``resp`` of each row
+    overlapped: int = 0         #: commands accepted while the engine was busy with earlier ones
 
 
 def simulate(dut: Any, driver: Callable[..., Any], *, memory: AXIMemory, read: bool = True,
@@ -371,16 +421,19 @@ async def _give(ctx: Any, dut: Any, payload: dict[str, int], clear_error: bool) 
 
 def run_gather(config: AcceleratorConfig, dram: np.ndarray, commands: list[dict[str, int]], *,
                seed: int, stall: float, latency: tuple[int, int], row_stall: float,
-               error_at: set[int] | None = None, clear_between: bool = False) -> EngineRun:
-    """Run ``commands`` one after another, each once ``busy`` has fallen; the row consumer holds
-    ``ready`` low with probability ``row_stall``. A row that arrives after busy fell is counted
+               error_at: set[int] | None = None, clear_between: bool = False,
+               overlap: bool = False) -> EngineRun:
+    """Run ``commands`` one after another, each once ``busy`` has fallen, or with ``overlap``
+    back to back, each as soon as the engine takes it; the row consumer holds ``ready`` low with
+    probability ``row_stall``. Each command's rows must end with the one flagged ``last`` (that
+    is how they are told apart with ``overlap``). A row that arrives after busy fell is counted
     for the next command (and fails the row check); after the last one the engine must stay
-    silent."""
+    silent. With ``overlap``, ``errors`` holds ``error`` once, at the end."""
     dut = GatherReader(config)
     memory = AXIMemory(bytearray(dram.tobytes()), config.dma_bytes, seed=seed, stall=stall,
                        latency=latency, error_at=error_at, max_burst=config.dma_max_burst)
     out = EngineRun(memory)
-    taken: list[tuple[int, bytes, int]] = []
+    taken: list[tuple[int, bytes, int, int, int]] = []
     rng = random.Random(seed)
 
     async def consumer(ctx):
@@ -390,15 +443,38 @@ def run_gather(config: AcceleratorConfig, dram: np.ndarray, commands: list[dict[
             _, _, valid, payload = await ctx.tick().sample(dut.rows.valid, dut.rows.payload)
             if valid and ready:
                 data = payload.data.as_value().value.to_bytes(dut.row_bytes, "little")
-                taken.append((payload.row, data, payload.mask))
+                taken.append((payload.row, data, payload.mask, payload.last, payload.resp))
+
+    def split(rows: list[tuple[int, bytes, int, int, int]]) -> None:
+        """Append the rows of commands, each ending with its ``last`` row, to ``out``."""
+        start = 0
+        for k, row in enumerate(rows):
+            if row[3]:
+                out.rows.append([r[:3] for r in rows[start:k + 1]])
+                out.resps.append([r[4] for r in rows[start:k + 1]])
+                start = k + 1
+        assert start == len(rows), f"{len(rows) - start} rows after the last one flagged last"
 
     async def driver(ctx):
-        for cmd in commands:
-            await _give(ctx, dut, cmd, clear_between)
-            before = len(taken)
+        if overlap:
+            for cmd in commands:
+                ctx.set(dut.cmd.valid, 1)
+                ctx.set(dut.cmd.payload, cmd)
+                (busy,) = await ctx.tick().sample(dut.busy).until(dut.cmd.ready)
+                out.overlapped += busy
+            ctx.set(dut.cmd.valid, 0)
             await ctx.tick().until(~dut.busy)
-            out.rows.append(taken[before:])
+            split(taken)
             out.errors.append(ctx.get(dut.error))
+        else:
+            for cmd in commands:
+                await _give(ctx, dut, cmd, clear_between)
+                before = len(taken)
+                await ctx.tick().until(~dut.busy)
+                rows = taken[before:]
+                assert rows and rows[-1][3], "a command's rows must end with one flagged last"
+                split(rows)
+                out.errors.append(ctx.get(dut.error))
         done = len(taken)
         await ctx.tick().repeat(32)
         assert len(taken) == done, f"{len(taken) - done} rows came after busy fell"
@@ -490,6 +566,9 @@ def test_gather_loads_match_golden(name: str) -> None:
                      seed=rng.randrange(1 << 30), stall=stall, latency=latency, row_stall=row_stall)
     check_loads(config, dram, loads, run)
     assert run.errors == [RESP_OKAY] * len(loads), f"error responses {run.errors}"
+    want_beats = sum(beats_fetched(f, dst, config.dma_bytes) for dst, f in loads)
+    assert run.memory.read_beats == want_beats, \
+        f"{run.memory.read_beats} beats read, expected {want_beats} (each shared beat once)"
     # the limits were reached, not only respected (AXIMemory asserts the upper bounds)
     assert run.memory.max_outstanding == config.dma_outstanding, \
         f"{run.memory.max_outstanding} bursts in flight at most, limit {config.dma_outstanding}"
@@ -517,6 +596,35 @@ def test_gather_back_to_back_rows_without_stalls() -> None:
     check_loads(config, dram, loads, run)
 
 
+@pytest.mark.parametrize("name", CONFIGS)
+def test_gather_commands_back_to_back(name: str) -> None:
+    """Commands given as fast as the engine takes them: each after the first is accepted while
+    earlier ones are still busy (set up while their rows drain), and the rows are still every
+    command's rows in order, ending with the one flagged last, with each shared beat read once."""
+    config = CONFIGS[name]
+    rng = random.Random(f"{SEED}-overlap-{name}")
+    dram = make_dram(np.random.default_rng(rng.randrange(1 << 30)))
+    loads = []
+    for dst_name, feature in _pairs(rng, 0, 3, extra=4)[:12]:
+        dst = destination(config, dst_name)
+        loads.append((dst, random_load(rng, config, dst, feature)))
+    spad = destination(config, "spad")
+    for _ in range(3):        # short plain tiles, one or two rows (the LOADs of a weight tile)
+        f = random_load(rng, config, spad, "tile")
+        f.update(rows_outer=1, rows_inner=rng.randint(1, 2))
+        loads.append((spad, f))
+    rng.shuffle(loads)
+    run = run_gather(config, dram, [load_command(f, dst) for dst, f in loads],
+                     seed=rng.randrange(1 << 30), stall=0.1, latency=(1, 8), row_stall=0.1,
+                     overlap=True)
+    check_loads(config, dram, loads, run)
+    assert run.overlapped == len(loads) - 1, \
+        f"{run.overlapped} of {len(loads) - 1} commands were taken while the engine was busy"
+    assert run.errors == [RESP_OKAY]
+    want_beats = sum(beats_fetched(f, dst, config.dma_bytes) for dst, f in loads)
+    assert run.memory.read_beats == want_beats, f"{run.memory.read_beats} beats read, expected {want_beats}"
+
+
 @pytest.mark.parametrize("clear_between", [False, True])
 def test_gather_slverr_sets_error_and_finishes(clear_between: bool) -> None:
     """A read answered SLVERR sets ``error`` (sticky until ``clear_error``); the LOAD still
@@ -534,6 +642,15 @@ def test_gather_slverr_sets_error_and_finishes(clear_between: bool) -> None:
     check_loads(config, dram, loads, run)       # the model still returns the data with SLVERR
     want = expected_errors(touched, bad, clear_between)
     assert run.errors == want, f"error after each LOAD {run.errors}, expected {want}"
+    # rows flagged SLVERR read the refused beat, and every LOAD that reads it flags one
+    for k, ((dst, f), resps) in enumerate(zip(loads, run.resps, strict=True)):
+        rows = [set((b // config.dma_bytes * config.dma_bytes).tolist())
+                for b in _element_bytes(f, dst)]
+        flagged = [i for i, resp in enumerate(resps) if resp != RESP_OKAY]
+        assert all(resps[i] == RESP_SLVERR and bad in rows[i] for i in flagged), \
+            f"LOAD {k}: rows {flagged} flagged {[resps[i] for i in flagged]}, beat {bad:#x} is in rows " \
+            f"{[i for i, beats in enumerate(rows) if bad in beats]}"
+        assert bool(flagged) == (bad in touched[k]), f"LOAD {k}: rows flagged {flagged}"
 
 
 def test_gather_config_must_be_an_accelerator_config() -> None:
@@ -671,6 +788,24 @@ def run_scatter(config: AcceleratorConfig, dram: np.ndarray, stores: list[Store]
     return out
 
 
+def write_bursts(store: Store, beat_bytes: int, max_beats: int) -> list[tuple[int, int]]:
+    """(address, beats) of the bursts that write ``store``: its bytes in order, a new beat when
+    the beat changes, a new burst when a beat does not follow the previous one or the burst has
+    ``max_beats`` beats or reaches a 4 KiB boundary."""
+    order = np.array([a + b for pixel in store.element_addresses() for a in pixel
+                      for b in range(store.elem_bytes)], np.int64)
+    bursts: list[list[int]] = []
+    for beat in beat_changes(order, beat_bytes).tolist():
+        if bursts:
+            start, length = bursts[-1]
+            cap = min(max_beats, (4096 - start % 4096) // beat_bytes)
+            if beat == start + length * beat_bytes and length < cap:
+                bursts[-1][1] += 1
+                continue
+        bursts.append([beat, 1])
+    return [(a, n) for a, n in bursts]
+
+
 def check_dram(got: bytearray, want: np.ndarray, stores: list[Store]) -> None:
     differ = np.flatnonzero(np.frombuffer(bytes(got), np.uint8) != want)
     if differ.size:
@@ -703,6 +838,12 @@ def test_scatter_stores_match_golden(name: str) -> None:
     run = run_scatter(config, dram, stores, seed=rng.randrange(1 << 30), stall=stall, pixel_gap=gap)
     check_dram(run.memory.mem, want, stores)
     assert run.errors == [RESP_OKAY] * len(stores), f"error responses {run.errors}"
+    bursts = [b for store in stores for b in write_bursts(store, config.dma_bytes,
+                                                          write_burst_beats(config))]
+    assert (run.memory.write_burst_count, run.memory.write_beats) == \
+        (len(bursts), sum(n for _, n in bursts)), \
+        f"{run.memory.write_burst_count} bursts of {run.memory.write_beats} beats written, " \
+        f"expected {len(bursts)} of {sum(n for _, n in bursts)}"
     if config.cols * config.acc_bytes + config.dma_bytes - 1 > config.dma_max_burst * config.dma_bytes:
         assert run.memory.longest_burst == config.dma_max_burst, \
             f"longest burst {run.memory.longest_burst} beats, limit {config.dma_max_burst}"
