@@ -256,15 +256,36 @@ def yosys_synth(verilog: str, top: str, family: str, *, netlist: str | Path | No
         raise ValueError(f"family must be one of {', '.join(repr(f) for f in SYNTH_FAMILIES)}, "
                          f"not {family!r}")
     _check_top(verilog, top)
+    synth = f"{SYNTH_FAMILIES[family]} -top {top} {' '.join(flags)}".strip()
+    try:
+        stat = _run_yosys(verilog, [synth], netlist, top)
+        mapper = "abc9" if family == "ecp5" else "default"
+    except _SilentExit:
+        if family != "ecp5":
+            raise
+        # YoWASP yosys 0.70's in-process ABC9 exits with status 1 and no message on some netlists
+        # (the full-feature SFU): map the LUTs with classic ABC instead, the rest of synth_ecp5
+        # unchanged.
+        stat = _run_yosys(verilog, [f"{synth} -run :map_luts", "abc -lut 4", "clean",
+                                    f"{synth} -run map_cells:"], netlist, top)
+        mapper = "abc"
+    summary = _cell_summary(stat, top, family)
+    summary["lut_mapper"] = mapper
+    return summary
+
+
+class _SilentExit(ToolError):
+    """yosys failed without printing an ERROR line."""
+
+
+def _run_yosys(verilog: str, commands: list[str], netlist: str | Path | None, top: str
+               ) -> dict[str, Any]:
+    """Run a yosys script (``commands`` after reading the design) and return ``stat -json``."""
     # yowasp tools run in a WebAssembly sandbox that sees the working directory but not every
     # absolute path (/tmp is not mapped), so all file names given to yosys are relative.
     with tempfile.TemporaryDirectory(prefix="systolic-synth-") as tmp:
         Path(tmp, "design.v").write_text(verilog)
-        script = [
-            "read_verilog -sv design.v",
-            f"{SYNTH_FAMILIES[family]} -top {top} {' '.join(flags)}".strip(),
-            "tee -q -o stat.json stat -json",
-        ]
+        script = ["read_verilog -sv design.v", *commands, "tee -q -o stat.json stat -json"]
         if netlist is not None:
             script.append("write_json netlist.json")
         Path(tmp, "synth.ys").write_text("\n".join(script) + "\n")
@@ -274,13 +295,17 @@ def yosys_synth(verilog: str, top: str, family: str, *, netlist: str | Path | No
         output = result.stdout + result.stderr
         stat_path = Path(tmp, "stat.json")
         if result.returncode != 0 or not stat_path.is_file():
-            errors = [line for line in output.splitlines() if "ERROR" in line] or \
-                output.strip().splitlines()[-20:]
-            raise ToolError(f"yosys {SYNTH_FAMILIES[family]} of {top!r} failed:\n" + "\n".join(errors))
+            errors = [line for line in output.splitlines() if "ERROR" in line]
+            if not errors:
+                tail = "\n".join(output.strip().splitlines()[-20:])
+                raise _SilentExit(f"yosys {commands[0].split()[0]} of {top!r} failed with status "
+                                  f"{result.returncode} and no ERROR line; last output:\n{tail}")
+            raise ToolError(f"yosys {commands[0].split()[0]} of {top!r} failed:\n" + "\n".join(errors))
         stat = json.loads(stat_path.read_text())
         if netlist is not None:
             shutil.copyfile(Path(tmp, "netlist.json"), netlist)
-    return _cell_summary(stat, top, family)
+    return stat
+
 
 
 def _cell_summary(stat: dict[str, Any], top: str, family: str) -> dict[str, Any]:
