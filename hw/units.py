@@ -599,8 +599,10 @@ class StoreUnit(wiring.Component):
                     m.next = "DRAIN"
             with m.State("DRAIN"):
                 m.d.comb += self.busy.eq(1)
-                busy_res = residual.busy if residual is not None else 0
-                with m.If(~writer.busy & sfu.idle & ~self.read_acc.resp.valid & ~busy_res):
+                drained = ~writer.busy & sfu.idle & ~self.read_acc.resp.valid
+                if residual is not None:
+                    drained = drained & ~residual.busy
+                with m.If(drained):
                     m.d.comb += [self.completed.eq(1), self.read_table.resp.ready.eq(1)]
                     m.next = "IDLE"
 

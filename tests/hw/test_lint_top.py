@@ -1,0 +1,18 @@
+"""The whole accelerator's Verilog passes Verilator's lint with the project's allow-list, for
+both dataflows."""
+
+from __future__ import annotations
+
+import pytest
+from systolic.hw.config import AcceleratorConfig
+from systolic.hw.generate import TOP_NAME, top_verilog
+from systolic.sim.tools import verilator_lint
+
+
+@pytest.mark.parametrize("config", [
+    AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=4096, accumulator_bytes=2048, requant_table_rows=8),
+    AcceleratorConfig(rows=4, cols=8, dataflow="os", scratchpad_bytes=4096, accumulator_bytes=4096,
+                      dma_data_bits=128, dma_max_burst=8, sfu_pooling=("max",), sfu_residual=False),
+], ids=["ws-4x4", "os-4x8"])
+def test_top_lint_is_clean(config):
+    verilator_lint(top_verilog(config), TOP_NAME)
