@@ -1,8 +1,8 @@
 """The ``systolic`` command line.
 
 Each subcommand is one ``_add_<name>`` function that declares its arguments and one
-``_cmd_<name>`` function that runs it, both listed in :data:`_COMMANDS`; later subcommands
-(generate, compile, run, synth) are added the same way when the parts they drive exist.
+``_cmd_<name>`` function that runs it, both listed in :data:`_COMMANDS`: config, asm, disasm,
+compile, run and demo. Later subcommands are added the same way.
 
 Every user error — a bad config, a malformed program, a missing file, a bad flag — prints one
 line ``systolic: error: <message>`` on stderr and returns 1 (2 for command-line usage), never a
@@ -195,25 +195,184 @@ def _cmd_disasm(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- systolic compile / run -----------------------------------------------------------------------
+
+def _parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """``name=d0,d1,...`` from ``--shape``."""
+    name, equals, dims = text.partition("=")
+    try:
+        if not equals or not name:
+            raise ValueError
+        shape = tuple(int(d) for d in dims.split(","))
+    except ValueError:
+        raise UsageError(f"--shape expects name=d0,d1,... (e.g. input=1,3,224,224), not {text!r}") from None
+    return name.strip(), shape
+
+
+def _add_model_arguments(p: Any) -> None:
+    p.add_argument("model", metavar="MODEL.onnx", help="ONNX model (float, or int8 QDQ/QOperator)")
+    p.add_argument("--config", metavar="FILE", help="TOML accelerator config (default: built-in)")
+    p.add_argument("--calibrate", metavar="DATA.npz",
+                   help="calibration inputs (one array per model input) to quantize a float model")
+    p.add_argument("--strict", action="store_true",
+                   help="fail if a node would run on the host instead of the accelerator")
+    p.add_argument("--relaxed", action="store_true",
+                   help="also fuse across requantizations the model specifies (fewer stores, "
+                        "results within about 2 LSB)")
+    p.add_argument("--shape", dest="shapes", action="append", default=[], metavar="NAME=DIMS",
+                   help="shape of an input with symbolic dimensions, e.g. input=1,3,224,224; "
+                        "repeatable")
+    p.add_argument("--images-per-run", type=int, default=None, metavar="N",
+                   help="images each program run computes (compile: 1; run: up to 32 of the "
+                        "images given)")
+
+
+def _optimize_args(args: argparse.Namespace) -> Any:
+    """Load and optimize ``args.model``, printing host-fallback warnings as one line each."""
+    import warnings
+
+    from systolic.compiler.frontend import load_model
+    from systolic.compiler.passes import optimize
+
+    config = _load_config(args.config)
+    shapes = dict(_parse_shape(text) for text in args.shapes)
+    if args.images_per_run is not None and args.images_per_run < 1:
+        raise UsageError(f"--images-per-run must be at least 1, not {args.images_per_run}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graph = optimize(load_model(args.model, shapes or None, config=config),
+                         calibration=args.calibrate, strict=args.strict, relaxed=args.relaxed)
+    for warning in caught:
+        print(f"{PROG}: warning: {' '.join(str(warning.message).split())}", file=sys.stderr)
+    return graph
+
+
+def _add_compile(sub: Any) -> None:
+    p = sub.add_parser("compile", help="compile an ONNX model into accelerator programs",
+                       description="Compile an ONNX model for an accelerator config: program "
+                                   "binaries, assembly listings, the DRAM image and the plan.")
+    _add_model_arguments(p)
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory (created)")
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    from systolic.compiler.codegen import compile_graph
+
+    compiled = compile_graph(_optimize_args(args), images_per_run=args.images_per_run or 1)
+    paths = compiled.save(args.out)
+    instrs = sum(len(s.program.instructions) for s in compiled.segments)
+    hosts = len(compiled.host_nodes)
+    print(f"{args.model}: {len(compiled.graph.accel_ops)} accelerator layers in "
+          f"{len(compiled.segments)} program(s) of {instrs} instructions, {hosts} host node(s); "
+          f"DRAM image {compiled.image.size} bytes; estimated "
+          f"{sum(s.estimate for s in compiled.segments)} cycles per run "
+          f"(config {compiled.config.hash_hex}, compiled in {compiled.compile_seconds:.1f} s)")
+    for path in paths:
+        print(f"  {path}")
+    return 0
+
+
+def _add_run(sub: Any) -> None:
+    p = sub.add_parser("run", help="compile an ONNX model and run it on the golden model or the RTL",
+                       description="Compile MODEL.onnx, run it on the inputs and report the outputs, "
+                                   "cycles and utilization.")
+    _add_model_arguments(p)
+    p.add_argument("--input", dest="inputs", action="append", required=True, metavar="[NAME=]X.npy",
+                   help="input array (.npy); NAME= names the model input (default: the first); "
+                        "the first axis may hold several images; repeatable")
+    p.add_argument("--backend", choices=("golden", "rtl"), default="golden",
+                   help="golden model (default) or the generated Verilog in Verilator")
+    p.add_argument("--output", metavar="OUT.npz", help="save the outputs (one array per model output)")
+    p.add_argument("--report", metavar="REPORT.json", help="save the report (cycles, MACs, "
+                                                           "utilization, DRAM traffic, per layer)")
+
+
+def _load_inputs(texts: Sequence[str], names: Sequence[str]) -> dict[str, Any]:
+    import numpy as np
+
+    out: dict[str, Any] = {}
+    for text in texts:
+        name, equals, path = text.partition("=")
+        if not equals or name not in names:
+            name, path = names[0], text
+        if name in out:
+            raise UsageError(f"--input: input {name!r} is given twice")
+        try:
+            out[name] = np.load(path, allow_pickle=False)
+        except OSError as exc:
+            raise OSError(f"{path}: cannot read input {name!r}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"{path}: input {name!r} is not a .npy array file ({exc})") from None
+        if not isinstance(out[name], np.ndarray):
+            raise ValueError(f"{path}: input {name!r} must be a .npy array file, not an .npz archive")
+    return out
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import numpy as np
+    from systolic.compiler.codegen import compile_graph
+    from systolic.compiler.runtime import check_inputs, run_model
+
+    graph = _optimize_args(args)
+    inputs = _load_inputs(args.inputs, graph.inputs)
+    per_run = args.images_per_run
+    if per_run is None:      # up to 32 of the given images per program run (one RTL start each)
+        per_run = min(32, check_inputs(graph, inputs))
+    result = run_model(compile_graph(graph, images_per_run=per_run), inputs, backend=args.backend)
+    report = result.report
+    for name, value in result.outputs.items():
+        print(f"output {name}: {value.dtype}{list(value.shape)}")
+    print(f"{report['images']} image(s) on the {args.backend} backend: {report['cycles']} cycles "
+          f"({report['cycles_per_image']:.0f} per image), {report['macs']} MACs, utilization "
+          f"{report['utilization']:.1%}, DRAM read {report['dram_read_bytes']} / written "
+          f"{report['dram_write_bytes']} bytes")
+    if args.backend == "rtl":
+        print("per-layer cycles below are the compile-time estimates (the RTL counts the total)")
+    width = max((len(layer["name"]) for layer in report["layers"]), default=4)
+    for layer in report["layers"]:
+        if layer["host"]:
+            print(f"  {layer['name']:<{width}}  {layer['op']:<12} host")
+        else:
+            print(f"  {layer['name']:<{width}}  {layer['op']:<12} {layer['cycles']:>10} cycles "
+                  f"{layer['utilization']:>6.1%}")
+    if args.output is not None:
+        try:
+            np.savez(args.output, **result.outputs)
+        except OSError as exc:
+            raise OSError(f"{args.output}: cannot write the outputs: {exc.strerror or exc}") from None
+    if args.report is not None:
+        _write_bytes(Path(args.report), (json.dumps(report, indent=1) + "\n").encode(), "report")
+    return 0
+
+
 # -- systolic demo ---------------------------------------------------------------------------------
 
 def _add_demo(sub: Any) -> None:
-    sub.add_parser("demo", help="compile and run a small model end to end",
-                   description="Compile a small ONNX model for the default accelerator and run it on "
-                               "the golden model (once the compiler exists).")
+    p = sub.add_parser("demo", help="compile the digits CNN and run the held-out images",
+                       description="Compile examples/digits_cnn_int8.onnx for the default "
+                                   "accelerator, run the 360 held-out digits on the RTL (Verilator) "
+                                   "when it can be built, else on the golden model, and compare "
+                                   "accuracies with the float and int8 models in onnxruntime.")
+    p.add_argument("--backend", choices=("auto", "golden", "rtl"), default="auto",
+                   help="auto (default): the RTL if Verilator builds it, else the golden model")
+    p.add_argument("--images", type=int, default=0, metavar="N",
+                   help="run only the first N held-out images (default: all 360)")
+    p.add_argument("--out", default="systolic-demo", metavar="DIR",
+                   help="where the Verilog, program and plan go (default: systolic-demo)")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    # The demo drives the ONNX compiler and the runtime; until they exist it says so and succeeds,
-    # so that the README's quick start works at every stage. Replace this body with the real demo.
-    print(f"{PROG} demo: the ONNX compiler is not built yet (issue: compiler and runtime); nothing to run")
-    return 0
+    from systolic.compiler.demo import run_demo
+
+    return run_demo(backend=args.backend, images=args.images, out=Path(args.out))
 
 
 _COMMANDS: tuple[tuple[str, Callable[[Any], None], Callable[[argparse.Namespace], int]], ...] = (
     ("config", _add_config, _cmd_config),
     ("asm", _add_asm, _cmd_asm),
     ("disasm", _add_disasm, _cmd_disasm),
+    ("compile", _add_compile, _cmd_compile),
+    ("run", _add_run, _cmd_run),
     ("demo", _add_demo, _cmd_demo),
 )
 

@@ -992,13 +992,42 @@ def _fused_names(node: Node, chain: _Chain) -> tuple[str, ...]:
     return (node.name,) + tuple(n.name for n in (chain.add_node, chain.act_node) if n is not None)
 
 
-def _residual(lw: _Lowering, chain: _Chain, node: Node, nhwc: bool) -> Residual | None:
-    """The STORE residual of a layer whose chain ends in an Add with an int8 operand."""
+def _common_requant(node: Any, scale: np.ndarray | float, res_scale: float
+                    ) -> tuple[np.ndarray, np.ndarray, int]:
+    """(multiplier, shift) per channel of ``scale`` and the residual multiplier of ``res_scale``,
+    all with ONE shift: a STORE with a residual adds ``(r - res_zp) * res_mult`` to
+    ``t * mult[c]`` before shifting by the table entry's shift (docs/isa.md), so every channel's
+    entry and the CONFIG's ``res_mult`` share it. The shift is the largest that keeps every
+    multiplier within int32 (the smallest of the shifts ``choose_multiplier`` would pick)."""
+    scale = np.atleast_1d(np.asarray(scale, np.float64))
+    shifts = []
+    for s in (*scale, res_scale):
+        if s == 0.0:
+            continue
+        try:
+            shifts.append(choose_multiplier(float(s))[1])
+        except ValueError as exc:
+            raise QuantizationError(f"{getattr(node, 'label', node)}: {exc}") from None
+    common = min(shifts) if shifts else 0
+
+    def mult(s: float) -> int:
+        return int(np.sign(s)) * int(round(abs(s) * (1 << common)))
+
+    mults = np.array([mult(s) for s in scale], np.int64)
+    return mults, np.full(scale.shape, common, np.int64), mult(res_scale)
+
+
+def _requant_residual(lw: _Lowering, chain: _Chain, node: Node, nhwc: bool, scale: np.ndarray | float
+                      ) -> tuple[np.ndarray, np.ndarray, Residual | None]:
+    """Per-channel (multiplier, shift) of ``scale`` and, when the chain ends in an Add with an int8
+    operand, the STORE residual -- then with one shift for every channel (:func:`_common_requant`)."""
     if chain.residual is None:
-        return None
+        mult, shift = lw.requant(node, scale)
+        return mult, shift, None
     r, pr = chain.residual
-    mult, shift = lw.requant(node, float(pr.scale) / float(chain.params.scale))
-    return Residual(lw.to_nhwc(r) if nhwc else r, int(pr.zero_point), int(mult[0]), int(shift[0]))
+    mult, shift, res_mult = _common_requant(node, scale, float(pr.scale) / float(chain.params.scale))
+    residual = Residual(lw.to_nhwc(r) if nhwc else r, int(pr.zero_point), res_mult, int(shift[0]))
+    return mult, shift, residual
 
 
 def _fold_input_zero_point(label: str, bias: np.ndarray, weights: np.ndarray, zp_in: int) -> np.ndarray:
@@ -1054,10 +1083,9 @@ def _lower_conv(lw: _Lowering, node: Node) -> str | None:
     weights, group = _conv_weights_kn(w_int, group, ci)
     zx = int(px.zero_point)
     bias = _fold_input_zero_point(node.label, bias, weights, zx)
-    mult, shift = lw.requant(node, sx * sw.astype(np.float64) / sy)
     geometry = ConvGeometry((kh, kw), strides, (begin[0], begin[1], end[0], end[1]), dilations, group)
     x_nhwc = lw.to_nhwc(xq)
-    residual = _residual(lw, chain, node, nhwc=True)
+    mult, shift, residual = _requant_residual(lw, chain, node, True, sx * sw.astype(np.float64) / sy)
     y = lw.from_nhwc(chain.output, "int8", chain.params, node.name)
     e.add(AccelOp("conv", node.name, x_nhwc, y, bias, mult, shift, zx, int(chain.params.zero_point),
                   chain.act, chain.act_lo, chain.act_hi, weights=weights, conv=geometry, residual=residual,
@@ -1097,12 +1125,11 @@ def _lower_gemm(lw: _Lowering, node: Node) -> str | None:
         return bias
     zx = int(px.zero_point)
     bias = _fold_input_zero_point(node.label, bias, weights, zx)
-    mult, shift = lw.requant(node, sx * sw.astype(np.float64) / sy)
+    mult, shift, residual = _requant_residual(lw, chain, node, False, sx * sw.astype(np.float64) / sy)
     y = chain.output
     e.tensors[y] = dataclasses.replace(e.tensors[y], dtype="int8", quant=chain.params)
     e.add(AccelOp("gemm", node.name, xq, y, bias, mult, shift, zx, int(chain.params.zero_point),
-                  chain.act, chain.act_lo, chain.act_hi, weights=weights,
-                  residual=_residual(lw, chain, node, nhwc=False),
+                  chain.act, chain.act_lo, chain.act_hi, weights=weights, residual=residual,
                   scales=Scales(sx, sy, sw, _residual_scale(chain)), fused=_fused_names(node, chain)))
     lw.finish([node], chain)
     return None
@@ -1334,10 +1361,11 @@ def _lower_add(lw: _Lowering, node: Node) -> str | None:
         return chain
     (aq, pa), (bq, pb) = a, b
     n = out_shape[1] if len(out_shape) == 4 else out_shape[-1]
-    bias, mult, shift = _identity_requant(int(pa.zero_point), pa, chain.params, n, lw, node)
-    rm, rs = lw.requant(node, float(pb.scale) / float(chain.params.scale))
+    bias = np.full(n, -int(pa.zero_point), np.int32)
+    mult, shift, rm = _common_requant(node, np.full(n, float(pa.scale) / float(chain.params.scale)),
+                                      float(pb.scale) / float(chain.params.scale))
     (a_in, b_in), y = _elementwise_io(lw, [aq, bq], chain.output, chain.params, node.name)
-    residual = Residual(b_in, int(pb.zero_point), int(rm[0]), int(rs[0]))
+    residual = Residual(b_in, int(pb.zero_point), rm, int(shift[0]))
     e.add(AccelOp("add", node.name, a_in, y, bias, mult, shift, int(pa.zero_point),
                   int(chain.params.zero_point), chain.act, chain.act_lo, chain.act_hi, residual=residual,
                   scales=Scales(float(pa.scale), float(chain.params.scale), residual=float(pb.scale)),
@@ -1654,11 +1682,14 @@ def fuse_residual(graph: Graph, options: PassOptions) -> Graph:
             if not lo < prod.zp_out < hi:
                 continue
             if operand == op.input:
-                residual = op.residual
+                res_tensor, res_zp, res_scale = op.residual.tensor, op.residual.zero_point, \
+                    op.scales.residual
             else:
-                residual = Residual(op.input, op.zp_in, int(op.mult[0]), int(op.shift[0]))
-            mult, shift = _requant(prod, prod.scales.input * prod.scales.weight.astype(np.float64)
-                                   / op.scales.output)
+                res_tensor, res_zp, res_scale = op.input, op.zp_in, op.scales.input
+            mult, shift, res_mult = _common_requant(
+                prod, prod.scales.input * prod.scales.weight.astype(np.float64) / op.scales.output,
+                res_scale / op.scales.output)
+            residual = Residual(res_tensor, res_zp, res_mult, int(shift[0]))
             scales = dataclasses.replace(prod.scales, output=op.scales.output,
                                          residual=(op.scales.residual if operand == op.input
                                                    else op.scales.input))

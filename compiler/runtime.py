@@ -1,0 +1,383 @@
+"""Running a compiled model: host nodes in numpy, segments on a backend, and a report.
+
+:func:`run_model` executes a :class:`~systolic.compiler.codegen.CompiledModel` step by step
+(heterogeneous execution): a host step runs one ONNX node with the reference executor's
+handlers (:func:`systolic.compiler.reference.run_node`); an accelerator step writes the DRAM
+tensors its program reads (the host's results, in their DRAM buffers), runs the program on the
+backend and reads back the tensors that host nodes or the graph outputs need. One DRAM image
+carries the activations from segment to segment.
+
+Backends:
+
+* ``"golden"`` -- :class:`systolic.sim.golden.GoldenModel`: bit-exact, with the hazard checker
+  and the cycle estimate of docs/isa.md; per-layer cycles come from its per-instruction timings.
+* ``"rtl"`` -- :class:`systolic.sim.rtl.RTLRunner` on the Verilog of the accelerator in Verilator
+  (fast memory model): cycles, MACs and DRAM traffic come from the hardware counters; per-layer
+  cycles are the compile-time estimates.
+
+A batch of N images (every input's first axis N times the model's batch) runs in groups of
+``images_per_run`` images per program run; on a terminal a progress line is printed on stderr.
+
+Units: cycles; bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import numpy as np
+
+from .codegen import CompiledModel, Segment
+from .errors import CompileError, InputError
+from .ir import Graph, Node
+from .reference import run_node
+
+__all__ = ["BACKENDS", "BackendError", "ModelRun", "SegmentRun", "run_model", "check_inputs", "quiet_output"]
+
+#: Names of the backends :func:`run_model` accepts.
+BACKENDS = ("golden", "rtl")
+
+
+class BackendError(CompileError):
+    """A backend is not available or failed; the message says which and why."""
+
+
+@dataclass
+class SegmentRun:
+    """What one program run did: cycles (total and per layer), MACs the array did, DRAM bytes."""
+
+    segment: int
+    cycles: int
+    array_macs: int
+    dram_read_bytes: int
+    dram_write_bytes: int
+    instructions: int
+    layer_cycles: list[int]
+
+
+@dataclass
+class ModelRun:
+    """Outputs of a run (graph output name -> array, images concatenated on axis 0), the report
+    (JSON-ready) and, with ``capture``, every tensor each image computed."""
+
+    outputs: dict[str, np.ndarray]
+    report: dict[str, Any]
+    intermediates: list[dict[str, np.ndarray]] | None = None
+    runs: list[SegmentRun] = field(default_factory=list)
+
+
+def check_inputs(graph: Graph, inputs: Mapping[str, Any]) -> int:
+    """Validate ``inputs`` for ``graph`` (one array per graph input, shape ``(k * batch, ...)`` for
+    k images of the model's ``(batch, ...)``, the declared dtype); returns k. Raises
+    :class:`~systolic.compiler.errors.InputError` naming the tensor."""
+    if not isinstance(inputs, Mapping):
+        raise InputError(f"inputs must be a mapping from input name to array, not "
+                         f"{type(inputs).__name__}")
+    for name in inputs:
+        if name not in graph.inputs:
+            raise InputError(f"unknown input {name!r}; the model's inputs are "
+                             f"{', '.join(repr(n) for n in graph.inputs)}")
+    counts = set()
+    for name in graph.inputs:
+        tensor = graph.tensors[name]
+        if name not in inputs:
+            raise InputError(f"input {name!r} is missing (the model's inputs are "
+                             f"{', '.join(repr(n) for n in graph.inputs)})")
+        value = inputs[name]
+        if not isinstance(value, np.ndarray):
+            raise InputError(f"input {name!r} must be a numpy array, not {type(value).__name__}")
+        if value.dtype != np.dtype(tensor.dtype):
+            raise InputError(f"input {name!r} must have dtype {tensor.dtype}, not {value.dtype}")
+        shape = tensor.shape
+        if not shape or shape[0] == 0:
+            if value.shape != shape:
+                raise InputError(f"input {name!r} must have shape {shape}, not {value.shape}")
+            counts.add(1)
+            continue
+        batch = shape[0]
+        if value.ndim != len(shape) or value.shape[1:] != shape[1:] or not value.shape[0] \
+                or value.shape[0] % batch:
+            rest = "".join(f", {d}" for d in shape[1:])
+            raise InputError(f"input {name!r} must have shape {shape} (or (k * {batch}{rest}) for "
+                             f"k images), not {value.shape}")
+        counts.add(value.shape[0] // batch)
+    if len(counts) > 1:
+        raise InputError(f"inputs must hold the same number of images, not {sorted(counts)}")
+    return counts.pop() if counts else 1
+
+
+class _Backend:
+    def __init__(self, model: CompiledModel, name: str, check_hazards: bool) -> None:
+        self.model = model
+        self.name = name
+        self.check_hazards = check_hazards
+        self._rtl = None
+        if name == "golden":
+            from systolic.sim.golden import GoldenModel
+            self.golden = GoldenModel(model.config)
+        elif name == "rtl":
+            try:
+                from systolic.sim.rtl import RTLRunner
+            except Exception as exc:   # the RTL runner or its tools cannot be imported
+                raise BackendError(f"the rtl backend is not available: {exc}") from None
+            size = 1 << max(16, (int(model.image.size) - 1).bit_length())
+            try:
+                self._rtl = RTLRunner(model.config, memory="fast", dram_bytes=size)
+            except Exception as exc:
+                raise BackendError(f"the rtl backend is not available: {exc}") from None
+        else:
+            raise BackendError(f"backend must be one of {', '.join(BACKENDS)}, not {name!r}")
+
+    def run(self, seg: Segment, dram: np.ndarray) -> tuple[np.ndarray, SegmentRun]:
+        if self.name == "golden":
+            result = self.golden.run(seg.program, dram, check_hazards=self.check_hazards)
+            layers = _layer_cycles(seg, result.timings)
+        else:
+            assert self._rtl is not None
+            budget = max(1_000_000, 50 * seg.estimate)
+            try:
+                with quiet_output():
+                    result = self._rtl.run(seg.program, dram, prog_addr=seg.address,
+                                           max_cycles=budget)
+            except Exception as exc:   # build, simulator or device errors
+                message = " ".join(str(exc).split()) or type(exc).__name__
+                raise BackendError(f"the rtl backend failed on segment {seg.index}: "
+                                   f"{message}") from None
+            layers = [lay.tiling.estimate for lay in seg.layers]
+        out = np.asarray(result.dram, np.uint8)[:dram.size]
+        return out, SegmentRun(seg.index, int(result.cycles), int(result.macs),
+                               int(result.dram_read_bytes), int(result.dram_write_bytes),
+                               int(result.instructions), layers)
+
+
+@contextlib.contextmanager
+def quiet_output() -> Iterator[None]:
+    """Send what the simulator process prints (cocotb's log, on the inherited file descriptors
+    1 and 2) to a discarded temporary file: the report says what happened."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def _layer_cycles(seg: Segment, timings: list[Any]) -> list[int]:
+    """Cycles per layer of a golden run: the time from the previous layer's completion to this
+    layer's (program order), so that the layers add up to the program's cycles."""
+    ends = [0] * len(seg.layers)
+    for t in timings:
+        if t.index < len(seg.instr_layer):
+            layer = seg.instr_layer[t.index]
+            if layer >= 0:
+                ends[layer] = max(ends[layer], t.end)
+    out, done = [], 0
+    for end in ends:
+        new = max(done, end)
+        out.append(new - done)
+        done = new
+    return out
+
+
+def _read(model: CompiledModel, dram: np.ndarray, name: str, slot: int) -> np.ndarray:
+    t = model.graph.tensors[name]
+    addr = model.plan.address(name, slot)
+    nbytes = t.size * np.dtype(t.dtype).itemsize
+    return np.frombuffer(dram[addr:addr + nbytes].tobytes(), np.dtype(t.dtype).newbyteorder("<")) \
+        .astype(t.dtype).reshape(t.shape)
+
+
+def _write(model: CompiledModel, dram: np.ndarray, name: str, slot: int, value: np.ndarray) -> None:
+    t = model.graph.tensors[name]
+    addr = model.plan.address(name, slot)
+    blob = np.ascontiguousarray(value, np.dtype(t.dtype).newbyteorder("<")).view(np.uint8).reshape(-1)
+    dram[addr:addr + blob.size] = blob
+
+
+def run_model(model: CompiledModel, inputs: Mapping[str, np.ndarray], *, backend: str = "golden",
+              check_hazards: bool = True, capture: bool = False, progress: bool | None = None,
+              stream: TextIO | None = None) -> ModelRun:
+    """Run ``model`` on ``inputs`` (see :func:`check_inputs`) on ``backend`` and return the
+    outputs and the report: backend, config, cycles, macs, utilization (macs / (rows * cols *
+    cycles)), DRAM bytes read and written, and per layer (accelerator layers and host nodes,
+    in schedule order) its cycles, MACs and utilization.
+
+    ``capture``: also return every tensor of every image (accelerator tensors as read back from
+    DRAM after their segment -- compile with ``keep_intermediates`` so that none is overwritten
+    before). ``progress``: print a progress line on ``stream`` (stderr) while images run; by
+    default when it is a terminal and there is more than one program run per segment."""
+    images = check_inputs(model.graph, inputs)
+    backend_impl = _Backend(model, backend, check_hazards)
+    graph = model.graph
+    per_run = model.images_per_run
+    runs_needed = -(-images // per_run)
+    stream = stream if stream is not None else sys.stderr
+    if progress is None:
+        progress = runs_needed > 1 and hasattr(stream, "isatty") and stream.isatty()
+    constants = {n: t.data for n, t in graph.tensors.items() if t.data is not None}
+    results: dict[str, list[np.ndarray]] = {name: [] for name in graph.outputs}
+    captured: list[dict[str, np.ndarray]] | None = [] if capture else None
+    seg_runs: list[SegmentRun] = []
+    host_seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    remainder: CompiledModel | None = None
+    for run in range(runs_needed):
+        count = min(per_run, images - run * per_run)
+        if count < per_run:
+            # the last images: a program for exactly that many (the same tiles), so that no
+            # cycles are spent on empty image slots
+            from .codegen import compile_graph
+            tilings = {seg.ops[k].name: layer.tiling for seg in model.segments
+                       for layer, k in zip(seg.layers, seg.layer_op, strict=True)}
+            remainder = compile_graph(graph, images_per_run=count, tilings=tilings,
+                                      keep_intermediates=model.keep_intermediates)
+        m = model if remainder is None else remainder
+        envs = []
+        for k in range(count):
+            env = dict(constants)
+            image = run * per_run + k
+            for name in graph.inputs:
+                value = inputs[name]
+                batch = graph.tensors[name].shape[0] if graph.tensors[name].shape else 0
+                env[name] = value[image * batch:(image + 1) * batch] if batch else value
+            _views(m, env)
+            envs.append(env)
+        dram = m.image.copy()
+        for step in m.steps:
+            if step.kind == "host":
+                node = step.nodes[0]
+                t0 = time.perf_counter()
+                for env in envs:
+                    _run_host(m, node, env)
+                    _views(m, env)
+                host_seconds[node.name] = host_seconds.get(node.name, 0.0) + time.perf_counter() - t0
+                continue
+            seg = m.segments[step.segment]
+            for slot, env in enumerate(envs):
+                for name in seg.reads:
+                    _write(m, dram, name, slot, env[name])
+            dram, seg_run = backend_impl.run(seg, dram)
+            seg_runs.append(seg_run)
+            for slot, env in enumerate(envs):
+                for name in seg.writes:
+                    env[name] = _read(m, dram, name, slot)
+                if capture:
+                    for op in seg.ops:
+                        env.setdefault(op.output, _read(m, dram, op.output, slot))
+                _views(m, env)
+        for env in envs:
+            for name in graph.outputs:
+                results[name].append(np.asarray(env[name]))
+            if captured is not None:
+                captured.append({k: v for k, v in env.items() if k not in constants})
+        if progress:
+            done = min(images, (run + 1) * per_run)
+            bar = "#" * (30 * done // images)
+            print(f"\r{'systolic':s}: {done}/{images} images [{bar:<30s}]", end="", file=stream,
+                  flush=True)
+    if progress:
+        print(file=stream, flush=True)
+    seconds = time.perf_counter() - start
+    outputs = {name: np.concatenate(parts, axis=0) if parts[0].ndim else parts[0]
+               for name, parts in results.items()}
+    report = _report(model, backend, images, seg_runs, host_seconds, seconds, remainder)
+    return ModelRun(outputs, report, captured, seg_runs)
+
+
+def _views(model: CompiledModel, env: dict[str, np.ndarray]) -> None:
+    """Views (which share their source's DRAM buffer) of tensors the host holds, for host
+    nodes that read them."""
+    for node in model.views:
+        if node.inputs[0] in env and node.outputs[0] not in env:
+            _run_host(model, node, env)
+
+
+def _run_host(model: CompiledModel, node: Node, env: dict[str, np.ndarray]) -> None:
+    graph = model.graph
+    args = [env[name] if name else None for name in node.inputs]
+    values = run_node(node, args, graph.opset,
+                      [graph.tensors[o].dtype if o else "float32" for o in node.outputs])
+    for name, value in zip(node.outputs, values, strict=False):
+        if not name:
+            continue
+        tensor = graph.tensors[name]
+        value = np.asarray(value)
+        if value.shape != tensor.shape or value.dtype != np.dtype(tensor.dtype):
+            raise CompileError(f"{node.label} produced {value.dtype}{list(value.shape)} for "
+                               f"{name!r}, but the graph declares {tensor.dtype}{list(tensor.shape)}")
+        env[name] = value
+
+
+def _report(model: CompiledModel, backend: str, images: int, runs: list[SegmentRun],
+            host_seconds: Mapping[str, float], seconds: float,
+            remainder: CompiledModel | None = None) -> dict[str, Any]:
+    c = model.config
+    cycles = sum(r.cycles for r in runs)
+    macs = model.macs * images
+    peak = c.rows * c.cols
+
+    def util(m: int, cyc: int) -> float:
+        return m / (peak * cyc) if cyc > 0 else 0.0
+
+    per_op_cycles: dict[str, int] = {}
+    for i, r in enumerate(runs):
+        last_run = remainder is not None and i >= len(runs) - len(model.segments)
+        seg = (remainder if last_run else model).segments[r.segment]
+        for op_index, cyc in zip(seg.layer_op, r.layer_cycles, strict=True):
+            name = seg.ops[op_index].name
+            per_op_cycles[name] = per_op_cycles.get(name, 0) + cyc
+    layers: list[dict[str, Any]] = []
+    for step in model.steps:
+        if step.kind == "host":
+            node = step.nodes[0]
+            layers.append({"name": node.name, "op": node.op, "host": True,
+                           "seconds": round(host_seconds.get(node.name, 0.0), 6)})
+            continue
+        seg = model.segments[step.segment]
+        estimates: dict[str, int] = {}
+        for lay, op_index in zip(seg.layers, seg.layer_op, strict=True):
+            estimates[seg.ops[op_index].name] = lay.tiling.estimate
+        for op in step.nodes:
+            m = next(lay.macs for lay, k in zip(seg.layers, seg.layer_op, strict=True)
+                     if seg.ops[k] is op) * images
+            cyc = per_op_cycles.get(op.name, 0)
+            layers.append({"name": op.name, "op": op.op, "segment": seg.index, "host": False,
+                           "cycles": cyc, "macs": m, "utilization": util(m, cyc),
+                           "estimated_cycles": estimates.get(op.name, 0) * images,
+                           "fused": list(op.fused)})
+    return {
+        "backend": backend,
+        "model": model.graph.name,
+        "config_hash": c.hash_hex,
+        "config": c.to_dict(),
+        "images": images,
+        "images_per_run": model.images_per_run,
+        "program_runs": len(runs),
+        "cycles": cycles,
+        "cycles_per_image": cycles / images if images else 0.0,
+        "macs": macs,
+        "array_macs": sum(r.array_macs for r in runs),
+        "utilization": util(macs, cycles),
+        "dram_read_bytes": sum(r.dram_read_bytes for r in runs),
+        "dram_write_bytes": sum(r.dram_write_bytes for r in runs),
+        "instructions": sum(r.instructions for r in runs),
+        "microseconds_per_image": (cycles / images / c.clock_mhz) if images else 0.0,
+        "cycles_source": ("golden model cycle estimate (docs/isa.md)" if backend == "golden" else
+                          "RTL performance counters; per-layer cycles are compile-time estimates"),
+        "wall_seconds": round(seconds, 3),
+        "layers": layers,
+    }
