@@ -1,7 +1,7 @@
 """The ``systolic`` command line.
 
 Each subcommand is one ``_add_<name>`` function that declares its arguments and one
-``_cmd_<name>`` function that runs it, both listed in :data:`_COMMANDS`: config, asm, disasm,
+``_cmd_<name>`` function that runs it, both listed in :data:`_COMMANDS`: config, asm, disasm, generate,
 compile, run and demo. Later subcommands are added the same way.
 
 Every user error — a bad config, a malformed program, a missing file, a bad flag — prints one
@@ -367,10 +367,42 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(backend=args.backend, images=args.images, out=Path(args.out))
 
 
+# -- systolic generate ------------------------------------------------------------------------------
+
+def _add_generate(sub: Any) -> None:
+    p = sub.add_parser("generate", help="write the accelerator's Verilog, config and interface description",
+                       description="Write systolic_top.v, the resolved config (config.toml, config.json) and "
+                                   "interface.json (ports, AXI parameters, CSR map) into DIR.")
+    p.add_argument("--config", metavar="FILE", help="TOML config (default: built-in defaults)")
+    p.add_argument("--rows", type=int, metavar="R", help="override rows")
+    p.add_argument("--cols", type=int, metavar="C", help="override cols")
+    p.add_argument("--dataflow", metavar="ws|os", help="override dataflow")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override any field, as for systolic config; repeatable")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory (created if needed)")
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from systolic.hw.generate import generate
+
+    values = _load_config(args.config).to_dict()
+    for name in ("rows", "cols", "dataflow"):
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    values.update(_parse_override(text) for text in args.overrides)
+    config = AcceleratorConfig.from_dict(values, source="command line")
+    paths = generate(config, args.out)
+    print(f"config {config.hash_hex}: {config.rows}x{config.cols} {config.dataflow}")
+    for path in paths.values():
+        print(f"wrote {path}")
+    return 0
+
+
 _COMMANDS: tuple[tuple[str, Callable[[Any], None], Callable[[argparse.Namespace], int]], ...] = (
     ("config", _add_config, _cmd_config),
     ("asm", _add_asm, _cmd_asm),
     ("disasm", _add_disasm, _cmd_disasm),
+    ("generate", _add_generate, _cmd_generate),
     ("compile", _add_compile, _cmd_compile),
     ("run", _add_run, _cmd_run),
     ("demo", _add_demo, _cmd_demo),

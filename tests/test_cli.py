@@ -228,7 +228,7 @@ def test_help(capsys) -> None:
 
 def test_parser_has_only_real_commands() -> None:
     subparsers = next(a for a in build_parser()._actions if a.dest == "command")
-    assert list(subparsers.choices) == ["config", "asm", "disasm", "compile", "run", "demo"]
+    assert list(subparsers.choices) == ["config", "asm", "disasm", "generate", "compile", "run", "demo"]
 
 
 def _console_script() -> str:

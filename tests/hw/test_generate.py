@@ -60,3 +60,27 @@ def test_register_map(generated):
 def test_generate_rejects_a_non_config(tmp_path):
     with pytest.raises(TypeError, match=r"^config must be an AcceleratorConfig, not 'x'$"):
         generate("x", tmp_path)
+
+
+def test_cli_generate(tmp_path, capsys):
+    from systolic.compiler.cli import main
+
+    code = main(["generate", "--rows", "4", "--cols", "2", "--dataflow", "os",
+                 "--set", "scratchpad_bytes=4096", "--set", "accumulator_bytes=1024",
+                 "--set", "requant_table_rows=4", "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, "")
+    config = AcceleratorConfig.from_toml(tmp_path / "config.toml")
+    assert (config.rows, config.cols, config.dataflow) == (4, 2, "os")
+    assert out.startswith(f"config {config.hash_hex}: 4x2 os\n")
+    assert (tmp_path / f"{TOP_NAME}.v").read_text().count(f"module {TOP_NAME}(") == 1
+
+
+def test_cli_generate_rejects_an_invalid_config(tmp_path, capsys):
+    from systolic.compiler.cli import main
+
+    code = main(["generate", "--rows", "3", "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == ""
+    assert err == "systolic: error: rows must be a power of two between 2 and 64, not 3\n"
+    assert not (tmp_path / f"{TOP_NAME}.v").exists()
