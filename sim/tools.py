@@ -347,8 +347,13 @@ def waves_enabled() -> bool:
 
 
 def _tool_versions() -> str:
+    """Versions of the tools a build depends on, and where cocotb is installed: a Verilator
+    build links cocotb's libraries from that environment, so a build made in another (perhaps
+    deleted) virtual environment must not be reused."""
     from importlib.metadata import PackageNotFoundError, version
-    parts = []
+
+    import cocotb
+    parts = [f"cocotb_at={Path(cocotb.__file__).resolve().parent}"]
     for package in ("verilator", "cocotb"):
         try:
             parts.append(f"{package}={version(package)}")
@@ -374,8 +379,9 @@ def cocotb_build(verilog: str, top: str, key: str, *, build_args: Sequence[str] 
 
     The directory is ``build_cache_dir("cocotb", f"{top}-{key}-{hash}")``, where ``key`` is
     the caller's identity of the configuration (e.g. ``AcceleratorConfig.hash_hex``) and
-    ``hash`` covers the Verilog text, the build arguments, the waves flag and the Verilator and
-    cocotb versions. Waveform tracing is compiled in only when ``waves`` (default:
+    ``hash`` covers the Verilog text, the build arguments, the waves flag, the Verilator and
+    cocotb versions and cocotb's install location (the build links its libraries). Waveform
+    tracing is compiled in only when ``waves`` (default:
     :func:`waves_enabled`). Raises :class:`ToolError` when the build fails."""
     from cocotb_tools.runner import get_runner
 
