@@ -48,15 +48,11 @@ def _table_depth(config: AcceleratorConfig) -> int:
     return max(2, config.requant_table_rows)
 
 
-def _table_addr_bits(config: AcceleratorConfig) -> int:
-    return max(1, config.requant_addr_bits)
-
-
 def requant_write_layout(config: AcceleratorConfig) -> data.StructLayout:
     """Payload of the table's DMA write stream: row address, entries, element mask (bit c
     enables entry c)."""
     return data.StructLayout({
-        "addr": unsigned(_table_addr_bits(config)),
+        "addr": unsigned(config.requant_addr_bits),
         "data": requant_row_layout(config),
         "mask": unsigned(config.cols),
     })
@@ -75,7 +71,7 @@ class RequantTable(wiring.Component):
         if not isinstance(config, AcceleratorConfig):
             raise TypeError(f"config must be an AcceleratorConfig, not {config!r}")
         self._config = config
-        addr = data.StructLayout({"addr": unsigned(_table_addr_bits(config))})
+        addr = data.StructLayout({"addr": unsigned(config.requant_addr_bits)})
         super().__init__({
             "write": In(stream.Signature(requant_write_layout(config))),
             "read": In(read_port_signature(addr, requant_row_layout(config))),
