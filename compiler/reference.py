@@ -35,6 +35,7 @@ from .errors import InputError, UnsupportedOpError, VerifyError
 from .ir import AccelOp, Graph, Node, conv_output_size
 
 __all__ = [
+    "run_host_node",
     "execute", "run_node", "HOST_OPS", "resolve_pads", "onnx_dtype_to_numpy",
     "quantize_linear", "dequantize_linear", "accel_accumulate", "run_accel",
 ]
@@ -43,6 +44,23 @@ _ACT_CODES = {"none": ACT_NONE, "relu": ACT_RELU, "relu6": ACT_RELU6, "clip": AC
 
 
 # -- executor -----------------------------------------------------------------------------------
+
+
+def run_host_node(graph: Graph, node: Node, env: dict[str, np.ndarray]) -> None:
+    """Run host ``node`` of ``graph`` on the tensors in ``env`` and store its outputs there,
+    checked against the shapes and dtypes the graph declares (VerifyError otherwise)."""
+    args = [env[name] if name else None for name in node.inputs]
+    results = run_node(node, args, graph.opset, [graph.tensors[o].dtype if o else "float32"
+                                                 for o in node.outputs])
+    for name, value in zip(node.outputs, results, strict=False):
+        if not name:
+            continue
+        tensor = graph.tensors[name]
+        value = np.asarray(value)
+        if value.shape != tensor.shape or value.dtype != np.dtype(tensor.dtype):
+            raise VerifyError(f"{node.label} produced {value.dtype}{list(value.shape)} for "
+                              f"{name!r}, but the graph declares {tensor.dtype}{list(tensor.shape)}")
+        env[name] = value
 
 
 def execute(graph: Graph, inputs: Mapping[str, np.ndarray], *,
@@ -76,18 +94,7 @@ def execute(graph: Graph, inputs: Mapping[str, np.ndarray], *,
         if isinstance(node, AccelOp):
             env[node.output] = run_accel(node, graph, env)
             continue
-        args = [env[name] if name else None for name in node.inputs]
-        results = run_node(node, args, graph.opset, [graph.tensors[o].dtype if o else "float32"
-                                                     for o in node.outputs])
-        for name, value in zip(node.outputs, results, strict=False):
-            if not name:
-                continue
-            tensor = graph.tensors[name]
-            value = np.asarray(value)
-            if value.shape != tensor.shape or value.dtype != np.dtype(tensor.dtype):
-                raise VerifyError(f"{node.label} produced {value.dtype}{list(value.shape)} for "
-                                  f"{name!r}, but the graph declares {tensor.dtype}{list(tensor.shape)}")
-            env[name] = value
+        run_host_node(graph, node, env)
     if intermediates:
         return env
     return {name: np.array(env[name]) for name in graph.outputs}

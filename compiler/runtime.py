@@ -37,7 +37,7 @@ import numpy as np
 from .codegen import CompiledModel, Segment
 from .errors import CompileError, InputError
 from .ir import Graph, Node
-from .reference import run_node
+from .reference import run_host_node
 
 __all__ = ["BACKENDS", "BackendError", "ModelRun", "SegmentRun", "run_model", "check_inputs", "quiet_output"]
 
@@ -307,19 +307,7 @@ def _views(model: CompiledModel, env: dict[str, np.ndarray]) -> None:
 
 
 def _run_host(model: CompiledModel, node: Node, env: dict[str, np.ndarray]) -> None:
-    graph = model.graph
-    args = [env[name] if name else None for name in node.inputs]
-    values = run_node(node, args, graph.opset,
-                      [graph.tensors[o].dtype if o else "float32" for o in node.outputs])
-    for name, value in zip(node.outputs, values, strict=False):
-        if not name:
-            continue
-        tensor = graph.tensors[name]
-        value = np.asarray(value)
-        if value.shape != tensor.shape or value.dtype != np.dtype(tensor.dtype):
-            raise CompileError(f"{node.label} produced {value.dtype}{list(value.shape)} for "
-                               f"{name!r}, but the graph declares {tensor.dtype}{list(tensor.shape)}")
-        env[name] = value
+    run_host_node(model.graph, node, env)
 
 
 def _report(model: CompiledModel, backend: str, images: int, runs: list[SegmentRun],
