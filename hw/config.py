@@ -314,8 +314,9 @@ class AcceleratorConfig:
 
     @property
     def requant_addr_bits(self) -> int:
-        """Width of a requantize-table row address (0 for a one-row table)."""
-        return (self.requant_table_rows - 1).bit_length()
+        """Width of a requantize-table row address; at least 1 (Verilog has no empty vectors: a
+        one-row table is built with two rows, row 1 never addressed)."""
+        return max(1, (self.requant_table_rows - 1).bit_length())
 
     @property
     def requant_entry_bytes(self) -> int:
