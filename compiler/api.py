@@ -7,7 +7,8 @@
 
 :func:`compile_model` runs the whole compiler: :func:`~systolic.compiler.frontend.load_model`,
 :func:`~systolic.compiler.passes.optimize` and :func:`~systolic.compiler.codegen.compile_graph`.
-:func:`run_model` runs a compiled model (or compiles one first) on the golden model or the RTL.
+:func:`run_model` runs a compiled model (or compiles one first) on the golden model, the RTL or a
+board running the systolic SoC (``backend="board", port="/dev/ttyUSB0"``).
 """
 
 from __future__ import annotations
@@ -63,13 +64,23 @@ def run_model(model: CompiledModel | ModelSource, inputs: Mapping[str, np.ndarra
               calibration: Any = None, strict: bool = False,
               shapes: Mapping[str, Sequence[int]] | None = None, images_per_run: int = 1,
               check_hazards: bool = True, capture: bool = False,
-              progress: bool | None = None) -> ModelRun:
+              progress: bool | None = None, port: str | None = None, baud: int | None = None,
+              board: str | None = None) -> ModelRun:
     """Run a compiled model -- or compile ``model`` first (with ``config``, ``calibration``,
     ``strict``, ``shapes``, ``images_per_run``) -- on ``inputs`` (input name -> array; the first
-    axis may hold k times the model's batch, for k images) on ``backend`` (``"golden"`` or
-    ``"rtl"``). Returns a :class:`~systolic.compiler.runtime.ModelRun`: ``outputs``, ``report``
-    (cycles, MACs, utilization, DRAM traffic, per layer) and, with ``capture``, every tensor."""
+    axis may hold k times the model's batch, for k images) on ``backend`` (``"golden"``,
+    ``"rtl"`` or ``"board"``). Returns a :class:`~systolic.compiler.runtime.ModelRun`:
+    ``outputs``, ``report`` (cycles, MACs, utilization, DRAM traffic, per layer) and, with
+    ``capture``, every tensor.
+
+    ``board``: a board preset (``systolic.boards.boards``); without ``config`` a model is compiled
+    for the preset's config. The board backend talks to the board on ``port`` (a serial device
+    such as ``/dev/ttyUSB0``, or ``socket://127.0.0.1:PORT`` for a simulated board) at ``baud``
+    (default: the preset's, else 115200) and checks that its accelerator has the model's config."""
     if not isinstance(model, CompiledModel):
+        if config is None and board is not None:
+            from systolic.boards.boards import load_preset
+            config = load_preset(board)
         model = compile_model(model, config=config, calibration=calibration, strict=strict,
                               shapes=shapes, images_per_run=images_per_run,
                               keep_intermediates=capture)
@@ -77,4 +88,4 @@ def run_model(model: CompiledModel | ModelSource, inputs: Mapping[str, np.ndarra
         raise ValueError(f"the model was compiled for config {model.config.hash_hex}, not "
                          f"{config.hash_hex}; compile it again for this config")
     return _run(model, inputs, backend=backend, check_hazards=check_hazards, capture=capture,
-                progress=progress)
+                progress=progress, port=port, baud=baud, board=board)

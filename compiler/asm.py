@@ -1,4 +1,4 @@
-"""Assembler and disassembler for the textual form of ISA v1 (docs/isa.md, "Assembly").
+"""Assembler and disassembler for the textual form of ISA v2 (docs/isa.md, "Assembly").
 
 One instruction per line: the opcode, then ``field=value`` pairs in any order::
 

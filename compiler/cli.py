@@ -2,7 +2,7 @@
 
 Each subcommand is one ``_add_<name>`` function that declares its arguments and one
 ``_cmd_<name>`` function that runs it, both listed in :data:`_COMMANDS`: config, asm, disasm, generate,
-compile, run and demo. Later subcommands are added the same way.
+synth, compile, run and demo. Later subcommands are added the same way.
 
 Every user error — a bad config, a malformed program, a missing file, a bad flag — prints one
 line ``systolic: error: <message>`` on stderr and returns 1 (2 for command-line usage), never a
@@ -273,15 +273,25 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _add_run(sub: Any) -> None:
-    p = sub.add_parser("run", help="compile an ONNX model and run it on the golden model or the RTL",
+    p = sub.add_parser("run", help="compile an ONNX model and run it on the golden model, the RTL "
+                                   "or a board",
                        description="Compile MODEL.onnx, run it on the inputs and report the outputs, "
                                    "cycles and utilization.")
     _add_model_arguments(p)
     p.add_argument("--input", dest="inputs", action="append", required=True, metavar="[NAME=]X.npy",
                    help="input array (.npy); NAME= names the model input (default: the first); "
                         "the first axis may hold several images; repeatable")
-    p.add_argument("--backend", choices=("golden", "rtl"), default="golden",
-                   help="golden model (default) or the generated Verilog in Verilator")
+    p.add_argument("--backend", choices=("golden", "rtl", "board"), default="golden",
+                   help="golden model (default), the generated Verilog in Verilator, or a board "
+                        "running the systolic SoC (--port)")
+    p.add_argument("--port", metavar="URL",
+                   help="--backend board: the board's serial port (/dev/ttyUSB0) or a pyserial URL "
+                        "(socket://127.0.0.1:PORT for a simulated board)")
+    p.add_argument("--board", metavar="NAME",
+                   help="the board preset the board was built from; without --config the model is "
+                        "compiled for the preset's config")
+    p.add_argument("--baud", type=int, metavar="N",
+                   help="--backend board: baud rate (default: the preset's, else 115200)")
     p.add_argument("--output", metavar="OUT.npz", help="save the outputs (one array per model output)")
     p.add_argument("--report", metavar="REPORT.json", help="save the report (cycles, MACs, "
                                                            "utilization, DRAM traffic, per layer)")
@@ -313,12 +323,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from systolic.compiler.codegen import compile_graph
     from systolic.compiler.runtime import check_inputs, run_model
 
+    if args.backend == "board" and args.port is None:
+        raise UsageError("--backend board needs --port: the board's serial port (e.g. /dev/ttyUSB0) "
+                         "or socket://127.0.0.1:PORT for a simulated board")
+    if args.backend != "board" and (args.port is not None or args.baud is not None):
+        raise UsageError(f"--port and --baud are for --backend board, not --backend {args.backend}")
+    if args.board is not None and args.config is None:     # the preset's config
+        from systolic.boards.boards import preset_path
+        args.config = str(preset_path(args.board))
     graph = _optimize_args(args)
     inputs = _load_inputs(args.inputs, graph.inputs)
     per_run = args.images_per_run
     if per_run is None:      # up to 32 of the given images per program run (one RTL start each)
         per_run = min(32, check_inputs(graph, inputs))
-    result = run_model(compile_graph(graph, images_per_run=per_run), inputs, backend=args.backend)
+    result = run_model(compile_graph(graph, images_per_run=per_run), inputs, backend=args.backend,
+                       port=args.port, baud=args.baud, board=args.board)
     report = result.report
     for name, value in result.outputs.items():
         print(f"output {name}: {value.dtype}{list(value.shape)}")
@@ -326,8 +345,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
           f"({report['cycles_per_image']:.0f} per image), {report['macs']} MACs, utilization "
           f"{report['utilization']:.1%}, DRAM read {report['dram_read_bytes']} / written "
           f"{report['dram_write_bytes']} bytes")
-    if args.backend == "rtl":
-        print("per-layer cycles below are the compile-time estimates (the RTL counts the total)")
+    if args.backend in ("rtl", "board"):
+        counter = "RTL" if args.backend == "rtl" else "board"
+        print(f"per-layer cycles below are the compile-time estimates (the {counter} counts the total)")
+    if "link" in report:
+        link = report["link"]
+        print(f"host link {link['port']}: {link['requests']} requests, {link['bytes_sent']} bytes "
+              f"sent, {link['bytes_received']} received in {link['seconds']:.1f} s")
     width = max((len(layer["name"]) for layer in report["layers"]), default=4)
     for layer in report["layers"]:
         if layer["host"]:
@@ -398,11 +422,61 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- systolic synth ---------------------------------------------------------------------------------
+
+def _add_synth(sub: Any) -> None:
+    p = sub.add_parser("synth", help="synthesize, place and route the SoC for an FPGA board",
+                       description="Build the SoC (accelerator, on-chip memory, UART host bridge) for "
+                                   "BOARD with yosys and nextpnr: bitstream, logs and report.json "
+                                   "(clocks, Fmax, timing, used/available resources) in DIR.")
+    p.add_argument("--board", required=True, metavar="BOARD",
+                   help="icebreaker, ulx3s-85f or orangecrab-25f")
+    p.add_argument("--config", metavar="FILE", help="TOML config (default: the board's preset)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override any config field, as for systolic config; repeatable")
+    p.add_argument("--clock-mhz", type=float, metavar="F",
+                   help="accelerator clock, MHz (default: the config's clock_mhz)")
+    p.add_argument("--seed", type=int, default=1, metavar="N", help="nextpnr placement seed (default 1)")
+    p.add_argument("--baud", type=int, metavar="N", help="host link baud rate (default: the board's)")
+    p.add_argument("--core", choices=("soc", "array"), default="soc",
+                   help="soc (default) or array: the MAC array alone with registered ports")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory (created if needed)")
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    from systolic.boards.boards import get_board
+    from systolic.boards.synth import resolve_config, summary_table, synth
+    from systolic.sim.tools import ToolError
+
+    board = get_board(args.board)
+    config = resolve_config(board, args.config)
+    if args.overrides:
+        values = config.to_dict()
+        values.update(_parse_override(text) for text in args.overrides)
+        config = AcceleratorConfig.from_dict(values, source="--set")
+    try:
+        report = synth(board, config, args.out, clock_mhz=args.clock_mhz, seed=args.seed,
+                       core=args.core, baud=args.baud)
+    except ToolError as exc:
+        _report(exc)
+        return 1
+    print(summary_table(report))
+    print(f"report: {Path(args.out) / 'report.json'}")
+    if not report["timing_met"]:
+        missed = [f"clock {name} reaches {clock['fmax_mhz']:.1f} MHz, the target is "
+                  f"{clock['target_mhz']:.1f} MHz" for name, clock in report["clocks"].items()
+                  if not clock["met"]]
+        _report(ValueError(f"timing not met on {board.name}: {'; '.join(missed)}"))
+        return 1
+    return 0
+
+
 _COMMANDS: tuple[tuple[str, Callable[[Any], None], Callable[[argparse.Namespace], int]], ...] = (
     ("config", _add_config, _cmd_config),
     ("asm", _add_asm, _cmd_asm),
     ("disasm", _add_disasm, _cmd_disasm),
     ("generate", _add_generate, _cmd_generate),
+    ("synth", _add_synth, _cmd_synth),
     ("compile", _add_compile, _cmd_compile),
     ("run", _add_run, _cmd_run),
     ("demo", _add_demo, _cmd_demo),

@@ -34,8 +34,9 @@ Accelerator layer semantics (what the lowering must reproduce and the golden mod
   ``pool`` has a :class:`Pool`, ``act`` only an activation and/or a requantization (to new
   parameters), ``add`` a :class:`Residual` (the second operand). Channels are the last axis.
 * STORE (all kinds, ``out_type="int"``): per channel c, ``sfu_pointwise`` of ``systolic.sim.arith``
-  -- ``t = sat_acc(a + bias[c])``, ``q = rounding_shift(t * mult[c], shift[c]) + zp_out``,
-  ``+ rounding_shift((r - res_zp) * res_mult, res_shift)`` if a residual, the activation in the
+  -- ``t = sat_acc(a + bias[c])``, ``q = rounding_shift_even(t * mult[c] + (r - res_zp) *
+  res_mult, shift[c]) + zp_out`` (the residual term only with a residual; one rounding, ties to
+  even, the tie judged before or after zp_out as ``reference.store_ties`` says), the activation in the
   output domain (relu: ``>= zp_out``; relu6: ``[zp_out, act_hi]``; clip: ``[act_lo, act_hi]``),
   saturation to int8. Then the optional pooling (max over in-image pixels; avg with
   count_include_pad: ``avg_pool_finish`` over ``window`` pixels, out-of-image pixels counted as
@@ -245,7 +246,8 @@ class Pool:
 @dataclass(frozen=True)
 class Residual:
     """A second int8 operand added on the STORE path, element by element (same shape as the
-    output): ``rounding_shift((r - zero_point) * mult, shift)`` in the output domain."""
+    output): ``(r - zero_point) * mult`` joins the requantize product before its one rounding
+    by ``shift``, which therefore equals the shift of every output channel."""
 
     tensor: str
     zero_point: int

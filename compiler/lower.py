@@ -1,4 +1,4 @@
-"""Lowering: accelerator ops of the IR become ISA v1 instructions.
+"""Lowering: accelerator ops of the IR become ISA v2 instructions.
 
 Each :class:`~systolic.compiler.ir.AccelOp` is cut into tiles that fit the array, the scratchpad
 and the accumulator, and each tile into LOADs, COMPUTEs and STOREs:
@@ -27,10 +27,13 @@ accumulator), output channels into *groups* of ``nt`` n-tiles, and the k-tiles i
 of two accumulator buffers while the other is being stored. Each chunk's A and B operands go to one
 of two copies of their scratchpad areas (double buffering); an operand that fits whole stays
 *resident* and is reused across the inner loop (A across groups in loop order ``mnk``, B across
-blocks in ``nmk``). Per layer, :func:`choose_tiling` enumerates block sizes, ``nt``, ``kt``, loop
-orders and residency and keeps the candidate with the smallest cycle estimate (:func:`estimate_cycles`, a
-job-level copy of the cycle model of docs/isa.md, validated against the golden model in the
-tests); of candidates within :data:`TIE` of the fastest, the one with the fewest instructions.
+blocks in ``nmk``). The B area starts at a scratchpad bank boundary after the A area when both
+fit (:func:`spad_layout`): the array reads an A row and a B row in the same cycle, and two reads
+in one bank share its one read per cycle. Per layer, :func:`choose_tiling` enumerates block
+sizes, ``nt``, ``kt``, loop orders and residency and keeps the candidate with the smallest cycle
+estimate (:func:`estimate_cycles`, a job-level copy of the cycle model of docs/isa.md, validated
+against the golden model in the tests); of candidates within :data:`TIE` of the fastest, the one
+with the fewest instructions.
 
 Synchronization is derived, not hand-written: :class:`ProgramBuilder` records which scratchpad,
 accumulator and table rows and which DRAM buffers every instruction reads and writes, and gives
@@ -57,10 +60,11 @@ from typing import Any
 
 import numpy as np
 from systolic.hw.config import AcceleratorConfig
-from systolic.hw.isa import FIELDS, INSTR_BYTES, Instruction, Opcode
+from systolic.hw.isa import INSTR_BYTES, Instruction
 
 from .errors import CompileError
 from .ir import AccelOp, Graph
+from .reference import store_ties
 
 __all__ = [
     "TilingError", "LayerGeometry", "KTile", "Block", "Tiling", "LayerAddresses", "LayerCode",
@@ -588,13 +592,14 @@ class _LayerJobs:
 
     def _config(self) -> _Spec:
         op = self.op
-        f = {"zp_out": op.zp_out, "act_lo": op.act_lo, "act_hi": op.act_hi}
+        tie_out, avg_tie_out = store_ties(op, (self.geo.acc_h, self.geo.acc_w))
+        f = {"zp_out": op.zp_out, "act_lo": op.act_lo, "act_hi": op.act_hi, "tie_out": tie_out,
+             "avg_tie_out": avg_tie_out}
         if op.pool is not None and op.pool.mode == "avg":
             f.update(avg_mult=op.pool.avg_mult, avg_shift=op.pool.avg_shift)
         if op.residual is not None:
+            # the residual term shares each channel's table shift (the passes give them one)
             f.update(res_zp=op.residual.zero_point, res_mult=op.residual.mult)
-            if "res_shift" in _CONFIG_FIELDS:
-                f["res_shift"] = op.residual.shift
         return _Spec("CONFIG", f)
 
     def _table_load(self, group: list[int]) -> tuple[list[_Spec], dict[int, int]]:
@@ -930,9 +935,6 @@ class _LayerJobs:
             yield job
 
 
-_CONFIG_FIELDS = {f.name for f in FIELDS[Opcode.CONFIG]}
-
-
 @dataclass(frozen=True)
 class _Timing:
     """Constants of the cycle model of docs/isa.md for one configuration, cycles: a COMPUTE's
@@ -976,7 +978,12 @@ def a_rows_per_ktile(c: AcceleratorConfig, bl: Sequence[Block]) -> int:
 def spad_layout(geo: LayerGeometry, config: AcceleratorConfig, tiling: Tiling, a_rows: int,
                 kts_count: int) -> tuple[int, int, int, int]:
     """Scratchpad areas of a conv/gemm tiling: (A base row, rows per A copy, B base row, rows per
-    B copy). Each area holds two copies; a resident operand's copy holds all its chunks."""
+    B copy). Each area holds two copies; a resident operand's copy holds all its chunks.
+
+    The B area starts at the first bank boundary after the A area when it still fits: a bank
+    serves one read per cycle, and the array reads an A row and a B row in the same cycle (WS:
+    the next preload's weights while the inputs stream; OS: every operand beat), so A and B in
+    one bank would halve the rate (hw/scratchpad.py). Otherwise it follows the A area."""
     c = config
     nt = 1 if geo.depthwise else tiling.nt
     chunks = -(-kts_count // tiling.kt)
@@ -984,7 +991,10 @@ def spad_layout(geo: LayerGeometry, config: AcceleratorConfig, tiling: Tiling, a
     b_chunk = nt * tiling.kt * c.rows
     a_size = a_chunk * chunks if tiling.resident == "a" else a_chunk
     b_size = b_chunk * chunks if tiling.resident == "b" else b_chunk
-    return 0, a_size, 2 * a_size, b_size
+    b_base = -(-2 * a_size // c.spad_bank_rows) * c.spad_bank_rows
+    if b_base + 2 * b_size > c.spad_rows:
+        b_base = 2 * a_size
+    return 0, a_size, b_base, b_size
 
 
 def spad_rows_needed(geo: LayerGeometry, config: AcceleratorConfig, tiling: Tiling, a_rows: int,

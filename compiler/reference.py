@@ -37,7 +37,7 @@ from .ir import AccelOp, Graph, Node, conv_output_size
 __all__ = [
     "run_host_node",
     "execute", "run_node", "HOST_OPS", "resolve_pads", "onnx_dtype_to_numpy",
-    "quantize_linear", "dequantize_linear", "accel_accumulate", "run_accel",
+    "quantize_linear", "dequantize_linear", "accel_accumulate", "run_accel", "store_ties",
 ]
 
 _ACT_CODES = {"none": ACT_NONE, "relu": ACT_RELU, "relu6": ACT_RELU6, "clip": ACT_CLIP}
@@ -145,6 +145,22 @@ def accel_accumulate(op: AccelOp, x: np.ndarray) -> np.ndarray:
     return x
 
 
+def store_ties(op: AccelOp, image_hw: tuple[int, int]) -> tuple[int, int]:
+    """The CONFIG ``(tie_out, avg_tie_out)`` of ``op``'s STOREs: which of a rounding tie's two
+    neighbours is even (docs/isa.md STORE, "Rounding"). ``image_hw`` is the STORE's input image
+    (the accumulator pixels before pooling), in pixels.
+
+    They follow the onnxruntime kernels the op replaces: QLinearAdd adds the output zero point
+    before it rounds (``tie_out`` 1 with a residual), QLinearConv / QLinearMatMul / QuantizeLinear
+    round first (0); QLinearAveragePool adds the zero point first (``avg_tie_out`` 1) unless its
+    window is the whole unpadded image, which its global-average kernel rounds first (0)."""
+    tie_out = int(op.residual is not None)
+    p = op.pool
+    avg_tie_out = int(p is not None and p.mode == "avg"
+                      and not (tuple(p.window) == tuple(image_hw) and not any(p.pads)))
+    return tie_out, avg_tie_out
+
+
 def run_accel(op: AccelOp, graph: Graph, env: Mapping[str, np.ndarray]) -> np.ndarray:
     """Execute one accelerator op with the integer semantics of docs/isa.md."""
     cfg = graph.config
@@ -159,16 +175,18 @@ def run_accel(op: AccelOp, graph: Graph, env: Mapping[str, np.ndarray]) -> np.nd
     res = op.residual
     if res is not None:
         residual = env[res.tensor].astype(np.int64)
+    tie_out, avg_tie_out = store_ties(op, tuple(acc.shape[1:3]) if op.pool is not None else (0, 0))
+    # the residual term is shifted by each channel's own table shift (res.shift is not used)
     v = sfu_pointwise(acc, op.bias, op.mult, op.shift, zp_out=op.zp_out, act=act, act_lo=op.act_lo,
                       act_hi=op.act_hi, acc_range=cfg.acc_range, out_range=cfg.output_range,
                       residual=residual, res_zp=res.zero_point if res else 0,
-                      res_mult=res.mult if res else 0, res_shift=res.shift if res else 0)
+                      res_mult=res.mult if res else 0, tie_out=tie_out)
     if op.pool is not None:
-        v = _pool_store(v, op, cfg.output_range)
+        v = _pool_store(v, op, cfg.output_range, avg_tie_out)
     return v.astype(np.int8)
 
 
-def _pool_store(v: np.ndarray, op: AccelOp, out_range: tuple[int, int]) -> np.ndarray:
+def _pool_store(v: np.ndarray, op: AccelOp, out_range: tuple[int, int], tie_out: int) -> np.ndarray:
     """STORE pooling of the pointwise outputs ``v`` (NHWC): max over in-image pixels, or the
     count_include_pad average with out-of-image pixels counted as zp_out."""
     p = op.pool
@@ -185,7 +203,7 @@ def _pool_store(v: np.ndarray, op: AccelOp, out_range: tuple[int, int]) -> np.nd
     total = win.sum(axis=(-2, -1))
     return avg_pool_finish(total, ph * pw, zp_out=op.zp_out, avg_mult=p.avg_mult,
                            avg_shift=p.avg_shift, act=_ACT_CODES[op.act], act_lo=op.act_lo,
-                           act_hi=op.act_hi, out_range=out_range)
+                           act_hi=op.act_hi, out_range=out_range, tie_out=tie_out)
 
 
 def _exact_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:

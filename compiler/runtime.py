@@ -14,6 +14,13 @@ Backends:
 * ``"rtl"`` -- :class:`systolic.sim.rtl.RTLRunner` on the Verilog of the accelerator in Verilator
   (fast memory model): cycles, MACs and DRAM traffic come from the hardware counters; per-layer
   cycles are the compile-time estimates.
+* ``"board"`` -- a board running the systolic SoC (:class:`systolic.boards.host.Board` on
+  ``port``: a serial device, or ``socket://127.0.0.1:PORT`` for the simulated board of
+  :mod:`systolic.boards.simlink`), after checking that its accelerator was built for the model's
+  config. A UART is slow, so only what is needed crosses it: the DRAM image (constants, programs)
+  once per compiled model, then before each program the tensors the host computed, after it the
+  tensors host nodes or the outputs need (and, with ``capture``, every layer's output). Cycles
+  and traffic come from the board's counters, like the rtl backend's.
 
 A batch of N images (every input's first axis N times the model's batch) runs in groups of
 ``images_per_run`` images per program run; on a terminal a progress line is printed on stderr.
@@ -42,7 +49,14 @@ from .reference import run_host_node
 __all__ = ["BACKENDS", "BackendError", "ModelRun", "SegmentRun", "run_model", "check_inputs", "quiet_output"]
 
 #: Names of the backends :func:`run_model` accepts.
-BACKENDS = ("golden", "rtl")
+BACKENDS = ("golden", "rtl", "board")
+
+# The board backend's time limit per program run: this many seconds, plus the compile-time
+# estimate at _BOARD_SLOWEST_HZ cycles per second (a simulated board under load), doubled.
+_BOARD_RUN_SECONDS = 30.0
+_BOARD_SLOWEST_HZ = 50_000
+# Byte ranges of the board backend closer than this are moved in one transfer.
+_BOARD_MERGE_GAP = 64
 
 
 class BackendError(CompileError):
@@ -113,12 +127,19 @@ def check_inputs(graph: Graph, inputs: Mapping[str, Any]) -> int:
     return counts.pop() if counts else 1
 
 
+Span = tuple[int, int]   #: (byte address, bytes) of a tensor in DRAM
+
+
 class _Backend:
-    def __init__(self, model: CompiledModel, name: str, check_hazards: bool) -> None:
+    def __init__(self, model: CompiledModel, name: str, check_hazards: bool, *,
+                 port: str | None = None, baud: int | None = None, board: str | None = None) -> None:
         self.model = model
         self.name = name
         self.check_hazards = check_hazards
         self._rtl = None
+        self._board: _BoardLink | None = None
+        if name != "board" and (port is not None or baud is not None):
+            raise BackendError(f"port and baud are for the board backend, not the {name!r} backend")
         if name == "golden":
             from systolic.sim.golden import GoldenModel
             self.golden = GoldenModel(model.config)
@@ -132,10 +153,22 @@ class _Backend:
                 self._rtl = RTLRunner(model.config, memory="fast", dram_bytes=size)
             except Exception as exc:
                 raise BackendError(f"the rtl backend is not available: {exc}") from None
+        elif name == "board":
+            self._board = _BoardLink(model, port, baud, board)
         else:
             raise BackendError(f"backend must be one of {', '.join(BACKENDS)}, not {name!r}")
 
-    def run(self, seg: Segment, dram: np.ndarray) -> tuple[np.ndarray, SegmentRun]:
+    def close(self) -> None:
+        if self._board is not None:
+            self._board.close()
+
+    def run(self, seg: Segment, dram: np.ndarray, model: CompiledModel, written: list[Span],
+            needed: list[Span]) -> tuple[np.ndarray, SegmentRun]:
+        """Run ``seg`` of ``model`` on ``dram``; returns the DRAM after it (for the board: the
+        ``needed`` spans read back, the rest as given) and what the run did. ``written``: the
+        spans the host changed since the previous run of the same model."""
+        if self._board is not None:
+            return self._board.run(seg, dram, model, written, needed)
         if self.name == "golden":
             result = self.golden.run(seg.program, dram, check_hazards=self.check_hazards)
             layers = _layer_cycles(seg, result.timings)
@@ -155,6 +188,86 @@ class _Backend:
         return out, SegmentRun(seg.index, int(result.cycles), int(result.macs),
                                int(result.dram_read_bytes), int(result.dram_write_bytes),
                                int(result.instructions), layers)
+
+
+class _BoardLink:
+    """The board backend: one :class:`systolic.boards.host.Board` connection for a run_model."""
+
+    def __init__(self, model: CompiledModel, port: str | None, baud: int | None,
+                 board: str | None) -> None:
+        from systolic.boards.host import DEFAULT_BAUD, Board, BoardLinkError
+
+        if port is None:
+            raise BackendError("the board backend needs a port: a serial device such as "
+                               "/dev/ttyUSB0, or socket://127.0.0.1:PORT for a simulated board")
+        if baud is None:
+            baud = DEFAULT_BAUD
+            if board is not None:
+                from systolic.boards.boards import get_board
+                baud = get_board(board).baud
+        try:
+            self.board = Board(port, baud=baud, board=board)
+        except BoardLinkError as exc:
+            raise BackendError(f"the board backend cannot use {port}: {exc}") from None
+        try:
+            info = self.board.check_config(model.config)
+        except BoardLinkError as exc:
+            self.board.close()
+            raise BackendError(f"the board backend cannot use {port}: {exc}") from None
+        self.memory_bytes = info.memory_bytes
+        self.loaded: np.ndarray | None = None      # the image on the board (of which model)
+        self.start = time.perf_counter()
+
+    def close(self) -> None:
+        self.board.close()
+
+    def stats(self) -> dict[str, Any]:
+        b = self.board
+        return {"port": b.port, "baud": b.baud, "board": b.board, "memory_bytes": self.memory_bytes,
+                "requests": b.requests, "bytes_sent": b.bytes_sent, "bytes_received": b.bytes_received,
+                "memory_bytes_written": b.mem_bytes_written, "memory_bytes_read": b.mem_bytes_read,
+                "seconds": round(time.perf_counter() - self.start, 3)}
+
+    def run(self, seg: Segment, dram: np.ndarray, model: CompiledModel, written: list[Span],
+            needed: list[Span]) -> tuple[np.ndarray, SegmentRun]:
+        from systolic.boards.host import BoardLinkError
+
+        try:
+            if self.loaded is not model.image:
+                # a model's first program: its whole image (constants, zeroed arenas, programs)
+                if dram.size > self.memory_bytes:
+                    raise BackendError(
+                        f"the board backend cannot run model {model.graph.name!r}: its DRAM image "
+                        f"needs {dram.size} bytes, but the board at {self.board.port} has "
+                        f"{self.memory_bytes} bytes of memory")
+                self.board.write_mem(0, dram)
+                self.loaded = model.image
+            else:
+                for addr, size in _merge_spans(written):
+                    self.board.write_mem(addr, dram[addr:addr + size])
+            budget = _BOARD_RUN_SECONDS + 2 * seg.estimate / _BOARD_SLOWEST_HZ
+            counters = self.board.run(seg.address, len(seg.program.instructions), timeout_s=budget)
+            out = dram.copy()
+            for addr, size in _merge_spans(needed):
+                out[addr:addr + size] = np.frombuffer(self.board.read_mem(addr, size), np.uint8)
+        except BoardLinkError as exc:
+            raise BackendError(f"the board backend failed on segment {seg.index}: {exc}") from None
+        layers = [lay.tiling.estimate for lay in seg.layers]
+        return out, SegmentRun(seg.index, counters["cycles"], counters["macs"],
+                               counters["dram_read_bytes"], counters["dram_write_bytes"],
+                               counters["instructions"], layers)
+
+
+def _merge_spans(spans: list[Span]) -> list[Span]:
+    """``spans`` sorted, with overlapping ones and ones less than ``_BOARD_MERGE_GAP`` bytes apart
+    merged (one transfer costs a frame header and a round trip)."""
+    out: list[list[int]] = []
+    for addr, size in sorted(s for s in spans if s[1] > 0):
+        if out and addr <= out[-1][0] + out[-1][1] + _BOARD_MERGE_GAP:
+            out[-1][1] = max(out[-1][1], addr + size - out[-1][0])
+        else:
+            out.append([addr, size])
+    return [(a, n) for a, n in out]
 
 
 @contextlib.contextmanager
@@ -201,16 +314,24 @@ def _read(model: CompiledModel, dram: np.ndarray, name: str, slot: int) -> np.nd
         .astype(t.dtype).reshape(t.shape)
 
 
-def _write(model: CompiledModel, dram: np.ndarray, name: str, slot: int, value: np.ndarray) -> None:
+def _write(model: CompiledModel, dram: np.ndarray, name: str, slot: int, value: np.ndarray) -> Span:
     t = model.graph.tensors[name]
     addr = model.plan.address(name, slot)
     blob = np.ascontiguousarray(value, np.dtype(t.dtype).newbyteorder("<")).view(np.uint8).reshape(-1)
     dram[addr:addr + blob.size] = blob
+    return addr, int(blob.size)
+
+
+def _span(model: CompiledModel, name: str, slot: int) -> Span:
+    """Where tensor ``name`` of image slot ``slot`` lies in DRAM."""
+    t = model.graph.tensors[name]
+    return model.plan.address(name, slot), t.size * np.dtype(t.dtype).itemsize
 
 
 def run_model(model: CompiledModel, inputs: Mapping[str, np.ndarray], *, backend: str = "golden",
               check_hazards: bool = True, capture: bool = False, progress: bool | None = None,
-              stream: TextIO | None = None) -> ModelRun:
+              stream: TextIO | None = None, port: str | None = None, baud: int | None = None,
+              board: str | None = None) -> ModelRun:
     """Run ``model`` on ``inputs`` (see :func:`check_inputs`) on ``backend`` and return the
     outputs and the report: backend, config, cycles, macs, utilization (macs / (rows * cols *
     cycles)), DRAM bytes read and written, and per layer (accelerator layers and host nodes,
@@ -219,9 +340,23 @@ def run_model(model: CompiledModel, inputs: Mapping[str, np.ndarray], *, backend
     ``capture``: also return every tensor of every image (accelerator tensors as read back from
     DRAM after their segment -- compile with ``keep_intermediates`` so that none is overwritten
     before). ``progress``: print a progress line on ``stream`` (stderr) while images run; by
-    default when it is a terminal and there is more than one program run per segment."""
+    default when it is a terminal and there is more than one program run per segment.
+
+    The board backend: ``port`` (required) is the board's serial device or pyserial URL,
+    ``baud`` its baud rate (default: board preset ``board``'s, else 115200), ``board`` the preset
+    it was built from (named in errors); the report gets a ``link`` entry (requests, bytes each
+    way, seconds)."""
     images = check_inputs(model.graph, inputs)
-    backend_impl = _Backend(model, backend, check_hazards)
+    backend_impl = _Backend(model, backend, check_hazards, port=port, baud=baud, board=board)
+    try:
+        return _run(model, inputs, images, backend, backend_impl, capture, progress, stream)
+    finally:
+        backend_impl.close()
+
+
+def _run(model: CompiledModel, inputs: Mapping[str, np.ndarray], images: int, backend: str,
+         backend_impl: _Backend, capture: bool, progress: bool | None,
+         stream: TextIO | None) -> ModelRun:
     graph = model.graph
     per_run = model.images_per_run
     runs_needed = -(-images // per_run)
@@ -267,10 +402,12 @@ def run_model(model: CompiledModel, inputs: Mapping[str, np.ndarray], *, backend
                 host_seconds[node.name] = host_seconds.get(node.name, 0.0) + time.perf_counter() - t0
                 continue
             seg = m.segments[step.segment]
-            for slot, env in enumerate(envs):
-                for name in seg.reads:
-                    _write(m, dram, name, slot, env[name])
-            dram, seg_run = backend_impl.run(seg, dram)
+            written = [_write(m, dram, name, slot, env[name])
+                       for slot, env in enumerate(envs) for name in seg.reads]
+            needed = [_span(m, name, slot) for slot in range(len(envs)) for name in seg.writes]
+            if capture:
+                needed += [_span(m, op.output, slot) for slot in range(len(envs)) for op in seg.ops]
+            dram, seg_run = backend_impl.run(seg, dram, m, written, needed)
             seg_runs.append(seg_run)
             for slot, env in enumerate(envs):
                 for name in seg.writes:
@@ -295,6 +432,8 @@ def run_model(model: CompiledModel, inputs: Mapping[str, np.ndarray], *, backend
     outputs = {name: np.concatenate(parts, axis=0) if parts[0].ndim else parts[0]
                for name, parts in results.items()}
     report = _report(model, backend, images, seg_runs, host_seconds, seconds, remainder)
+    if backend_impl._board is not None:
+        report["link"] = backend_impl._board.stats()
     return ModelRun(outputs, report, captured, seg_runs)
 
 
@@ -308,6 +447,13 @@ def _views(model: CompiledModel, env: dict[str, np.ndarray]) -> None:
 
 def _run_host(model: CompiledModel, node: Node, env: dict[str, np.ndarray]) -> None:
     run_host_node(model.graph, node, env)
+
+
+_CYCLES_SOURCE = {
+    "golden": "golden model cycle estimate (docs/isa.md)",
+    "rtl": "RTL performance counters; per-layer cycles are compile-time estimates",
+    "board": "the board's performance counters; per-layer cycles are compile-time estimates",
+}
 
 
 def _report(model: CompiledModel, backend: str, images: int, runs: list[SegmentRun],
@@ -364,8 +510,7 @@ def _report(model: CompiledModel, backend: str, images: int, runs: list[SegmentR
         "dram_write_bytes": sum(r.dram_write_bytes for r in runs),
         "instructions": sum(r.instructions for r in runs),
         "microseconds_per_image": (cycles / images / c.clock_mhz) if images else 0.0,
-        "cycles_source": ("golden model cycle estimate (docs/isa.md)" if backend == "golden" else
-                          "RTL performance counters; per-layer cycles are compile-time estimates"),
+        "cycles_source": _CYCLES_SOURCE.get(backend, ""),
         "wall_seconds": round(seconds, 3),
         "layers": layers,
     }

@@ -195,7 +195,10 @@ class SystolicArray(wiring.Component):
         m.submodules.pipeline = EnableInserter(enable)(pipeline)
         m.d.comb += enable.eq(~self.outputs.valid | self.outputs.ready)
 
-        pes = [[ProcessingElement(config) for _ in range(config.cols)] for _ in range(config.rows)]
+        # The last `array_lut_multipliers` PEs in row-major order multiply in logic.
+        dsp_pes = config.rows * config.cols - config.array_lut_multipliers
+        pes = [[ProcessingElement(config, use_dsp=i * config.cols + j < dsp_pes)
+                for j in range(config.cols)] for i in range(config.rows)]
         for i, row in enumerate(pes):
             for j, pe in enumerate(row):
                 pipeline.submodules[f"pe_{i}_{j}"] = pe

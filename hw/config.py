@@ -46,6 +46,8 @@ _DOC = {
     "acc_bits": "width of an accumulator element, bits",
     "acc_signed": "accumulator elements are signed",
     "dataflow": "'ws' (weight-stationary) or 'os' (output-stationary)",
+    "array_lut_multipliers": "PEs whose multiplier is logic (LUTs) instead of a DSP block, the last ones "
+                             "in row-major order: for FPGAs with fewer DSP blocks than PEs",
     "scratchpad_bytes": "scratchpad capacity, bytes",
     "scratchpad_banks": "scratchpad banks (ping-pong halves are made of banks)",
     "accumulator_bytes": "accumulator memory capacity, bytes",
@@ -62,6 +64,8 @@ _DOC = {
     "sfu_activations": "activations the SFU implements: any of relu, relu6, clip",
     "sfu_pooling": "pooling modes the SFU implements: any of max, avg",
     "sfu_residual": "the SFU can add a residual int tensor on the store path",
+    "counter_bits": "width of each performance counter, bits (16 to 64; a counter wraps modulo "
+                    "2**counter_bits): 32 halves their logic on small FPGAs",
     "clock_mhz": "target clock frequency, MHz",
 }
 
@@ -82,6 +86,7 @@ class AcceleratorConfig:
     acc_bits: int = 32
     acc_signed: bool = True
     dataflow: str = "ws"
+    array_lut_multipliers: int = 0
     scratchpad_bytes: int = 64 * 1024
     scratchpad_banks: int = 2
     accumulator_bytes: int = 16 * 1024
@@ -98,6 +103,7 @@ class AcceleratorConfig:
     sfu_activations: tuple[str, ...] = field(default=ACTIVATIONS)
     sfu_pooling: tuple[str, ...] = field(default=POOLINGS)
     sfu_residual: bool = True
+    counter_bits: int = 64
     clock_mhz: float = 100.0
 
     # -- validation -------------------------------------------------------------------------------
@@ -142,6 +148,9 @@ class AcceleratorConfig:
                               "not false")
         if self.dataflow not in DATAFLOWS:
             raise ConfigError(f"dataflow must be one of 'ws', 'os', not {self.dataflow!r}")
+        if not 0 <= self.array_lut_multipliers <= self.rows * self.cols:
+            raise ConfigError(f"array_lut_multipliers must be between 0 and rows * cols "
+                              f"({self.rows * self.cols}), not {self.array_lut_multipliers!r}")
 
         if not _is_pow2(self.scratchpad_banks) or not 2 <= self.scratchpad_banks <= 64:
             raise ConfigError(f"scratchpad_banks must be a power of two between 2 and 64, "
@@ -202,6 +211,8 @@ class AcceleratorConfig:
                 raise ConfigError(f"{name} must not repeat an entry, not {list(value)!r}")
             # canonical order, so that equal feature sets hash alike
             object.__setattr__(self, name, tuple(a for a in allowed if a in value))
+        if not 16 <= self.counter_bits <= 64:
+            raise ConfigError(f"counter_bits must be between 16 and 64, not {self.counter_bits!r}")
         if not 1.0 <= self.clock_mhz <= 1000.0:
             raise ConfigError(f"clock_mhz must be between 1 and 1000, not {self.clock_mhz!r}")
 

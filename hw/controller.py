@@ -22,7 +22,7 @@ from .axi import RESP_OKAY, AddressLayout, ReadDataLayout
 from .config import AcceleratorConfig
 from .isa import HEADER_LAYOUT, INSTR_BITS, INSTR_BYTES, LAYOUTS, QUEUE_OF, Opcode, Queue
 
-__all__ = ["InstructionLayout", "Fetcher", "Dispatcher", "TokenChannel", "Sequencer",
+__all__ = ["InstructionLayout", "Fetcher", "Dispatcher", "TokenChannel", "Sequencer", "queue_word_bits",
            "ERR_ILLEGAL", "ERR_SLVERR", "ERR_DECERR", "ERR_FLAGS", "ERR_NO_FINISH"]
 
 ERR_ILLEGAL, ERR_SLVERR, ERR_DECERR, ERR_FLAGS, ERR_NO_FINISH = 1, 2, 3, 4, 5
@@ -35,12 +35,29 @@ class InstructionLayout(data.StructLayout):
         super().__init__({"word": INSTR_BITS, "pc": 32})
 
 
-class Fetcher(wiring.Component):
-    """Reads the program into ``instr``; ``error`` is an AXI error response code (SLVERR/DECERR)."""
+def _words_per_burst(config: AcceleratorConfig) -> int:
+    """Instruction words the Fetcher asks for in one burst: as many as ``dma_max_burst`` beats
+    hold, at most 2 (so that two bursts in flight fit a small FIFO)."""
+    return max(1, min(2, config.dma_max_burst // (INSTR_BYTES // config.dma_bytes)))
 
-    def __init__(self, config: AcceleratorConfig, *, depth: int = 4):
+
+class Fetcher(wiring.Component):
+    """Reads the program into ``instr``; ``error`` is an AXI error response code (SLVERR/DECERR).
+
+    The bus beats of ``depth`` words (default: two bursts' worth, 2 or 4 words) are fetched ahead
+    of the dispatcher into a FIFO of beats (block RAM, not flip-flops); a word is assembled from
+    its beats as the dispatcher asks for it, one beat per cycle, in a shift register of all but its
+    last beat. A burst is only asked for when the FIFO has room for all its beats, so the read
+    channel never waits for the fetcher (other managers' data behind it would wait too).
+    :attr:`max_bursts` bursts are at most in flight.
+    """
+
+    def __init__(self, config: AcceleratorConfig, *, depth: int | None = None):
         self.config = config
-        self.depth = depth
+        self.depth = 2 * _words_per_burst(config) if depth is None else depth
+        if not isinstance(self.depth, int) or self.depth < _words_per_burst(config):
+            raise ValueError(f"depth must be an integer of at least {_words_per_burst(config)} words "
+                             f"(one burst), not {depth!r}")
         super().__init__({
             "start": In(1),
             "abort": In(1),
@@ -53,21 +70,26 @@ class Fetcher(wiring.Component):
             "exhausted": Out(1),      # every instruction of the program was handed out
         })
 
+    @property
+    def max_bursts(self) -> int:
+        """Bursts the fetcher may have in flight (each holds at least one word)."""
+        return self.depth
+
     def elaborate(self, platform):
         m = Module()
         cfg = self.config
         BB = cfg.dma_bytes
         beats_per_instr = INSTR_BYTES // BB
         # a burst fetches whole instructions, at most dma_max_burst beats
-        instrs_per_burst = max(1, cfg.dma_max_burst // beats_per_instr)
+        instrs_per_burst = _words_per_burst(cfg)
 
-        depth = max(self.depth, instrs_per_burst)
-        m.submodules.words = words = fifo.SyncFIFOBuffered(width=INSTR_BITS, depth=depth)
+        capacity = self.depth * beats_per_instr        # beats
+        m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=8 * BB, depth=capacity)
 
         active = Signal()
         requested = Signal(32)     # instructions requested on AR
         received = Signal(32)      # instructions handed out
-        reserved = Signal(range(depth + 1))   # FIFO slots promised to requested words
+        reserved = Signal(range(capacity + 1))   # FIFO entries promised to requested beats
         next_addr = Signal(32)
 
         remaining = Signal(32)
@@ -80,46 +102,51 @@ class Fetcher(wiring.Component):
         count = Signal(range(instrs_per_burst + 1))
         m.d.comb += count.eq(Mux(to_boundary < wanted, to_boundary, wanted))
 
-        free = Signal(range(depth + 1))
-        m.d.comb += free.eq(depth - words.level - reserved)
+        free = Signal(range(capacity + 1))
+        m.d.comb += free.eq(capacity - beats.level - reserved)
         m.d.comb += [
-            self.ar.valid.eq(active & (remaining != 0) & (free >= count) & (count != 0)),
+            self.ar.valid.eq(active & (remaining != 0) & (free >= count * beats_per_instr) & (count != 0)),
             self.ar.payload.addr.eq(next_addr),
             self.ar.payload.len.eq(count * beats_per_instr - 1),
             self.ar.payload.size.eq((BB - 1).bit_length()),
         ]
         ar_fire = self.ar.valid & self.ar.ready
 
-        # assemble words from beats
-        shift = Signal(INSTR_BITS)
-        beat = Signal(range(beats_per_instr))
-        m.d.comb += self.r.ready.eq(1)
-        word_done = Signal()
-        with m.If(self.r.valid):
-            if beats_per_instr > 1:
-                m.d.sync += shift.eq(Cat(shift[8 * BB:], self.r.payload.data))
-                m.d.sync += beat.eq(beat + 1)
-                with m.If(beat == beats_per_instr - 1):
-                    m.d.sync += beat.eq(0)
-                    m.d.comb += word_done.eq(1)
-            else:
-                m.d.comb += word_done.eq(1)
-            with m.If(self.r.payload.resp != RESP_OKAY):
-                m.d.sync += self.error.eq(self.r.payload.resp)
-        full_word = Cat(shift[8 * BB:], self.r.payload.data) if beats_per_instr > 1 else self.r.payload.data
-        m.d.comb += [words.w_data.eq(full_word), words.w_en.eq(word_done & active)]
-
-        m.d.sync += reserved.eq(reserved + Mux(ar_fire, count, 0) - (word_done & active))
+        # beats into the FIFO (while a program runs)
+        m.d.comb += [
+            self.r.ready.eq(1),
+            beats.w_data.eq(self.r.payload.data),
+            beats.w_en.eq(self.r.valid & active),
+        ]
+        with m.If(self.r.valid & (self.r.payload.resp != RESP_OKAY)):
+            m.d.sync += self.error.eq(self.r.payload.resp)
+        m.d.sync += reserved.eq(reserved + Mux(ar_fire, count * beats_per_instr, 0) - (self.r.valid & active))
         with m.If(ar_fire):
             m.d.sync += [requested.eq(requested + count), next_addr.eq(next_addr + count * INSTR_BYTES)]
 
+        # words out of the FIFO: the first beats into the shift register, the last one with them
+        beat = Signal(range(beats_per_instr))      # beats of the current word shifted in
+        last_beat = Signal()
+        m.d.comb += last_beat.eq(beat == beats_per_instr - 1)
+        if beats_per_instr > 1:
+            shift = Signal(INSTR_BITS - 8 * BB)
+            word = Cat(shift, beats.r_data)
+        else:
+            word = beats.r_data
         m.d.comb += [
-            self.instr.valid.eq(words.r_rdy & active),
-            self.instr.payload.word.eq(words.r_data),
+            self.instr.valid.eq(active & beats.r_rdy & last_beat),
+            self.instr.payload.word.eq(word),
             self.instr.payload.pc.eq(received),
-            words.r_en.eq(self.instr.ready | ~active),
+            beats.r_en.eq(~active | ~last_beat | self.instr.ready),
             self.exhausted.eq(active & (received == self.prog_len)),
         ]
+        with m.If(active & beats.r_rdy & beats.r_en):
+            with m.If(last_beat):
+                m.d.sync += beat.eq(0)
+            with m.Else():
+                m.d.sync += beat.eq(beat + 1)
+                if beats_per_instr > 1:
+                    m.d.sync += shift.eq(Cat(shift[8 * BB:], beats.r_data))
         with m.If(self.instr.valid & self.instr.ready):
             m.d.sync += received.eq(received + 1)
 
@@ -164,6 +191,16 @@ def _used_bits(op: Opcode) -> int:
     return max(f.offset + f.width for name, f in LAYOUTS[op] if name != "_reserved")
 
 
+#: Opcodes each queue executes (SYNC on any).
+_QUEUE_OPS = {q: [op for op, queue in QUEUE_OF.items() if queue is q] + [Opcode.SYNC] for q in Queue}
+
+
+def queue_word_bits(queue: Queue) -> int:
+    """Low bits of an instruction word that the queue FIFO of ``queue`` stores: every field of
+    the opcodes it executes (the bits above them are zero once the dispatcher has checked them)."""
+    return max(_used_bits(op) for op in _QUEUE_OPS[queue])
+
+
 class Dispatcher(wiring.Component):
     """Checks instructions and hands them to the three queues; executes FINISH.
 
@@ -196,28 +233,43 @@ class Dispatcher(wiring.Component):
         m = Module()
         cfg = self.config
         depths = (cfg.load_queue_depth, cfg.compute_queue_depth, cfg.store_queue_depth)
+        word = self.instr.payload.word
+        pc = self.instr.payload.pc
+        # each queue FIFO stores the fields of its opcodes and the pc; the reserved bits above
+        # them are zero (checked below), so the queue outputs give them back as constants
         fifos = []
         for q, depth in enumerate(depths):
-            f = fifo.SyncFIFOBuffered(width=InstructionLayout().size, depth=depth)
+            bits = queue_word_bits(Queue(q))
+            f = fifo.SyncFIFOBuffered(width=bits + len(pc), depth=depth)
             m.submodules[f"queue_{Queue(q).name.lower()}"] = f
             fifos.append(f)
             m.d.comb += [
+                f.w_data.eq(Cat(word[:bits], pc)),
                 self.queues[q].valid.eq(f.r_rdy & ~self.halt),
-                self.queues[q].payload.eq(f.r_data),
+                self.queues[q].payload.word.eq(f.r_data[:bits]),
+                self.queues[q].payload.pc.eq(f.r_data[bits:]),
                 f.r_en.eq(self.queues[q].ready | self.halt),
             ]
 
-        word = self.instr.payload.word
         header = data.View(HEADER_LAYOUT, word[:8])
         opcode = header.opcode.as_value()
         target = Signal(range(3))
         legal = Signal()
         flags_ok = Signal()
         is_finish = Signal()
+        # reserved bits: the word is cut at every opcode's end of fields; each piece is tested
+        # for zero once, and an opcode's check ORs the pieces above its fields
+        ends = sorted({_used_bits(op) for op in Opcode} | {INSTR_BITS})
+        nonzero = {start: word[start:end].any() for start, end in zip(ends, ends[1:], strict=False)}
+
+        def reserved_zero(op: Opcode):
+            pieces = [flag for start, flag in nonzero.items() if start >= _used_bits(op)]
+            return ~Cat(*pieces).any()
+
         with m.Switch(opcode):
             for op in Opcode:
                 with m.Case(op.value):
-                    m.d.comb += legal.eq(word[_used_bits(op):] == 0)
+                    m.d.comb += legal.eq(reserved_zero(op))
                     if op is Opcode.FINISH:
                         m.d.comb += [is_finish.eq(1), flags_ok.eq(word[4:8] == 0)]
                         continue
@@ -266,7 +318,6 @@ class Dispatcher(wiring.Component):
                             for q in range(3):
                                 with m.Case(q):
                                     m.d.comb += [
-                                        fifos[q].w_data.eq(self.instr.payload),
                                         fifos[q].w_en.eq(1),
                                         self.instr.ready.eq(fifos[q].w_rdy),
                                         self.dispatched.eq(fifos[q].w_rdy),
@@ -299,9 +350,12 @@ class Sequencer(wiring.Component):
     ``unit_cmd`` issues the instruction to the unit, which must raise ``unit_completed`` for one
     cycle when an instruction has completed (writes visible), in issue order.
     ``prev_*``/``next_*`` connect to the token channels toward the neighbouring queues.
+    ``pending_depth``: instructions issued and not yet retired (their pushes still owed) that it
+    keeps track of; when they are that many, the next issue waits. 8 covers the instructions a
+    unit has in flight (at most 4 each) with SYNCs between them.
     """
 
-    def __init__(self, *, pending_depth: int = 16):
+    def __init__(self, *, pending_depth: int = 8):
         self.pending_depth = pending_depth
         super().__init__({
             "queue": In(stream.Signature(InstructionLayout())),

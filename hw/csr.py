@@ -1,9 +1,11 @@
 """Control and status registers on an AXI4-Lite subordinate port.
 
 The register map is defined once here (:data:`REGISTERS`); ``systolic generate`` writes it to JSON
-and the RTL runner and host drivers read it from there. All registers are 32 bits; 64-bit counters
-are two registers, low word first. Reading the low word of a counter latches its high word, so a
-64-bit read is consistent.
+and the RTL runner and host drivers read it from there. All registers are 32 bits; each counter is
+two registers, low word first, whatever its width (``config.counter_bits``, 16 to 64: the bits
+above it read 0). Reading the low word of a counter latches its high word, so a 64-bit read is
+consistent; the counters share one latch, so a counter's high word must be read right after its
+low word (with no other counter's low word read in between).
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ COUNTERS = (
     ("stall_store_token", "cycles the store queue head waited for a token"),
     ("stall_dispatch", "cycles the dispatcher waited for a full queue"),
     ("stall_fetch", "cycles the dispatcher waited for an instruction from DRAM"),
-    ("dram_read_bytes", "bytes read from DRAM by LOADs and residual reads"),
-    ("dram_write_bytes", "bytes written to DRAM by STOREs"),
+    ("dram_read_bytes", "bus bytes (beats x bus width) read by LOADs and residual reads, fetch excluded"),
+    ("dram_write_bytes", "bus bytes (beats x bus width) written by STOREs"),
     ("instructions", "instructions dispatched"),
 )
 
@@ -81,6 +83,7 @@ def _registers() -> tuple[Register, ...]:
 
 REGISTERS = _registers()
 _BY_NAME = {r.name: r for r in REGISTERS}
+_COUNTER_NAMES = {name for name, _ in COUNTERS}
 
 
 def register_map() -> dict[str, dict[str, object]]:
@@ -92,12 +95,17 @@ class CSRBank(wiring.Component):
     """AXI4-Lite register file of the accelerator.
 
     Ports toward the core: ``start``/``soft_reset`` pulses, ``prog_addr``, ``dram_base``,
-    ``busy``/``done``/``error``/``error_pc``/``pc`` status inputs, one 64-bit input per counter
-    (``counter_<name>``), and the constant config hash. Unknown addresses answer SLVERR.
+    ``busy``/``done``/``error``/``error_pc``/``pc`` status inputs, one ``counter_bits``-bit input
+    per counter (``counter_<name>``), and the constant config hash. Unknown addresses answer
+    SLVERR. The high word of the counter whose low word was read last is latched (one latch of
+    ``counter_bits`` - 32 flip-flops for all of them); with ``counter_bits`` <= 32 it reads 0.
     """
 
-    def __init__(self, config_hash: int):
+    def __init__(self, config_hash: int, *, counter_bits: int = 64):
+        if not isinstance(counter_bits, int) or not 1 <= counter_bits <= 64:
+            raise ValueError(f"counter_bits must be an integer between 1 and 64, not {counter_bits!r}")
         self.config_hash = config_hash
+        self.counter_bits = counter_bits
         members = {
             "bus": In(AXI4LiteSignature(addr_width=CSR_ADDR_BITS)),
             "start": Out(1),
@@ -112,7 +120,7 @@ class CSRBank(wiring.Component):
             "pc": In(32),
         }
         for name, _ in COUNTERS:
-            members[f"counter_{name}"] = In(64)
+            members[f"counter_{name}"] = In(counter_bits)
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -120,7 +128,8 @@ class CSRBank(wiring.Component):
         bus = self.bus
 
         # reads: one outstanding, answered the cycle after the address
-        latched_hi = {name: Signal(32, name=f"{name}_hi_latched") for name, _ in COUNTERS}
+        high_bits = max(0, self.counter_bits - 32)
+        latched_hi = Signal(high_bits)
         read_value = Signal(32)
         read_resp = Signal(2)
         with m.If(bus.r.valid & bus.r.ready):
@@ -135,10 +144,10 @@ class CSRBank(wiring.Component):
             for reg in REGISTERS:
                 with m.Case(reg.offset >> 2):
                     m.d.comb += read_value.eq(self._read_source(reg, latched_hi))
-                    if reg.name.endswith("_lo") and reg.name[:-3] in latched_hi:
+                    if high_bits and reg.name.endswith("_lo") and reg.name[:-3] in _COUNTER_NAMES:
                         name = reg.name[:-3]
                         with m.If(bus.ar.valid & bus.ar.ready):
-                            m.d.sync += latched_hi[name].eq(getattr(self, f"counter_{name}")[32:])
+                            m.d.sync += latched_hi.eq(getattr(self, f"counter_{name}")[32:])
                     if reg.access == "wo":
                         m.d.comb += read_value.eq(0)
             with m.Default():
@@ -180,7 +189,7 @@ class CSRBank(wiring.Component):
             m.d.sync += bus.b.payload.resp.eq(Mux(ok, RESP_OKAY, RESP_SLVERR))
         return m
 
-    def _read_source(self, reg: Register, latched_hi: dict[str, Signal]):
+    def _read_source(self, reg: Register, latched_hi: Signal):
         name = reg.name
         if name == "status":
             return self.busy | (self.done << 1) | (self.error << 4)
@@ -199,5 +208,5 @@ class CSRBank(wiring.Component):
         base = name[:-3]
         if name.endswith("_lo"):
             return getattr(self, f"counter_{base}")[:32]
-        return latched_hi[base]
+        return latched_hi
 

@@ -46,7 +46,9 @@ __all__ = ["LoadCommandLayout", "RowWriteLayout", "GatherReader", "row_buffer_by
            "read_run_fifo_depth", "StoreCommandLayout", "ScatterWriter", "write_burst_beats"]
 
 _ADDR = 32          # DRAM address bits
-_WIDE = 42          # signed width of address arithmetic before bounds are known
+# Signed width of a y or x coordinate of a LOAD: |y0| < 2**15, plus less than 65536 * 128 from
+# each of the outer and inner loops and 256 * 128 from each of the segment and element loops.
+_COORD = 27
 _PAGE = 4096        # AXI4 bursts never cross a 4 KiB boundary, bytes
 
 
@@ -81,6 +83,40 @@ def _cap(beat: Signal, beat_bytes: int, max_burst: int):
 
 def _min(a, b):
     return Mux(a < b, a, b)
+
+
+def _times(a, b):
+    """``a * b`` (unsigned) as shifted additions over the shorter operand's bits: logic, never a
+    DSP block (the products here are short: element sizes, row positions)."""
+    if len(a) > len(b):
+        a, b = b, a
+    return sum(Mux(a[i], b << i, 0) for i in range(len(a)))
+
+
+def _slot_flags(m: Module, value, count: int, name: str) -> tuple[Signal, Signal]:
+    """``(equal, above)``: bit ``j < count`` of ``equal`` is ``value == j``, of ``above`` is
+    ``value > j``; a lookup on the (short) unsigned ``value``, no comparator chain per bit."""
+    equal = Signal(count, name=f"{name}_equal")
+    above = Signal(count, name=f"{name}_above")
+    values = 1 << len(value)
+    with m.Switch(value):
+        for v in range(min(values, count + 1)):
+            with m.Case(v):
+                m.d.comb += [equal.eq((1 << v) & ((1 << count) - 1)), above.eq((1 << v) - 1)]
+        if values > count + 1:
+            with m.Default():
+                m.d.comb += above.eq((1 << count) - 1)
+    return equal, above
+
+
+def _lanes_at_least(m: Module, value, lanes: int, name: str) -> Signal:
+    """Bit ``l < lanes`` is ``l >= value`` (``value`` < ``lanes``, a lane of a beat)."""
+    flags = Signal(lanes, name=name)
+    with m.Switch(value):
+        for v in range(min(lanes, 1 << len(value))):
+            with m.Case(v):
+                m.d.comb += flags.eq(((1 << lanes) - 1) & ~((1 << v) - 1))
+    return flags
 
 
 class LoadCommandLayout(data.StructLayout):
@@ -181,6 +217,7 @@ class GatherReader(wiring.Component):
         BIX = _ADDR - BBL                 # bits of a beat index
         run_layout = _RunLayout(RB, BB)
         range_layout = _RangeLayout(RB, BBL)
+        pos_shape = run_layout.members["pos"]
 
         m.submodules.runs = runs = fifo.SyncFIFOBuffered(width=run_layout.size,
                                                          depth=read_run_fifo_depth(cfg))
@@ -189,77 +226,104 @@ class GatherReader(wiring.Component):
         cur = Signal(run_layout)          # the run the aligner works on
         cur_valid = Signal()
 
-        # -- setup: the next command's coordinate steps -----------------------------------------
-        nxt = Signal(LoadCommandLayout())
-        nxt_valid = Signal()
-        setup = Signal(range(6))          # steps computed so far; 5: ready
+        # -- setup: the offered command's coordinate steps ----------------------------------------
+        # Each step (and the start address) is a sum of three products d * pitch, computed by
+        # shift-and-add, the three at once, one multiplier bit per cycle from the low end; a
+        # multiplier is done when what is left of it is 0 or -1 (the last, negative, weight), so
+        # small steps take a cycle or two. All modulo 2**32: a step is exact (|d * pitch| < 2**31
+        # each, three of them < 2**32 together for every legal LOAD, as docs/isa.md bounds the
+        # bytes a row reads), the start address only matters modulo 2**32.
+        p = self.cmd.payload
         names = ("start", "outer", "inner", "seg", "elem")
-        nstep = {name: Signal(signed(_WIDE), name=f"next_step_{name}") for name in names}
-        mul_a = Signal(signed(17))
-        mul_b = Signal(signed(17))
-        mul_c = Signal(signed(17))
-        product = Signal(signed(_WIDE))
-        m.d.comb += product.eq(mul_a * nxt.pitch_y + mul_b * nxt.pitch_x + mul_c * nxt.pitch_c)
-        m.d.comb += self.cmd.ready.eq(~nxt_valid)
-        with m.If(self.cmd.valid & self.cmd.ready):
-            m.d.sync += [nxt.eq(self.cmd.payload), nxt_valid.eq(1), setup.eq(0)]
-        with m.Elif(nxt_valid & (setup != 5)):
-            # one coordinate-step vector per cycle through one multiply-add
-            vectors = [
-                (nxt.y0, nxt.x0, 0),
-                (nxt.outer_dy, nxt.outer_dx, nxt.outer_dc),
-                (nxt.inner_dy, nxt.inner_dx, nxt.inner_dc),
-                (nxt.seg_dy, nxt.seg_dx, nxt.seg_dc),
-                (nxt.elem_dy, nxt.elem_dx, nxt.elem_dc),
-            ]
-            with m.Switch(setup):
-                for index, (a, b, cc) in enumerate(vectors):
-                    with m.Case(index):
-                        m.d.comb += [mul_a.eq(a), mul_b.eq(b), mul_c.eq(cc)]
-                        extra = nxt.dram_addr if index == 0 else 0
-                        m.d.sync += nstep[names[index]].eq(product + extra)
-            m.d.sync += setup.eq(setup + 1)
+        operands = [(p.y0, p.x0, 0), (p.outer_dy, p.outer_dx, p.outer_dc),
+                    (p.inner_dy, p.inner_dx, p.inner_dc), (p.seg_dy, p.seg_dx, p.seg_dc),
+                    (p.elem_dy, p.elem_dx, p.elem_dc)]
+        pitches = (p.pitch_y, p.pitch_x, p.pitch_c)
+        nstep = {name: Signal(_ADDR, name=f"next_step_{name}") for name in names}
+        vector = Signal(range(len(names) + 1))    # the vector being computed; 5: all done
+        loaded = Signal()                         # vector 0's operands are in the registers
+        multiplier = [Signal(signed(16), name=f"setup_mul_{a}") for a in "yx"] + \
+                     [Signal(signed(8), name="setup_mul_c")]
+        multiplicand = [Signal(_ADDR, name=f"setup_pitch_{a}") for a in "yxc"]
+        total = Signal(_ADDR)
+        total_next = Signal(_ADDR)
+        left = []
+        addends = [total]
+        for mul, pitch in zip(multiplier, multiplicand, strict=True):
+            negative = mul == -1          # the sign bit's weight is all that is left
+            addends += [Mux(mul[0], pitch, 0) ^ negative.replicate(_ADDR), negative]
+            left.append(Mux(negative, 0, mul >> 1))
+        m.d.comb += total_next.eq(sum(addends))
+        finished = Signal()
+        m.d.comb += finished.eq(~Cat(*(value.any() for value in left)).any())
+
+        def load(index):
+            stmts = [total.eq(p.dram_addr if index == 0 else 0)]
+            for mul, pitch, d, source in zip(multiplier, multiplicand, operands[index], pitches,
+                                             strict=True):
+                stmts += [mul.eq(d), pitch.eq(source)]
+            return stmts
+
+        accept = Signal()
+        with m.If(~self.cmd.valid | accept):
+            m.d.sync += [vector.eq(0), loaded.eq(0)]      # (re)start with the next offer
+        with m.Elif(~loaded):
+            m.d.sync += load(0) + [loaded.eq(1)]
+        with m.Elif(vector != len(names)):
+            with m.If(finished):
+                with m.Switch(vector):
+                    for index, name in enumerate(names):
+                        with m.Case(index):
+                            m.d.sync += nstep[name].eq(total_next)
+                            if index + 1 < len(names):
+                                m.d.sync += load(index + 1)
+                m.d.sync += vector.eq(vector + 1)
+            with m.Else():
+                m.d.sync += total.eq(total_next)
+                for mul, pitch, value in zip(multiplier, multiplicand, left, strict=True):
+                    m.d.sync += [mul.eq(value), pitch.eq(pitch << 1)]
 
         # -- generator --------------------------------------------------------------------------
-        c = Signal(LoadCommandLayout())   # the command being generated
-        active = Signal()
+        c = Signal(LoadCommandLayout())   # the command being generated (its unused fields are
+        active = Signal()                 # optimized away)
         eb = c.elem_bytes
-        step = {name: Signal(signed(_WIDE), name=f"step_{name}") for name in names}
+        step = {name: Signal(_ADDR, name=f"step_{name}") for name in names[1:]}   # modulo 2**32
         fast = Signal()
         merge = Signal()                  # a run covers several consecutive units (see below)
+        seg_bytes = Signal(range(RB + 1)) # bytes of a segment
+        first_pos = Signal(pos_shape)     # row byte of element dst_col
 
-        o_cnt = Signal(16)
-        i_cnt = Signal(16)
-        s_cnt = Signal(8)
-        e_cnt = Signal(8)
+        # units left in the current row (fast) or segment, and rows left, counting the current one
+        o_left = Signal(16)
+        i_left = Signal(16)
+        s_left = Signal(9)
+        e_left = Signal(9)
         # (y, x, address) at the start of the current outer row, row, segment and element
         lv = {}
         for level in ("out", "row", "seg", "el"):
-            lv[level] = (Signal(signed(34), name=f"{level}_y"), Signal(signed(34), name=f"{level}_x"),
-                         Signal(signed(_WIDE), name=f"{level}_addr"))
+            lv[level] = (Signal(signed(_COORD), name=f"{level}_y"), Signal(signed(_COORD), name=f"{level}_x"),
+                         Signal(_ADDR, name=f"{level}_addr"))
+        seg_pos = Signal(pos_shape)       # row byte of the current segment's first element
+        el_pos = Signal(pos_shape)        # ... of the current element
 
-        # Coordinates of what the generator emits now.
-        y_now = Mux(fast, lv["seg"][0], lv["el"][0])
-        x_now = Mux(fast, lv["seg"][1], lv["el"][1])
-        addr_now = Signal(signed(_WIDE))
-        m.d.comb += addr_now.eq(Mux(fast, lv["seg"][2], lv["el"][2]))
+        # Coordinates of what the generator emits now: the element level's, which equal the
+        # segment level's on the fast path (no element steps there).
+        y_now, x_now, addr_now = lv["el"]
         inside = Signal()
         y_in = Signal()
         m.d.comb += [
             y_in.eq(~c.bounded | ((y_now >= 0) & (y_now < c.height))),
             inside.eq(y_in & (~c.bounded | ((x_now >= 0) & (x_now < c.width)))),
         ]
-        seg_bytes = Signal(range(RB + 1))
-        m.d.comb += seg_bytes.eq(c.seg_len * eb)
 
         # A run is one *unit* (a segment on the fast path, an element otherwise) or, with `merge`,
         # as many consecutive units of the segment (fast: of the row) as are consecutive in DRAM
         # and all inside or all outside the image: units step x by 0 or 1 (and y by 0), so the
         # stretch ends at the image's left or right edge.
         rem = Signal(9)                   # units left in the row (fast) or the segment
-        m.d.comb += rem.eq(Mux(fast, c.segs - s_cnt, c.seg_len - e_cnt))
-        to_right = Signal(signed(36))
-        to_left = Signal(signed(36))
+        m.d.comb += rem.eq(Mux(fast, s_left, e_left))
+        to_right = Signal(signed(_COORD + 1))
+        to_left = Signal(signed(_COORD + 1))
         m.d.comb += [to_right.eq(c.width - x_now), to_left.eq(-x_now)]
         steps_x = Signal()
         m.d.comb += steps_x.eq(Mux(fast, c.seg_dx != 0, c.elem_dx != 0))
@@ -274,12 +338,11 @@ class GatherReader(wiring.Component):
             m.d.comb += units.eq(Mux(to_left < rem, to_left, rem))
         with m.Else():
             m.d.comb += units.eq(rem)
+        # a run's bytes fit the row (units <= RB): its size is a short product
         run_bytes = Signal(range(RB + 1))
-        m.d.comb += run_bytes.eq(units * Mux(fast, seg_bytes, eb))
+        m.d.comb += run_bytes.eq(_times(units[:(RB + 1).bit_length()], Mux(fast, seg_bytes, eb)))
         row_idx = Signal(16)              # destination row of the current position
-        seg_col = Signal(range(512))      # destination element of the current segment's start
-        elem_index = Signal(range(1024))
-        m.d.comb += elem_index.eq(seg_col + Mux(fast, 0, e_cnt))
+        pos_now = el_pos                  # (seg_pos on the fast path, the same value)
 
         # beat reuse: the last beat of the previous read run of this command
         last_beat = Signal(BIX)
@@ -290,20 +353,22 @@ class GatherReader(wiring.Component):
                      end_beat.eq((addr_now + run_bytes - 1)[BBL:_ADDR])]
 
         run = Signal(run_layout)
+        seg_units = Signal(9)             # segments this run finishes
+        m.d.comb += seg_units.eq(Mux(fast, units, 1))
         last_elem = Signal()
         last_seg = Signal()
         last_row_inner = Signal()
         last_outer = Signal()
         m.d.comb += [
-            last_elem.eq(fast | (e_cnt + units == c.seg_len)),
-            last_seg.eq(s_cnt + Mux(fast, units, 1) == c.segs),
-            last_row_inner.eq(i_cnt == c.rows_inner - 1),
-            last_outer.eq(o_cnt == c.rows_outer - 1),
+            last_elem.eq(fast | (e_left == units)),
+            last_seg.eq(s_left == seg_units),
+            last_row_inner.eq(i_left == 1),
+            last_outer.eq(o_left == 1),
             run.read.eq(inside),
             run.row.eq(row_idx),
             run.row_end.eq(last_elem & last_seg),
             run.last.eq(last_elem & last_seg & last_row_inner & last_outer),
-            run.pos.eq(elem_index * eb),
+            run.pos.eq(pos_now),
             run.nbytes.eq(run_bytes),
             run.offset.eq(addr_now[:BBL]),
             run.beats.eq((addr_now[:BBL] + run_bytes + BB - 1) >> BBL),
@@ -318,70 +383,89 @@ class GatherReader(wiring.Component):
 
         emit = Signal()
         m.d.comb += emit.eq(active & runs.w_rdy & (~wants_range | ranges.w_rdy))
-        seg_y, seg_x, seg_a = lv["seg"]
-        el_y, el_x, el_a = lv["el"]
-        row_y, row_x, row_a = lv["row"]
-        out_y, out_x, out_a = lv["out"]
+        # Advancing a loop level moves that level and every level below it to the level's
+        # position plus its step; the command's start loads every level (step 0). One adder
+        # per coordinate does all of it. Merged units step x by 1 (or 0) each and y by 0, and
+        # are run_bytes long together.
+        levels = ("el", "seg", "row", "out")
+        advance = Signal(len(levels) + 1)   # one-hot: element, segment, row, outer row, start
+        base, delta, moved = ([Signal.like(value, name=f"{kind}_{axis}")
+                               for axis, value in zip("yxa", lv["el"], strict=True)]
+                              for kind in ("base", "delta", "moved"))
+        deltas = [
+            (c.elem_dy, Mux(merge, units, c.elem_dx), Mux(merge, run_bytes, step["elem"])),
+            (c.seg_dy, Mux(merge & fast, Mux(c.seg_dx == 0, 0, units), c.seg_dx),
+             Mux(merge & fast, run_bytes, step["seg"])),
+            (c.inner_dy, c.inner_dx, step["inner"]),
+            (c.outer_dy, c.outer_dx, step["outer"]),
+        ]
+        with m.Switch(advance):
+            for index, level in enumerate(levels):
+                with m.Case(1 << index):
+                    m.d.comb += [b.eq(v) for b, v in zip(base, lv[level], strict=True)]
+                    m.d.comb += [d.eq(v) for d, v in zip(delta, deltas[index], strict=True)]
+            with m.Default():           # the start: (y0, x0, start address), nothing added
+                m.d.comb += [base[0].eq(p.y0), base[1].eq(p.x0), base[2].eq(nstep["start"])]
+        m.d.comb += [n.eq(b + d) for n, b, d in zip(moved, base, delta, strict=True)]
+        for index, level in enumerate(levels):
+            with m.If(advance[index:].any()):
+                m.d.sync += [v.eq(n) for v, n in zip(lv[level], moved, strict=True)]
+
         with m.If(emit):
             with m.If(inside):
                 m.d.sync += [last_beat.eq(end_beat), have_last.eq(1)]
             # advance the loops
-            # merged units step x by 1 (or 0) each and y by 0, and are run_bytes long together
             with m.If(~last_elem):
-                m.d.sync += [e_cnt.eq(e_cnt + units), el_y.eq(el_y + c.elem_dy),
-                             el_x.eq(el_x + Mux(merge, units, c.elem_dx)),
-                             el_a.eq(el_a + Mux(merge, run_bytes, step["elem"]))]
+                m.d.comb += advance.eq(0b00001)
+                m.d.sync += [e_left.eq(e_left - units), el_pos.eq(el_pos + run_bytes)]
             with m.Elif(~last_seg):
-                seg_units = Mux(fast, units, 1)
-                ny = seg_y + c.seg_dy
-                nx = seg_x + Mux(merge & fast, Mux(c.seg_dx == 0, 0, units), c.seg_dx)
-                na = seg_a + Mux(merge & fast, run_bytes, step["seg"])
-                m.d.sync += [e_cnt.eq(0), s_cnt.eq(s_cnt + seg_units),
-                             seg_col.eq(seg_col + seg_units * c.seg_len),
-                             seg_y.eq(ny), seg_x.eq(nx), seg_a.eq(na),
-                             el_y.eq(ny), el_x.eq(nx), el_a.eq(na)]
+                m.d.comb += advance.eq(0b00010)
+                npos = seg_pos + Mux(fast, run_bytes, seg_bytes)
+                m.d.sync += [e_left.eq(c.seg_len), s_left.eq(s_left - seg_units),
+                             seg_pos.eq(npos), el_pos.eq(npos)]
             with m.Elif(~last_row_inner):
-                ny, nx, na = row_y + c.inner_dy, row_x + c.inner_dx, row_a + step["inner"]
-                m.d.sync += [e_cnt.eq(0), s_cnt.eq(0), i_cnt.eq(i_cnt + 1),
-                             row_idx.eq(row_idx + 1), seg_col.eq(c.dst_col),
-                             row_y.eq(ny), row_x.eq(nx), row_a.eq(na),
-                             seg_y.eq(ny), seg_x.eq(nx), seg_a.eq(na),
-                             el_y.eq(ny), el_x.eq(nx), el_a.eq(na)]
+                m.d.comb += advance.eq(0b00100)
+                m.d.sync += [e_left.eq(c.seg_len), s_left.eq(c.segs), i_left.eq(i_left - 1),
+                             row_idx.eq(row_idx + 1), seg_pos.eq(first_pos), el_pos.eq(first_pos)]
             with m.Elif(~last_outer):
-                ny, nx, na = out_y + c.outer_dy, out_x + c.outer_dx, out_a + step["outer"]
-                m.d.sync += [e_cnt.eq(0), s_cnt.eq(0), i_cnt.eq(0), o_cnt.eq(o_cnt + 1),
-                             row_idx.eq(row_idx + 1), seg_col.eq(c.dst_col),
-                             out_y.eq(ny), out_x.eq(nx), out_a.eq(na),
-                             row_y.eq(ny), row_x.eq(nx), row_a.eq(na),
-                             seg_y.eq(ny), seg_x.eq(nx), seg_a.eq(na),
-                             el_y.eq(ny), el_x.eq(nx), el_a.eq(na)]
+                m.d.comb += advance.eq(0b01000)
+                m.d.sync += [e_left.eq(c.seg_len), s_left.eq(c.segs), i_left.eq(c.rows_inner),
+                             o_left.eq(o_left - 1),
+                             row_idx.eq(row_idx + 1), seg_pos.eq(first_pos), el_pos.eq(first_pos)]
             with m.Else():
                 m.d.sync += active.eq(0)
 
-        # hand over the next command once set up, in the cycle the current one emits its last run
-        handover = Signal()
-        m.d.comb += handover.eq(nxt_valid & (setup == 5) & (~active | (emit & run.last)))
+        # take the offered command once set up, in the cycle the current one emits its last run
+        m.d.comb += [
+            accept.eq(self.cmd.valid & (vector == len(names)) & (~active | (emit & run.last))),
+            self.cmd.ready.eq(accept),
+        ]
         next_fast = Signal()
-        m.d.comb += next_fast.eq((nstep["elem"] == nxt.elem_bytes) &
-                                 (~nxt.bounded | ((nxt.elem_dy == 0) & (nxt.elem_dx == 0))))
+        m.d.comb += next_fast.eq((nstep["elem"] == p.elem_bytes) &
+                                 (~p.bounded | ((p.elem_dy == 0) & (p.elem_dx == 0))))
+        next_seg_bytes = Signal(range(RB + 1))
+        m.d.comb += next_seg_bytes.eq(_times(p.seg_len, p.elem_bytes))
         next_merge = Signal()
         m.d.comb += next_merge.eq(Mux(
             next_fast,
-            # segments back to back in DRAM, sharing y and stepping x by 0 or 1
-            (nstep["seg"] == nxt.seg_len * nxt.elem_bytes) &
-            (~nxt.bounded | ((nxt.seg_dy == 0) & ((nxt.seg_dx == 0) | (nxt.seg_dx == 1)))),
+            # segments back to back in DRAM, sharing y and stepping x by 0 or 1 (a segment
+            # longer than a row never is: the command is not legal)
+            (nstep["seg"] == _times(p.seg_len, p.elem_bytes)) &
+            (~p.bounded | ((p.seg_dy == 0) & ((p.seg_dx == 0) | (p.seg_dx == 1)))),
             # elements back to back in DRAM along x (a bounded transposing walk)
-            (nstep["elem"] == nxt.elem_bytes) & (nxt.elem_dy == 0) & (nxt.elem_dx == 1)))
-        with m.If(handover):
+            (nstep["elem"] == p.elem_bytes) & (p.elem_dy == 0) & (p.elem_dx == 1)))
+        with m.If(accept):
             m.d.sync += [
-                c.eq(nxt), nxt_valid.eq(0), active.eq(1), have_last.eq(0),
-                fast.eq(next_fast), merge.eq(next_merge),
-                o_cnt.eq(0), i_cnt.eq(0), s_cnt.eq(0), e_cnt.eq(0),
-                row_idx.eq(nxt.dst_addr), seg_col.eq(nxt.dst_col),
+                c.eq(p), active.eq(1), have_last.eq(0),
+                fast.eq(next_fast), merge.eq(next_merge), seg_bytes.eq(next_seg_bytes),
+                o_left.eq(p.rows_outer), i_left.eq(p.rows_inner), s_left.eq(p.segs),
+                e_left.eq(p.seg_len),
+                row_idx.eq(p.dst_addr),
+                seg_pos.eq(_times(p.dst_col, p.elem_bytes)), el_pos.eq(_times(p.dst_col, p.elem_bytes)),
+                first_pos.eq(_times(p.dst_col, p.elem_bytes)),
             ]
-            m.d.sync += [step[name].eq(nstep[name]) for name in names]
-            for level in lv.values():
-                m.d.sync += [level[0].eq(nxt.y0), level[1].eq(nxt.x0), level[2].eq(nstep["start"])]
+            m.d.sync += [step[name].eq(nstep[name]) for name in names[1:]]
+            m.d.comb += advance.eq(0b10000)     # every level to the start
         m.d.comb += [
             runs.w_data.eq(run),
             runs.w_en.eq(emit),
@@ -476,15 +560,19 @@ class GatherReader(wiring.Component):
         ]
 
         # -- aligner ----------------------------------------------------------------------------
+        # The row buffer is the output: a finished row waits in it (rows.valid) and the next
+        # row's first write goes in when it is taken. Row byte q = k * BB + l (slot k, lane l).
         pops_done = Signal(run_layout.members["beats"])    # new beats taken for the current run
         pops = Signal(run_layout.members["beats"])
         m.d.comb += pops.eq(cur.beats - cur.share)
         kept = Signal(8 * BB)             # the last beat taken from the bus
         buf = Signal(data.ArrayLayout(8, RB))
         mask = Signal(RB)
+        fresh = Signal()                  # buf holds a finished row: the next write starts a row
         row_resp = Signal(2)              # first error response among the current row's beats
         pad32 = Signal(32)
-        m.d.comb += pad32.eq(cur.pad)     # the pad element, sign-extended
+        m.d.comb += [pad32.eq(cur.pad),   # the pad element, sign-extended
+                     self.rows.payload.data.eq(buf), self.rows.payload.mask.eq(mask)]
 
         out_free_rows = Signal()
         m.d.comb += out_free_rows.eq(~self.rows.valid | self.rows.ready)
@@ -493,20 +581,29 @@ class GatherReader(wiring.Component):
 
         wrote = Signal()
         finish_run = Signal()
+        from_new = Signal()               # a new beat is placed this cycle
         resp_now = Signal(2)
-        new_buf = Signal(data.ArrayLayout(8, RB))
-        new_mask = Signal(RB)
-        m.d.comb += [new_buf.eq(buf), new_mask.eq(mask)]
-        in_run = Signal(RB)
-        for q in range(RB):
-            m.d.comb += in_run[q].eq((q >= cur.pos) & (q < cur.pos + cur.nbytes))
 
-        # Row byte q of a read run comes from the run's beat floor((q - pos + offset) / BB).
-        # `lo` is the row byte at the start of the beat taken now; the kept beat is the one before.
+        # Which row bytes the run covers: q >= pos and q < pos + nbytes, from slot and lane flags.
+        slots = -(-RB // BB)
+        end = Signal(len(cur.pos) + 1)
+        m.d.comb += end.eq(cur.pos + cur.nbytes)
+        pos_eq, pos_gt = _slot_flags(m, cur.pos[BBL:], slots, "pos_slot")
+        end_eq, end_gt = _slot_flags(m, end[BBL:], slots, "end_slot")
+        pos_lane = _lanes_at_least(m, cur.pos[:BBL], BB, "pos_lane")
+        end_lane = _lanes_at_least(m, end[:BBL], BB, "end_lane")
+
+        # Row byte q of a read run comes from the run's beat floor((q - pos + offset) / BB): the
+        # beat taken now starts at row byte lo = pos - offset + (share + pops_done) * BB, in slot
+        # lo // BB at lane `shift` = lo mod BB; the kept beat is the one before.
         shift = Signal(BBL)
         m.d.comb += shift.eq(cur.pos - cur.offset)
-        lo = Signal(signed(len(cur.pos) + len(cur.beats) + BBL + 2))
-        m.d.comb += lo.eq(cur.pos - cur.offset + (cur.share + pops_done) * BB)
+        base = Signal(signed(len(cur.pos) + 1))
+        m.d.comb += base.eq(cur.pos - cur.offset)
+        lo_slot = Signal(len(cur.beats) + 1)             # lo // BB + 1 (>= 0)
+        m.d.comb += lo_slot.eq((base >> BBL) + 1 + cur.share + pops_done)
+        at_lo, _ = _slot_flags(m, lo_slot, slots + 2, "lo_slot")
+        shift_lane = _lanes_at_least(m, shift, BB, "shift_lane")
 
         def rotate(beat):
             """The beat rotated so that its byte for row byte q sits at q mod BB."""
@@ -517,31 +614,34 @@ class GatherReader(wiring.Component):
         rot_new = rotate(self.r.payload.data)
         rot_kept = rotate(kept)
 
-        def place(from_new):
-            for q in range(RB):
-                with m.If(in_run[q] & (q >= lo - BB) & (q < lo)):
-                    m.d.comb += [new_buf[q].eq(rot_kept.word_select(q % BB, 8)), new_mask[q].eq(1)]
-                if from_new:
-                    with m.If(in_run[q] & (q >= lo) & (q < lo + BB)):
-                        m.d.comb += [new_buf[q].eq(rot_new.word_select(q % BB, 8)), new_mask[q].eq(1)]
+        new_mask = Signal(RB)
+        for q in range(RB):
+            k, lane = divmod(q, BB)
+            in_run = ((~pos_gt[k] & ~pos_eq[k]) | (pos_eq[k] & pos_lane[lane])) & \
+                     (end_gt[k] | (end_eq[k] & ~end_lane[lane]))
+            # lo // BB == k is at_lo[k + 1]
+            in_new = (at_lo[k + 1] & shift_lane[lane]) | (at_lo[k] & ~shift_lane[lane])
+            in_kept = (at_lo[k + 2] & shift_lane[lane]) | (at_lo[k + 1] & ~shift_lane[lane])
+            write = Signal(name=f"write_{q}")
+            m.d.comb += write.eq(wrote & in_run & (~cur.read | in_kept | (from_new & in_new)))
+            # padding: row byte q gets byte (q mod elem_bytes) of the pad element
+            pad_byte = pad32.word_select(Const(lane % 4, 2) & cur.pad_mask, 8)
+            byte = Mux(cur.read & in_kept, rot_kept.word_select(lane, 8),
+                       Mux(cur.read, rot_new.word_select(lane, 8), pad_byte))
+            with m.If(write):
+                m.d.sync += buf[q].eq(byte)
+            m.d.comb += new_mask[q].eq(write | (mask[q] & ~fresh))
 
         with m.If(cur_valid & out_free_rows):
             with m.If(~cur.read):
-                # padding: row byte q gets byte (q mod elem_bytes) of the pad element
-                for q in range(RB):
-                    with m.If(in_run[q]):
-                        m.d.comb += [new_buf[q].eq(pad32.word_select(Const(q % 4, 2) & cur.pad_mask, 8)),
-                                     new_mask[q].eq(1)]
                 m.d.comb += [wrote.eq(1), finish_run.eq(1)]
             with m.Elif(pops == 0):
                 # the whole run lies in the kept beat
-                place(from_new=False)
                 m.d.comb += [wrote.eq(1), finish_run.eq(1)]
             with m.Else():
                 m.d.comb += self.r.ready.eq(1)
                 with m.If(self.r.valid):
-                    place(from_new=True)
-                    m.d.comb += resp_now.eq(self.r.payload.resp)
+                    m.d.comb += [from_new.eq(1), resp_now.eq(self.r.payload.resp)]
                     with m.If(self.r.payload.resp != RESP_OKAY):
                         m.d.sync += self.error.eq(self.r.payload.resp)
                     m.d.sync += [pops_done.eq(pops_done + 1), kept.eq(self.r.payload.data)]
@@ -549,19 +649,18 @@ class GatherReader(wiring.Component):
         row_resp_next = Signal(2)
         m.d.comb += row_resp_next.eq(Mux(row_resp != RESP_OKAY, row_resp, resp_now))
         with m.If(wrote):
+            m.d.sync += mask.eq(new_mask)
             with m.If(finish_run & cur.row_end):
                 m.d.sync += [
                     self.rows.valid.eq(1),
                     self.rows.payload.row.eq(cur.row),
-                    self.rows.payload.data.eq(new_buf),
-                    self.rows.payload.mask.eq(new_mask),
                     self.rows.payload.last.eq(cur.last),
                     self.rows.payload.resp.eq(row_resp_next),
-                    mask.eq(0),
+                    fresh.eq(1),
                     row_resp.eq(RESP_OKAY),
                 ]
             with m.Else():
-                m.d.sync += [buf.eq(new_buf), mask.eq(new_mask), row_resp.eq(row_resp_next)]
+                m.d.sync += [fresh.eq(0), row_resp.eq(row_resp_next)]
 
         m.d.comb += runs.r_en.eq(~cur_valid | finish_run)
         with m.If(runs.r_en):
@@ -571,7 +670,7 @@ class GatherReader(wiring.Component):
             m.d.sync += self.error.eq(0)
         # runs.level counts a run from the edge that writes it, so there is no gap between the
         # generator's last run and the aligner
-        m.d.comb += self.busy.eq(nxt_valid | active | (runs.level != 0) | cur_valid | self.rows.valid)
+        m.d.comb += self.busy.eq(active | (runs.level != 0) | cur_valid | self.rows.valid)
         return m
 
 
@@ -779,7 +878,7 @@ class ScatterWriter(wiring.Component):
                         c.eq(p), oy.eq(0), ox.eq(0), more.eq(1), held.eq(0), src_valid.eq(0),
                         cur_valid.eq(0), b_open.eq(0),
                         row_addr.eq(p.dram_addr), pix_addr.eq(p.dram_addr),
-                        fast.eq(p.pitch_c == p.elem_bytes), pix_bytes.eq(p.n * p.elem_bytes),
+                        fast.eq(p.pitch_c == p.elem_bytes), pix_bytes.eq(_times(p.n, p.elem_bytes)),
                     ]
                     m.next = "RUN"
             with m.State("RUN"):

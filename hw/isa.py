@@ -1,4 +1,4 @@
-"""ISA v1 of the systolic accelerator, defined once.
+"""ISA v2 of the systolic accelerator, defined once.
 
 Every instruction is one 512-bit (64-byte) little-endian word. Its fields are described by
 ``amaranth.lib.data`` layouts (:data:`LAYOUTS`), which the RTL decoder views directly; the Python
@@ -25,7 +25,8 @@ __all__ = [
     "encode", "decode", "Program",
 ]
 
-ISA_VERSION = 1
+#: Version 2: one rounding for the residual term, SFU rounding half to even (docs/isa.md STORE).
+ISA_VERSION = 2
 INSTR_BITS = 512
 INSTR_BYTES = INSTR_BITS // 8
 MAGIC = b"SYST"
@@ -110,8 +111,9 @@ LAYOUTS: dict[Opcode, data.StructLayout] = {
         "avg_mult": signed(32),    # average pooling: fixed-point multiplier
         "avg_shift": unsigned(6),  # average pooling: right shift
         "res_zp": signed(16),      # residual: zero point subtracted from the residual element
-        "res_mult": signed(32),    # residual: fixed-point multiplier
-        "res_shift": unsigned(6),  # residual: right shift
+        "res_mult": signed(32),    # residual: multiplier (shares the table entry's shift)
+        "tie_out": unsigned(1),    # requantize ties go to an even output (1) or pre-zero-point value (0)
+        "avg_tie_out": unsigned(1),  # the same choice for the average pooling's rounding
     }),
     Opcode.LOAD: _layout({
         "dst": Memory,

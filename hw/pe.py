@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from amaranth import Cat, ClockSignal, Const, Instance, Module, ResetSignal, Shape, Signal
+from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, ResetSignal, Shape, Signal
 from amaranth.hdl import EnableInserter
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
@@ -89,6 +89,13 @@ class PipelinedMultiplier(wiring.Component):
     third is a fabric register, because DSP blocks sit in fixed rows and the route from one to
     its PE's adder takes up to 4 ns on an 85F.
 
+    With ``use_dsp=False`` the multiplier is built from logic on every platform, so that a device
+    with fewer DSP blocks than PEs can hold the array (``AcceleratorConfig.array_lut_multipliers``):
+    the product is the sum of the partial products ``a * b[i] * 2**i`` (the top one negative for a
+    signed ``b``), with no multiply operator for yosys to map to a DSP block; the operands are
+    registered, then the sums of the lower and the upper half of the partial products, then their
+    sum, so the latency is the same 3 cycles.
+
     ``a``: ``In(a_shape)``; ``b``: ``In(b_shape)``; ``product``: ``Out`` of the exact product
     shape (a_bits + b_bits wide, one more when exactly one operand is signed);
     ``enable``: ``In(1, init=1)``.
@@ -97,7 +104,10 @@ class PipelinedMultiplier(wiring.Component):
     (17 for an unsigned operand).
     """
 
-    def __init__(self, a_shape: Shape, b_shape: Shape) -> None:
+    def __init__(self, a_shape: Shape, b_shape: Shape, *, use_dsp: bool = True) -> None:
+        if not isinstance(use_dsp, bool):
+            raise TypeError(f"use_dsp must be True or False, not {use_dsp!r}")
+        self.use_dsp = use_dsp
         a_shape, b_shape = Shape.cast(a_shape), Shape.cast(b_shape)
         for name, shape in (("a_shape", a_shape), ("b_shape", b_shape)):
             if shape.width + (not shape.signed) > 18:
@@ -114,6 +124,8 @@ class PipelinedMultiplier(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
+        if not self.use_dsp:
+            return self._elaborate_logic(m)
         if _is_ecp5(platform):
             a = Signal(18)
             b = Signal(18)
@@ -159,6 +171,29 @@ class PipelinedMultiplier(wiring.Component):
             ]
         return m
 
+    def _elaborate_logic(self, m: Module) -> Module:
+        a = Signal(self._a_shape)
+        b = Signal(self._b_shape)
+        lower = Signal.like(self.product)
+        upper = Signal.like(self.product)
+        width = self._b_shape.width
+        terms = []
+        for i in range(width):
+            term = Mux(b[i], a, 0) << i
+            # two's complement: the sign bit of a signed b weighs -2**(width-1)
+            terms.append(-term if self._b_shape.signed and i == width - 1 else term)
+        half = width // 2
+        with m.If(self.enable):
+            m.d.sync += [
+                a.eq(self.a),
+                b.eq(self.b),
+                lower.eq(sum(terms[:half], Const(0))),
+                upper.eq(sum(terms[half:], Const(0))),
+                # the exact product fits the product's shape, so wrapping the halves is harmless
+                self.product.eq(lower + upper),
+            ]
+        return m
+
 
 class ProcessingElement(wiring.Component):
     """One MAC cell of the systolic array, for the config's dataflow.
@@ -188,12 +223,18 @@ class ProcessingElement(wiring.Component):
     ``result_in``, ``result_out``: result register of the PE above / of this PE, ``acc_bits``;
     the tile's sum lands in ``result_out`` :data:`MAC_LATENCY` cycles after its last operands.
 
+    ``use_dsp``: the multiplier is a DSP block (True) or logic (False, see
+    :class:`PipelinedMultiplier`); the timing is the same.
+
     Raises :class:`TypeError` when ``config`` is not an :class:`AcceleratorConfig`.
     """
 
-    def __init__(self, config: AcceleratorConfig) -> None:
+    def __init__(self, config: AcceleratorConfig, *, use_dsp: bool = True) -> None:
         input_shape, weight_shape, acc_shape = element_shapes(config)
+        if not isinstance(use_dsp, bool):
+            raise TypeError(f"use_dsp must be True or False, not {use_dsp!r}")
         self.config = config
+        self.use_dsp = use_dsp
         members = {"enable": In(1, init=1)}
         if config.dataflow == "ws":
             members.update({
@@ -217,7 +258,8 @@ class ProcessingElement(wiring.Component):
     def elaborate(self, platform) -> Any:
         input_shape, weight_shape, _ = element_shapes(self.config)
         m = Module()
-        m.submodules.multiplier = multiplier = PipelinedMultiplier(input_shape, weight_shape)
+        m.submodules.multiplier = multiplier = PipelinedMultiplier(input_shape, weight_shape,
+                                                                   use_dsp=self.use_dsp)
         m.d.comb += multiplier.enable.eq(self.enable)
         if self.config.dataflow == "ws":
             self._elaborate_ws(m, multiplier)

@@ -33,6 +33,12 @@ Modes the config leaves out cost no logic: an ``act`` or ``pool`` code missing f
 Every 32x32 multiply is split into 18x18 signed partial products (one DSP each on ECP5) with
 registers before and after, then summed over the next two stages; all 64-bit arithmetic wraps
 modulo 2**64 exactly like the numpy int64 reference.
+
+Rounding is half to even (:func:`~systolic.sim.arith.rounding_shift_even`): the shifter rounds
+half up, a tie is recognized from the bits it shifts out (the low ``shift`` bits of ``x + half``
+are all zero), and bit 0 of the result is cleared on a tie -- before the zero point is added
+(``tie_out`` = 0) or after it (``tie_out`` = 1). The residual term joins the product before the
+rounding, so that an Add is rounded once.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ __all__ = [
 ]
 
 #: The SFU registers, exactly the CONFIG instruction's fields (zp_out, act_lo, act_hi, avg_mult,
-#: avg_shift, res_zp, res_mult, res_shift).
+#: avg_shift, res_zp, res_mult, tie_out, avg_tie_out).
 SFU_REGS = data.StructLayout({
     name: f.shape for name, f in LAYOUTS[Opcode.CONFIG]
     if name != "_reserved" and name not in dict(iter(HEADER_LAYOUT))
@@ -142,6 +148,22 @@ def _half(shift: Value) -> Value:
     return (Const(1, 1) << shift)[1:]
 
 
+def _low_mask(shift: Value) -> Value:
+    """The bits a shift by ``shift`` drops: 2**shift - 1 (``_WORD - 1`` bits wide)."""
+    return ~(Const((1 << (_WORD - 1)) - 1, _WORD - 1) << shift)[:_WORD - 1]
+
+
+def _is_tie(x: Value, mask: Value, rounds: Value) -> Value:
+    """``x`` = product + 2**(shift-1) came from an exact tie: the shift rounds (shift > 0) and
+    drops only zero bits."""
+    return rounds & ~(x[:_WORD - 1] & mask).any()
+
+
+def _clear_lsb(value: Value, clear: Value) -> Value:
+    """``value`` with bit 0 cleared when ``clear``: the even one of a tie's two neighbours."""
+    return Cat(value[0] & ~clear, value[1:]).as_signed()
+
+
 def _chunks(value: Value, width: int) -> list[tuple[Value, int]]:
     """Split a signed ``width``-bit value into (chunk, weight) pairs that each fit an 18-bit
     signed multiplier input: value = sum(chunk << weight)."""
@@ -181,8 +203,8 @@ class _Multiplier:
 
 def sfu_latency(config: AcceleratorConfig, *, avg: bool = False) -> int:
     """Cycles from the SFU accepting a beat to its output being valid, without stalls, when the
-    beat ends its window (or without pooling): input, bias, 3 multiply, round, 2 shift, zero
-    point, [residual], narrow, 2 activation, [pooling]. ``avg``: for the last beat of an
+    beat ends its window (or without pooling): input, bias, 3 multiply, [residual], round,
+    2 shift, zero point, narrow, 2 activation, [pooling]. ``avg``: for the last beat of an
     average-pooling window, which adds centre, 3 multiply, round, 2 shift, zero point, narrow and
     2 activation stages."""
     latency = 12 + int(config.sfu_residual) + int(bool(config.sfu_pooling)) + _FIFO_LATENCY
@@ -255,10 +277,14 @@ class SpecialFunctionUnit(wiring.Component):
         mult = [Signal(signed(32), name=f"mult{c}") for c in range(cols)]
         shift = [Signal(6, name=f"shift{c}") for c in range(cols)]
         half = [Signal(_WORD - 1, name=f"half{c}") for c in range(cols)]    # rounding terms
+        mask = [Signal(_WORD - 1, name=f"mask{c}") for c in range(cols)]    # bits shifted out
+        rounds = [Signal(name=f"rounds{c}") for c in range(cols)]           # shift > 0
+        tie_out = Signal()
         is_raw = settings.out_type == OutType.RAW
         m.d.sync += [
             raw.eq(is_raw),
             zp.eq(Mux(is_raw, 0, regs.zp_out)),
+            tie_out.eq(regs.tie_out),
         ]
         for c in range(cols):
             entry = self.params[c]
@@ -267,6 +293,8 @@ class SpecialFunctionUnit(wiring.Component):
                 mult[c].eq(Mux(is_raw, 1, entry.mult)),
                 shift[c].eq(Mux(is_raw, 0, entry.shift)),
                 half[c].eq(Mux(is_raw, 0, _half(entry.shift))),
+                mask[c].eq(_low_mask(entry.shift)),
+                rounds[c].eq(~is_raw & (entry.shift != 0)),
             ]
         # clamp(sat(act(q))) = min(max(q, sat(L)), sat(U)) for the activation's bounds [L, U]
         act = settings.act
@@ -289,14 +317,10 @@ class SpecialFunctionUnit(wiring.Component):
             residual_on = Signal()
             res_zp = Signal(signed(16))
             res_mult = Signal(signed(32))
-            res_shift = Signal(6)
-            res_half = Signal(_WORD - 1)
             m.d.sync += [
                 residual_on.eq(settings.residual & ~is_raw),
                 res_zp.eq(regs.res_zp),
                 res_mult.eq(regs.res_mult),
-                res_shift.eq(regs.res_shift),
-                res_half.eq(_half(regs.res_shift)),
             ]
         if has_max or has_avg:
             pool_max = Signal()
@@ -309,11 +333,17 @@ class SpecialFunctionUnit(wiring.Component):
             avg_mult = Signal(signed(32))
             avg_shift = Signal(6)
             avg_half = Signal(_WORD - 1)
+            avg_mask = Signal(_WORD - 1)
+            avg_rounds = Signal()
+            avg_tie_out = Signal()
             count_zp = Signal(signed(33))
             m.d.sync += [
                 avg_mult.eq(regs.avg_mult),
                 avg_shift.eq(regs.avg_shift),
                 avg_half.eq(_half(regs.avg_shift)),
+                avg_mask.eq(_low_mask(regs.avg_shift)),
+                avg_rounds.eq(regs.avg_shift != 0),
+                avg_tie_out.eq(regs.avg_tie_out),
                 count_zp.eq(settings.pool_count * regs.zp_out),
             ]
 
@@ -367,38 +397,36 @@ class SpecialFunctionUnit(wiring.Component):
         if has_residual:
             res_p = [_Multiplier(m, res_d[c], len(res_d[c]), res_mult, 32, name=f"res_p{c}",
                                  wrap=None).product for c in range(cols)]
+            # [S5r]: the residual term joins the product, so that one rounding covers both
+            valid = stage_valid("residual", valid)
+            flags = register("residual_flags", flags)
+            p = [register(f"pr{c}", _wrap(p[c] + Mux(residual_on, res_p[c], 0))) for c in range(cols)]
 
-        # S5: add the rounding term; S6, S7: arithmetic shift (by multiples of 8, then 0..7)
+        # S5: add the rounding term; S6, S7: arithmetic shift (by multiples of 8, then 0..7), the
+        # tie recognized beside the first shift from the bits it drops
         valid = stage_valid("round", valid)
         flags = register("round_flags", flags)
         x = [register(f"x{c}", _wrap(p[c] + half[c])) for c in range(cols)]
-        if has_residual:
-            res_x = [register(f"res_x{c}", res_p[c] + res_half) for c in range(cols)]
         valid = stage_valid("shift_coarse", valid)
         flags = register("shift_coarse_flags", flags)
+        tie = [register(f"tie_coarse{c}", _is_tie(x[c], mask[c], rounds[c])) for c in range(cols)]
         x = [register(f"x_coarse{c}", x[c] >> _coarse(shift[c])) for c in range(cols)]
-        if has_residual:
-            res_x = [register(f"res_x_coarse{c}", res_x[c] >> _coarse(res_shift)) for c in range(cols)]
         valid = stage_valid("shift", valid)
         flags = register("shift_flags", flags)
+        tie = [register(f"tie{c}", tie[c]) for c in range(cols)]
         y = [register(f"y{c}", x[c] >> shift[c][:3]) for c in range(cols)]
-        if has_residual:
-            res_y = [register(f"res_y{c}", res_x[c] >> res_shift[:3]) for c in range(cols)]
 
-        # S8: output zero point; S9: residual term
+        # S8: output zero point, after making a tie even (tie_out = 0)
         valid = stage_valid("zero_point", valid)
         flags = register("zero_point_flags", flags)
-        q = [register(f"q{c}", _wrap(y[c] + zp)) for c in range(cols)]
-        if has_residual:
-            res_q = [register(f"res_q{c}", res_y[c]) for c in range(cols)]
-            valid = stage_valid("residual", valid)
-            flags = register("residual_flags", flags)
-            q = [register(f"qr{c}", _wrap(q[c] + Mux(residual_on, res_q[c], 0))) for c in range(cols)]
+        q = [register(f"q{c}", _wrap(_clear_lsb(y[c], tie[c] & ~tie_out) + zp)) for c in range(cols)]
+        tie = [register(f"tie_q{c}", tie[c] & tie_out) for c in range(cols)]
 
-        # S10: narrow to 19 bits (the clamp bounds lie well inside); raw elements pass whole
+        # S9: make a tie's output even (tie_out = 1), narrow to 19 bits (the clamp bounds lie well
+        # inside); raw elements pass whole
         valid = stage_valid("narrow", valid)
         flags = register("narrow_flags", flags)
-        narrow = [register(f"narrow{c}", Mux(raw, q[c], _saturate(q[c], _NARROW, True)),
+        narrow = [register(f"narrow{c}", Mux(raw, q[c], _saturate(_clear_lsb(q[c], tie[c]), _NARROW, True)),
                            signed(value_width)) for c in range(cols)]
 
         # S11, S12: activation and saturation as one clamp: compare, then select
@@ -459,14 +487,19 @@ class SpecialFunctionUnit(wiring.Component):
             valid = stage_valid("avg_round", valid)
             avg_x = [register(f"avg_x{c}", _wrap(avg_p[c] + avg_half)) for c in range(cols)]
             valid = stage_valid("avg_shift_coarse", valid)
+            avg_tie = [register(f"avg_tie_coarse{c}", _is_tie(avg_x[c], avg_mask, avg_rounds))
+                       for c in range(cols)]
             avg_x = [register(f"avg_x_coarse{c}", avg_x[c] >> _coarse(avg_shift)) for c in range(cols)]
             valid = stage_valid("avg_shift", valid)
+            avg_tie = [register(f"avg_tie{c}", avg_tie[c]) for c in range(cols)]
             avg_y = [register(f"avg_y{c}", avg_x[c] >> avg_shift[:3]) for c in range(cols)]
             valid = stage_valid("avg_zero_point", valid)
-            avg_q = [register(f"avg_q{c}", _wrap(avg_y[c] + zp)) for c in range(cols)]
-            valid = stage_valid("avg_narrow", valid)
-            avg_n = [register(f"avg_narrow{c}", _saturate(avg_q[c], _NARROW, True), signed(_NARROW))
+            avg_q = [register(f"avg_q{c}", _wrap(_clear_lsb(avg_y[c], avg_tie[c] & ~avg_tie_out) + zp))
                      for c in range(cols)]
+            avg_tie = [register(f"avg_tie_q{c}", avg_tie[c] & avg_tie_out) for c in range(cols)]
+            valid = stage_valid("avg_narrow", valid)
+            avg_n = [register(f"avg_narrow{c}", _saturate(_clear_lsb(avg_q[c], avg_tie[c]), _NARROW, True),
+                              signed(_NARROW)) for c in range(cols)]
             valid = stage_valid("avg_act_compare", valid)
             avg_lo_hi = [_compare(avg_n[c], clamp_lo, clamp_hi) for c in range(cols)]
             avg_held = [register(f"avg_act_value{c}", avg_n[c]) for c in range(cols)]

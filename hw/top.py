@@ -84,7 +84,7 @@ class Accelerator(wiring.Component):
         m = Module()
         cfg = self.config
 
-        m.submodules.csr = csr = CSRBank(cfg.hash)
+        m.submodules.csr = csr = CSRBank(cfg.hash, counter_bits=cfg.counter_bits)
         core = Module()
         m.submodules.core = ResetInserter(csr.soft_reset)(core)
 
@@ -116,8 +116,10 @@ class Accelerator(wiring.Component):
         core.submodules.acc = acc = Accumulator(cfg)
         core.submodules.table = table = RequantTable(cfg)
         core.submodules.array = array = SystolicArray(cfg)
+        # fetch and the GatherReader (LOADs and residual reads), with every burst both may have
+        # in flight
         core.submodules.reads = reads = ReadArbiter(
-            3, data_width=cfg.dma_data_bits, max_in_flight=2 * cfg.dma_outstanding + 4)
+            2, data_width=cfg.dma_data_bits, max_in_flight=cfg.dma_outstanding + fetcher.max_bursts)
 
         # -- control --------------------------------------------------------------------------
         start = csr.start
@@ -195,12 +197,13 @@ class Accelerator(wiring.Component):
         wiring.connect(core, compute=compute.acc_write, acc=acc.array_write)
         wiring.connect(core, store=store.read_acc, acc=acc.read)
         wiring.connect(core, store=store.read_table, table=table.read)
+        if cfg.sfu_residual:
+            wiring.connect(core, store=store.residual, load=load.residual)
 
         # -- DRAM port ----------------------------------------------------------------------------
         wiring.connect(core, fetcher=fetcher.ar, arbiter=reads.managers[0].ar)
         wiring.connect(core, arbiter=reads.managers[0].r, fetcher=fetcher.r)
         wiring.connect(core, load=load.axi, arbiter=reads.managers[1])
-        wiring.connect(core, store=store.axi_r, arbiter=reads.managers[2])
         bus, writes = reads.bus, store.axi_w
         core.d.comb += [
             self.m_axi_arvalid.eq(bus.ar.valid), bus.ar.ready.eq(self.m_axi_arready),
@@ -221,10 +224,8 @@ class Accelerator(wiring.Component):
 
         # -- performance counters ------------------------------------------------------------------
         BB = cfg.dma_bytes
-        dma_reads = reads.managers[1].r.valid & reads.managers[1].r.ready
-        res_reads = reads.managers[2].r.valid & reads.managers[2].r.ready
+        dma_reads = reads.managers[1].r.valid & reads.managers[1].r.ready   # LOADs and residuals
         w_fire = writes.w.valid & writes.w.ready
-        strobes = writes.w.payload.strb
         increments = {
             "cycles": running & ~dispatcher.done,
             "load_busy": load.busy,
@@ -237,13 +238,13 @@ class Accelerator(wiring.Component):
             "stall_store_token": sequencers[2].stall_token,
             "stall_dispatch": dispatcher.stall_dispatch,
             "stall_fetch": dispatcher.stall_fetch & running,
-            "dram_read_bytes": (dma_reads + res_reads) * BB,
-            "dram_write_bytes": w_fire * sum(strobes[b] for b in range(len(strobes))),
+            "dram_read_bytes": dma_reads * BB,
+            "dram_write_bytes": w_fire * BB,
             "instructions": dispatcher.dispatched,
         }
         assert set(increments) == {name for name, _ in COUNTERS}
         for name, increment in increments.items():
-            counter = Signal(64, name=f"count_{name}")
+            counter = Signal(cfg.counter_bits, name=f"count_{name}")      # wraps
             with core.If(start):
                 core.d.sync += counter.eq(0)
             with core.Else():

@@ -5,13 +5,14 @@ already popped) and raises ``completed`` for one cycle per instruction, in order
 instruction's writes are visible to the other units.
 
 * :class:`LoadUnit` — LOAD: a :class:`~systolic.hw.dma.GatherReader` plus converters from its byte
-  rows to scratchpad, accumulator and requantize-table rows.
+  rows to scratchpad, accumulator and requantize-table rows; the same reader serves the store
+  unit's residual reads (the accelerator has one read engine).
 * :class:`ComputeUnit` — COMPUTE: feeds the systolic array from the scratchpad (weights and inputs in
   WS, A-transposed and B rows in OS) and writes its results into the accumulator. Instructions are
   pipelined: the next COMPUTE's weights are read and preloaded while the current one streams.
 * :class:`StoreUnit` — CONFIG and STORE: walks the output pixels and pooling windows, reads the
   accumulator rows and the requantize-table row, runs them through the SFU (with residual rows read
-  by a second GatherReader) and writes the pixels with a :class:`~systolic.hw.dma.ScatterWriter`.
+  by the load unit's GatherReader) and writes the pixels with a :class:`~systolic.hw.dma.ScatterWriter`.
 
 What the hardware does not check (the golden model does, and the compiler never emits such code):
 addresses past a memory wrap around, a table shift above 62 is taken modulo 64, illegal STORE field
@@ -29,13 +30,13 @@ from .array import input_layout, output_layout, weight_layout
 from .axi import AddressLayout, ReadDataLayout, ResponseLayout, WriteDataLayout
 from .config import AcceleratorConfig
 from .controller import InstructionLayout
-from .dma import GatherReader, LoadCommandLayout, ScatterWriter
+from .dma import GatherReader, LoadCommandLayout, RowWriteLayout, ScatterWriter, row_buffer_bytes
 from .isa import LAYOUTS, Memory, Opcode, OutType, PoolMode
 from .requant_table import requant_row_layout, requant_write_layout
 from .scratchpad import read_port_signature, spad_row_layout, spad_write_layout
 from .sfu import SFU_REGS, SpecialFunctionUnit
 
-__all__ = ["LoadUnit", "ComputeUnit", "StoreUnit"]
+__all__ = ["LoadUnit", "ComputeUnit", "StoreUnit", "residual_read_signature"]
 
 _ADDR = 32
 
@@ -55,6 +56,26 @@ def _axi_write_port(config: AcceleratorConfig) -> wiring.Signature:
     })
 
 
+def _row_macs_bits(config: AcceleratorConfig) -> int:
+    """Width of the MAC count of one input row of the array: at most rows * cols."""
+    return (config.rows * config.cols).bit_length()
+
+
+def _small_product(a, b):
+    """``a * b`` for short operands as shifted additions (logic, never a DSP block)."""
+    return sum(Mux(a[i], b << i, 0) for i in range(len(a)))
+
+
+def residual_read_signature(config: AcceleratorConfig) -> wiring.Signature:
+    """The store unit's residual reads, which run on the load unit's GatherReader, seen from the
+    store unit: one ``cmd`` (a ``LoadCommandLayout`` read pattern) goes out per STORE, its rows
+    (``RowWriteLayout``: bytes, mask, ``last``, AXI response) come back in order."""
+    return wiring.Signature({
+        "cmd": Out(stream.Signature(LoadCommandLayout())),
+        "rows": In(stream.Signature(RowWriteLayout(row_buffer_bytes(config)))),
+    })
+
+
 def _view(op: Opcode, word) -> data.View:
     return data.View(LAYOUTS[op], word)
 
@@ -69,12 +90,20 @@ def _bytes_le(row: data.View, first: int, count: int):
 class LoadUnit(wiring.Component):
     """Executes LOAD instructions, several in flight: the next LOAD is accepted (and its address
     pattern set up) while the rows of earlier ones are still being read, and each completes, in
-    order, in the cycle its last row is written."""
+    order, in the cycle its last row is written.
+
+    With ``config.sfu_residual`` its GatherReader also serves the store unit's residual reads
+    (``residual``, :func:`residual_read_signature`): one accelerator needs one read engine. A
+    residual command is taken before a waiting LOAD (a STORE is waiting for it) and its rows go
+    back on ``residual.rows`` in command order with the LOADs' rows; it neither counts as a LOAD
+    (``busy``, ``completed``) nor sets ``error`` (the store unit reads the rows' ``resp``). No
+    deadlock: LOAD rows always drain into their memories, whatever the store unit does.
+    """
 
     def __init__(self, config: AcceleratorConfig, *, depth: int = 4):
         self.config = config
         self.depth = depth
-        super().__init__({
+        members = {
             "cmd": In(stream.Signature(InstructionLayout())),
             "completed": Out(1),
             "busy": Out(1),
@@ -85,7 +114,10 @@ class LoadUnit(wiring.Component):
             "table_write": Out(stream.Signature(requant_write_layout(config))),
             "error": Out(2),
             "error_pc": Out(32),
-        })
+        }
+        if config.sfu_residual:
+            members["residual"] = In(residual_read_signature(config))
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
@@ -94,8 +126,8 @@ class LoadUnit(wiring.Component):
         wiring.connect(m, reader=reader.ar, axi=wiring.flipped(self.axi.ar))
         wiring.connect(m, axi=wiring.flipped(self.axi.r), reader=reader.r)
 
-        # per LOAD in flight, in order: where its rows go and its program counter
-        info_layout = data.StructLayout({"dst": Memory, "widen": 1, "pc": 32})
+        # per command in flight, in order: where its rows go and the LOAD's program counter
+        info_layout = data.StructLayout({"dst": Memory, "widen": 1, "residual": 1, "pc": 32})
         m.submodules.inflight = inflight = fifo.SyncFIFOBuffered(width=info_layout.size, depth=self.depth)
 
         load = _view(Opcode.LOAD, self.cmd.payload.word)
@@ -115,15 +147,36 @@ class LoadUnit(wiring.Component):
         incoming = Signal(info_layout)
         m.d.comb += [incoming.dst.eq(load.dst), incoming.widen.eq(load.widen),
                      incoming.pc.eq(self.cmd.payload.pc)]
-        m.d.comb += [
-            reader.cmd.payload.eq(command),
-            reader.cmd.valid.eq(self.cmd.valid & inflight.w_rdy),
-            self.cmd.ready.eq(reader.cmd.ready & inflight.w_rdy),
-            inflight.w_data.eq(incoming),
-            inflight.w_en.eq(self.cmd.valid & self.cmd.ready),
-        ]
 
-        # byte rows -> destination rows of the oldest LOAD in flight
+        # the reader's command: a residual read first; once offered, a command stays offered
+        # (unchanged) until the reader takes it
+        residual = self.residual if cfg.sfu_residual else None
+        residual_info = Signal(info_layout)
+        m.d.comb += residual_info.residual.eq(1)
+        pick_residual = Signal()
+        if residual is not None:
+            offering = Signal()           # a command was offered and not taken last cycle
+            offered_residual = Signal()
+            m.d.comb += pick_residual.eq(Mux(offering, offered_residual, residual.cmd.valid))
+            m.d.sync += [offering.eq(reader.cmd.valid & ~reader.cmd.ready),
+                         offered_residual.eq(pick_residual)]
+            with m.If(pick_residual):
+                m.d.comb += [
+                    reader.cmd.payload.eq(residual.cmd.payload),
+                    reader.cmd.valid.eq(inflight.w_rdy),
+                    residual.cmd.ready.eq(reader.cmd.ready & inflight.w_rdy),
+                    inflight.w_data.eq(residual_info),
+                ]
+        with m.If(~pick_residual):
+            m.d.comb += [
+                reader.cmd.payload.eq(command),
+                reader.cmd.valid.eq(self.cmd.valid & inflight.w_rdy),
+                self.cmd.ready.eq(reader.cmd.ready & inflight.w_rdy),
+                inflight.w_data.eq(incoming),
+            ]
+        m.d.comb += inflight.w_en.eq(reader.cmd.valid & reader.cmd.ready)
+
+        # byte rows -> destination rows of the oldest command in flight
         info = Signal(info_layout)
         m.d.comb += info.eq(inflight.r_data)
         rows = reader.rows.payload
@@ -155,19 +208,33 @@ class LoadUnit(wiring.Component):
                 table.mask[c].eq(rows.mask[c * tb]),
             ]
         m.d.comb += table.addr.eq(rows.row)
+        if residual is not None:
+            m.d.comb += residual.rows.payload.eq(rows)
 
         with m.If(inflight.r_rdy):
-            with m.Switch(info.dst):
-                for kind, port in ((Memory.SPAD, self.spad_write), (Memory.ACC, self.acc_write),
-                                   (Memory.TABLE, self.table_write)):
-                    with m.Case(kind):
-                        m.d.comb += [port.valid.eq(reader.rows.valid), reader.rows.ready.eq(port.ready)]
+            if residual is not None:
+                with m.If(info.residual):
+                    m.d.comb += [residual.rows.valid.eq(reader.rows.valid),
+                                 reader.rows.ready.eq(residual.rows.ready)]
+            with m.If(~info.residual):
+                with m.Switch(info.dst):
+                    for kind, port in ((Memory.SPAD, self.spad_write), (Memory.ACC, self.acc_write),
+                                       (Memory.TABLE, self.table_write)):
+                        with m.Case(kind):
+                            m.d.comb += [port.valid.eq(reader.rows.valid),
+                                         reader.rows.ready.eq(port.ready)]
         written = reader.rows.valid & reader.rows.ready
+        is_load = ~info.residual
         # the row is in its memory from the next cycle on: the LOAD is complete with its last row
-        m.d.comb += [self.completed.eq(written & rows.last), inflight.r_en.eq(written & rows.last)]
-        with m.If(written & (rows.resp != 0) & (self.error == 0)):
+        m.d.comb += [self.completed.eq(written & rows.last & is_load),
+                     inflight.r_en.eq(written & rows.last)]
+        with m.If(written & is_load & (rows.resp != 0) & (self.error == 0)):
             m.d.sync += [self.error.eq(rows.resp), self.error_pc.eq(info.pc)]
-        m.d.comb += self.busy.eq(inflight.level != 0)
+
+        # LOADs in flight (residual reads excluded)
+        loads = Signal(range(self.depth + 1))
+        m.d.sync += loads.eq(loads + (self.cmd.valid & self.cmd.ready) - self.completed)
+        m.d.comb += self.busy.eq(loads != 0)
         return m
 
 
@@ -184,7 +251,7 @@ class ComputeUnit(wiring.Component):
             "cmd": In(stream.Signature(InstructionLayout())),
             "completed": Out(1),
             "busy": Out(1),
-            "macs": Out(40),             # MACs of the instruction completing this cycle
+            "macs": Out(_row_macs_bits(config)),   # MACs of the input row entering the array now
             "array_active": Out(1),      # an input row entered the array this cycle
             "read_a": Out(read_port_signature(spad_addr, spad_row_layout(config))),
             "read_b": Out(read_port_signature(spad_addr, spad_row_layout(config))),
@@ -203,8 +270,15 @@ class ComputeUnit(wiring.Component):
         ws = cfg.dataflow == "ws"
         op = _view(Opcode.COMPUTE, self.cmd.payload.word)
 
-        feed_layout = data.StructLayout({"a_addr": 16, "b_addr": 16, "m": 16, "k": 16, "n": 8, "preload": 1})
-        write_layout = data.StructLayout({"acc_addr": 16, "rows": 16, "m": 16, "accumulate": 1, "macs": 40})
+        # descriptors hold what the ISA allows: k <= R (WS) or m <= R (OS), n <= C; the other
+        # size is a whole 16-bit field. row_macs: MACs of one input row (WS k*n, OS m*n).
+        addr_bits = cfg.spad_addr_bits
+        small_r, small_c = R.bit_length(), C.bit_length()
+        feed_layout = data.StructLayout({
+            "a_addr": addr_bits, "b_addr": addr_bits, "m": 16 if ws else small_r,
+            "k": small_r if ws else 16, "n": small_c, "preload": 1, "row_macs": _row_macs_bits(cfg)})
+        write_layout = data.StructLayout({"acc_addr": cfg.acc_addr_bits, "m": 16 if ws else small_r,
+                                          "accumulate": 1})
         m.submodules.feeds = feeds = fifo.SyncFIFOBuffered(width=feed_layout.size, depth=self.depth)
         m.submodules.writes = writes = fifo.SyncFIFOBuffered(width=write_layout.size, depth=self.depth)
         if ws:
@@ -217,9 +291,8 @@ class ComputeUnit(wiring.Component):
         m.d.comb += [
             feed.a_addr.eq(op.a_addr), feed.b_addr.eq(op.b_addr), feed.m.eq(op.m), feed.k.eq(op.k),
             feed.n.eq(op.n), feed.preload.eq(op.preload),
+            feed.row_macs.eq(_small_product(op.k[:small_r] if ws else op.m[:small_r], op.n[:small_c])),
             write.acc_addr.eq(op.acc_addr), write.m.eq(op.m), write.accumulate.eq(op.accumulate),
-            write.rows.eq(op.m if ws else R),
-            write.macs.eq(op.m * op.k * op.n),
         ]
         room = feeds.w_rdy & writes.w_rdy & (preloads.w_rdy if ws else 1)
         accept = Signal()
@@ -266,7 +339,7 @@ class ComputeUnit(wiring.Component):
 
         if ws:
             # weights: k rows of B, columns >= n zeroed, last on row k-1
-            wmeta_layout = data.StructLayout({"n": 8, "last": 1})
+            wmeta_layout = data.StructLayout({"n": small_c, "last": 1})
             wmeta = reader("weights", self.read_b, preloads, lambda h: h.k, lambda h: h.b_addr,
                            wmeta_layout, lambda h, r: Cat(h.n, r == h.k - 1))
             wm = Signal(wmeta_layout)
@@ -282,9 +355,9 @@ class ComputeUnit(wiring.Component):
                 wmeta.r_en.eq(self.weights.valid & self.weights.ready),
             ]
             # inputs: m rows of A, new_weights on the first row of a preloading COMPUTE
-            imeta_layout = data.StructLayout({"new_weights": 1, "last": 1})
+            imeta_layout = data.StructLayout({"new_weights": 1, "last": 1, "row_macs": _row_macs_bits(cfg)})
             imeta = reader("inputs", self.read_a, feeds, lambda h: h.m, lambda h: h.a_addr,
-                           imeta_layout, lambda h, r: Cat(h.preload & (r == 0), r == h.m - 1))
+                           imeta_layout, lambda h, r: Cat(h.preload & (r == 0), r == h.m - 1, h.row_macs))
             im = Signal(imeta_layout)
             m.d.comb += im.eq(imeta.r_data)
             resp = self.read_a.resp.payload
@@ -299,7 +372,7 @@ class ComputeUnit(wiring.Component):
             ]
         else:
             # k beats, each a row of A-transposed and a row of B (columns >= n zeroed)
-            ameta_layout = data.StructLayout({"n": 8, "last": 1})
+            ameta_layout = data.StructLayout({"n": small_c, "last": 1, "row_macs": _row_macs_bits(cfg)})
             a_head = Signal(feed_layout)
             m.d.comb += a_head.eq(feeds.r_data)
             a_row = Signal(16)
@@ -328,7 +401,7 @@ class ComputeUnit(wiring.Component):
                 self.read_b.req.valid.eq(both & (b_row <= a_row) & (b_row < a_head.k)),
                 a_done.eq((a_row + a_fire) == a_head.k),
                 b_done.eq((b_row + b_fire) == a_head.k),
-                ameta.w_data.eq(Cat(a_head.n, a_row == a_head.k - 1)),
+                ameta.w_data.eq(Cat(a_head.n, a_row == a_head.k - 1, a_head.row_macs)),
                 ameta.w_en.eq(a_fire),
             ]
             with m.If(feeds.r_rdy & a_done & b_done):
@@ -352,6 +425,8 @@ class ComputeUnit(wiring.Component):
             ]
 
         m.d.comb += self.array_active.eq(self.inputs.valid & self.inputs.ready)
+        row_macs = im.row_macs if ws else am.row_macs
+        m.d.comb += self.macs.eq(Mux(self.array_active, row_macs, 0))
 
         # -- results -> accumulator -------------------------------------------------------------
         head = Signal(write_layout)
@@ -368,15 +443,13 @@ class ComputeUnit(wiring.Component):
         ]
         completing = Signal()
         with m.If(self.outputs.valid & self.outputs.ready):
-            with m.If(out_row == head.rows - 1):
+            with m.If(out_row == (head.m if ws else R) - 1):
                 m.d.sync += out_row.eq(0)
                 m.d.comb += [writes.r_en.eq(1), completing.eq(1)]
             with m.Else():
                 m.d.sync += out_row.eq(out_row + 1)
         # the accumulator makes a row readable two cycles after the beat: complete one cycle late
-        macs = Signal(40)
-        m.d.sync += [self.completed.eq(completing), macs.eq(head.macs)]
-        m.d.comb += self.macs.eq(Mux(self.completed, macs, 0))
+        m.d.sync += self.completed.eq(completing)
         m.d.comb += self.busy.eq(writes.r_rdy | self.completed)
         return m
 
@@ -384,24 +457,28 @@ class ComputeUnit(wiring.Component):
 # -- store ------------------------------------------------------------------------------------
 
 class StoreUnit(wiring.Component):
-    """Executes CONFIG and STORE instructions, one at a time."""
+    """Executes CONFIG and STORE instructions, one at a time. With ``config.sfu_residual``, a
+    STORE's residual rows are read by the load unit's GatherReader through ``residual``
+    (:func:`residual_read_signature`)."""
 
     def __init__(self, config: AcceleratorConfig):
         self.config = config
         acc_addr = data.StructLayout({"addr": unsigned(config.acc_addr_bits)})
         table_addr = data.StructLayout({"addr": unsigned(config.requant_addr_bits)})
-        super().__init__({
+        members = {
             "cmd": In(stream.Signature(InstructionLayout())),
             "completed": Out(1),
             "busy": Out(1),
             "dram_base": In(32),
             "read_acc": Out(read_port_signature(acc_addr, acc_row_layout(config))),
             "read_table": Out(read_port_signature(table_addr, requant_row_layout(config))),
-            "axi_r": Out(_axi_read_port(config)),
             "axi_w": Out(_axi_write_port(config)),
             "error": Out(2),
             "error_pc": Out(32),
-        })
+        }
+        if config.sfu_residual:
+            members["residual"] = Out(residual_read_signature(config))
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
@@ -412,12 +489,7 @@ class StoreUnit(wiring.Component):
         wiring.connect(m, writer=writer.aw, axi=wiring.flipped(self.axi_w.aw))
         wiring.connect(m, writer=writer.w, axi=wiring.flipped(self.axi_w.w))
         wiring.connect(m, axi=wiring.flipped(self.axi_w.b), writer=writer.b)
-        if cfg.sfu_residual:
-            m.submodules.residual = residual = GatherReader(cfg)
-            wiring.connect(m, residual=residual.ar, axi=wiring.flipped(self.axi_r.ar))
-            wiring.connect(m, axi=wiring.flipped(self.axi_r.r), residual=residual.r)
-        else:
-            residual = None
+        residual = self.residual if cfg.sfu_residual else None
 
         word = self.cmd.payload.word
         config_op = _view(Opcode.CONFIG, word)
@@ -428,9 +500,11 @@ class StoreUnit(wiring.Component):
         m.d.comb += sfu.regs.eq(regs)
         m.d.comb += sfu.params.eq(self.read_table.resp.payload)
 
+        # Without pooling in the config there are no windows: a STORE walks its pixels only.
+        has_pooling = bool(cfg.sfu_pooling)
         s = Signal(LAYOUTS[Opcode.STORE])       # the STORE being executed
         pc = Signal(32)
-        pool_on = Signal()
+        window_pixels = Signal(16, init=1)      # win_h * win_w
         win_h = Signal(8)                        # window (1 x 1 without pooling)
         win_w = Signal(8)
         str_h = Signal(8)
@@ -440,56 +514,84 @@ class StoreUnit(wiring.Component):
             sfu.settings.act.eq(s.act),
             sfu.settings.pool.eq(s.pool),
             sfu.settings.residual.eq(s.residual),
-            sfu.settings.pool_count.eq(win_h * win_w),
+            sfu.settings.pool_count.eq(window_pixels),
         ]
 
         # pixel / window walk state
         oy = Signal(16)
         ox = Signal(16)
-        wy = Signal(8)
-        wx = Signal(8)
-        iy = Signal(signed(20))                 # image coordinate of the current window pixel
-        ix = Signal(signed(20))
-        wrow = Signal(signed(24))               # accumulator row of the current window pixel
-        oy_row = Signal(signed(24))             # ... of window pixel (0, 0) of output (oy, 0)
-        ox_row = Signal(signed(24))             # ... of window pixel (0, 0) of output (oy, ox)
-        oy_iy = Signal(signed(20))
-        ox_ix = Signal(signed(20))
-        row_step = Signal(signed(28))           # stride_h * in_w
+        # Accumulator rows are kept modulo 2**acc_addr_bits: a row is only read for a window
+        # pixel inside the image, whose row lies in the accumulator, and every update is an
+        # addition, so the low bits are exact where they are used.
+        row_bits = cfg.acc_addr_bits
+        wrow = Signal(row_bits)                 # accumulator row of the current window pixel
 
         # acc reads: one request per window pixel, metadata to the response side
         meta_layout = data.StructLayout({"first": 1, "last": 1, "pad": 1})
         m.submodules.meta = meta = fifo.SyncFIFO(width=meta_layout.size, depth=4)
-        inside = Signal()
-        m.d.comb += inside.eq((iy >= 0) & (iy < s.in_h) & (ix >= 0) & (ix < s.in_w))
         walking = Signal()
         last_pixel = Signal()
+        step = Signal()
         m.d.comb += [
             self.read_acc.req.valid.eq(walking & meta.w_rdy),
-            self.read_acc.req.payload.addr.eq(Mux(inside, wrow, s.acc_addr)),
-            meta.w_data.eq(Cat((wy == 0) & (wx == 0), (wy == win_h - 1) & (wx == win_w - 1), ~inside)),
             meta.w_en.eq(self.read_acc.req.valid & self.read_acc.req.ready),
+            step.eq(self.read_acc.req.valid & self.read_acc.req.ready),
         ]
-        step = Signal()
-        m.d.comb += step.eq(self.read_acc.req.valid & self.read_acc.req.ready)
-        with m.If(step):
-            with m.If(wx != win_w - 1):
-                m.d.sync += [wx.eq(wx + 1), ix.eq(ix + 1), wrow.eq(wrow + 1)]
-            with m.Elif(wy != win_h - 1):
-                m.d.sync += [wx.eq(0), wy.eq(wy + 1), ix.eq(ox_ix), iy.eq(iy + 1),
-                             wrow.eq(wrow - (win_w - 1) + s.in_w)]
-            with m.Elif(ox != s.out_w - 1):
-                nrow = ox_row + str_w
-                m.d.sync += [wx.eq(0), wy.eq(0), ox.eq(ox + 1), ox_row.eq(nrow), wrow.eq(nrow),
-                             ox_ix.eq(ox_ix + str_w), ix.eq(ox_ix + str_w), iy.eq(oy_iy)]
-            with m.Elif(oy != s.out_h - 1):
-                nrow = oy_row + row_step
-                m.d.sync += [wx.eq(0), wy.eq(0), ox.eq(0), oy.eq(oy + 1),
-                             oy_row.eq(nrow), ox_row.eq(nrow), wrow.eq(nrow),
-                             oy_iy.eq(oy_iy + str_h), iy.eq(oy_iy + str_h),
-                             ox_ix.eq(-s.pad_left), ix.eq(-s.pad_left)]
-            with m.Else():
-                m.d.comb += last_pixel.eq(1)
+        if has_pooling:
+            wy = Signal(8)
+            wx = Signal(8)
+            iy = Signal(signed(20))             # image coordinate of the current window pixel
+            ix = Signal(signed(20))
+            oy_row = Signal(row_bits)           # ... row of window pixel (0, 0) of output (oy, 0)
+            ox_row = Signal(row_bits)           # ... of window pixel (0, 0) of output (oy, ox)
+            oy_iy = Signal(signed(20))
+            ox_ix = Signal(signed(20))
+            row_step = Signal(row_bits)         # stride_h * in_w
+            # SETUP multiplies by shift-and-add, one bit of the 8-bit factors per cycle (no DSP
+            # blocks): pad_top * in_w, stride_h * in_w, win_h * win_w
+            factor_bit = Signal(range(9))
+            in_w_shifted = Signal(row_bits)
+            win_w_shifted = Signal(16)
+            top_rows = Signal(row_bits)         # pad_top * in_w
+            inside = Signal()
+            m.d.comb += [
+                inside.eq((iy >= 0) & (iy < s.in_h) & (ix >= 0) & (ix < s.in_w)),
+                self.read_acc.req.payload.addr.eq(Mux(inside, wrow, s.acc_addr)),
+                meta.w_data.eq(Cat((wy == 0) & (wx == 0), (wy == win_h - 1) & (wx == win_w - 1), ~inside)),
+            ]
+            with m.If(step):
+                with m.If(wx != win_w - 1):
+                    m.d.sync += [wx.eq(wx + 1), ix.eq(ix + 1), wrow.eq(wrow + 1)]
+                with m.Elif(wy != win_h - 1):
+                    m.d.sync += [wx.eq(0), wy.eq(wy + 1), ix.eq(ox_ix), iy.eq(iy + 1),
+                                 wrow.eq(wrow - (win_w - 1) + s.in_w)]
+                with m.Elif(ox != s.out_w - 1):
+                    nrow = ox_row + str_w
+                    m.d.sync += [wx.eq(0), wy.eq(0), ox.eq(ox + 1), ox_row.eq(nrow), wrow.eq(nrow),
+                                 ox_ix.eq(ox_ix + str_w), ix.eq(ox_ix + str_w), iy.eq(oy_iy)]
+                with m.Elif(oy != s.out_h - 1):
+                    nrow = oy_row + row_step
+                    m.d.sync += [wx.eq(0), wy.eq(0), ox.eq(0), oy.eq(oy + 1),
+                                 oy_row.eq(nrow), ox_row.eq(nrow), wrow.eq(nrow),
+                                 oy_iy.eq(oy_iy + str_h), iy.eq(oy_iy + str_h),
+                                 ox_ix.eq(-s.pad_left), ix.eq(-s.pad_left)]
+                with m.Else():
+                    m.d.comb += last_pixel.eq(1)
+        else:
+            # Without pooling an output pixel is its input pixel and in = out (docs/isa.md): the
+            # rows are acc_addr, acc_addr + 1, ... in order, each a window of its own.
+            m.d.comb += [
+                self.read_acc.req.payload.addr.eq(wrow),
+                meta.w_data.eq(Cat(1, 1, 0)),
+            ]
+            with m.If(step):
+                m.d.sync += wrow.eq(wrow + 1)
+                with m.If(ox != s.out_w - 1):
+                    m.d.sync += ox.eq(ox + 1)
+                with m.Elif(oy != s.out_h - 1):
+                    m.d.sync += [ox.eq(0), oy.eq(oy + 1)]
+                with m.Else():
+                    m.d.comb += last_pixel.eq(1)
 
         # acc response (+ residual row) -> SFU
         mt = Signal(meta_layout)
@@ -508,6 +610,10 @@ class StoreUnit(wiring.Component):
                 m.d.comb += sfu_in.residual[c].eq(_bytes_le(res_row.data, c * ib, ib))
             m.d.comb += res_ok.eq(~s.residual | residual.rows.valid)
             m.d.comb += residual.rows.ready.eq(s.residual & sfu.i.valid & sfu.i.ready)
+            # the first error response of the STORE's residual rows
+            with m.If(residual.rows.valid & residual.rows.ready & (res_row.resp != 0) &
+                      (self.error == 0)):
+                m.d.sync += [self.error.eq(res_row.resp), self.error_pc.eq(pc)]
         m.d.comb += [
             sfu.i.valid.eq(self.read_acc.resp.valid & res_ok & meta.r_rdy),
             self.read_acc.resp.ready.eq(sfu.i.ready & res_ok & meta.r_rdy),
@@ -554,29 +660,46 @@ class StoreUnit(wiring.Component):
                             m.d.sync += getattr(regs, name).eq(getattr(config_op, name))
                         m.next = "CONFIG_DONE"
                     with m.Else():
-                        pooling = store_op.pool != PoolMode.NONE
-                        m.d.sync += [
-                            s.eq(store_op), pool_on.eq(pooling),
-                            win_h.eq(Mux(pooling, store_op.pool_h, 1)),
-                            win_w.eq(Mux(pooling, store_op.pool_w, 1)),
-                            str_h.eq(Mux(pooling, store_op.stride_h, 1)),
-                            str_w.eq(Mux(pooling, store_op.stride_w, 1)),
-                        ]
+                        m.d.sync += s.eq(store_op)
+                        if has_pooling:
+                            pooling = store_op.pool != PoolMode.NONE
+                            m.d.sync += [
+                                win_h.eq(Mux(pooling, store_op.pool_h, 1)),
+                                win_w.eq(Mux(pooling, store_op.pool_w, 1)),
+                                str_h.eq(Mux(pooling, store_op.stride_h, 1)),
+                                str_w.eq(Mux(pooling, store_op.stride_w, 1)),
+                                factor_bit.eq(0), in_w_shifted.eq(store_op.in_w),
+                                win_w_shifted.eq(Mux(pooling, store_op.pool_w, 1)),
+                                top_rows.eq(0), row_step.eq(0), window_pixels.eq(0),
+                            ]
                         m.next = "SETUP"
             with m.State("CONFIG_DONE"):
                 m.d.comb += self.completed.eq(1)
                 m.next = "IDLE"
             with m.State("SETUP"):
                 m.d.comb += self.busy.eq(1)
-                top = -s.pad_top
-                first_row = s.acc_addr + top * s.in_w - s.pad_left
-                m.d.sync += [
-                    oy.eq(0), ox.eq(0), wy.eq(0), wx.eq(0),
-                    oy_iy.eq(top), iy.eq(top), ox_ix.eq(-s.pad_left), ix.eq(-s.pad_left),
-                    oy_row.eq(first_row), ox_row.eq(first_row), wrow.eq(first_row),
-                    row_step.eq(str_h * s.in_w),
-                ]
-                m.next = "TABLE"
+                if has_pooling:
+                    with m.If(factor_bit != 8):
+                        m.d.sync += [
+                            top_rows.eq(top_rows + Mux(s.pad_top.bit_select(factor_bit, 1), in_w_shifted, 0)),
+                            row_step.eq(row_step + Mux(str_h.bit_select(factor_bit, 1), in_w_shifted, 0)),
+                            window_pixels.eq(window_pixels +
+                                             Mux(win_h.bit_select(factor_bit, 1), win_w_shifted, 0)),
+                            in_w_shifted.eq(in_w_shifted << 1), win_w_shifted.eq(win_w_shifted << 1),
+                            factor_bit.eq(factor_bit + 1),
+                        ]
+                    with m.Else():
+                        top = -s.pad_top
+                        first_row = s.acc_addr - top_rows - s.pad_left
+                        m.d.sync += [
+                            oy.eq(0), ox.eq(0), wy.eq(0), wx.eq(0),
+                            oy_iy.eq(top), iy.eq(top), ox_ix.eq(-s.pad_left), ix.eq(-s.pad_left),
+                            oy_row.eq(first_row), ox_row.eq(first_row), wrow.eq(first_row),
+                        ]
+                        m.next = "TABLE"
+                else:
+                    m.d.sync += [oy.eq(0), ox.eq(0), wrow.eq(s.acc_addr)]
+                    m.next = "TABLE"
             with m.State("TABLE"):
                 m.d.comb += [self.busy.eq(1), self.read_table.req.valid.eq(1),
                              self.read_table.req.payload.addr.eq(s.qrow)]
@@ -586,11 +709,21 @@ class StoreUnit(wiring.Component):
                 # the table row is on resp.payload from now on; the SFU samples params a cycle
                 # before the first beat
                 m.d.comb += self.busy.eq(1)
-                m.next = "START"
+                if residual is not None:
+                    with m.If(s.residual):
+                        m.next = "RESIDUAL"
+                    with m.Else():
+                        m.next = "START"
+                else:
+                    m.next = "START"
+            if residual is not None:
+                with m.State("RESIDUAL"):
+                    # the residual read waits for the shared GatherReader
+                    m.d.comb += [self.busy.eq(1), residual.cmd.valid.eq(1)]
+                    with m.If(residual.cmd.ready):
+                        m.next = "START"
             with m.State("START"):
                 m.d.comb += [self.busy.eq(1), writer.cmd.valid.eq(1)]
-                if residual is not None:
-                    m.d.comb += residual.cmd.valid.eq(s.residual)
                 with m.If(writer.cmd.ready):
                     m.next = "WALK"
             with m.State("WALK"):
@@ -599,18 +732,13 @@ class StoreUnit(wiring.Component):
                     m.next = "DRAIN"
             with m.State("DRAIN"):
                 m.d.comb += self.busy.eq(1)
+                # every residual row went into the SFU with its accumulator beat
                 drained = ~writer.busy & sfu.idle & ~self.read_acc.resp.valid
-                if residual is not None:
-                    drained = drained & ~residual.busy
                 with m.If(drained):
                     m.d.comb += [self.completed.eq(1), self.read_table.resp.ready.eq(1)]
                     m.next = "IDLE"
 
-        errors = [writer.error] + ([residual.error] if residual is not None else [])
-        for err in errors:
-            with m.If(err != 0):
-                m.d.sync += [self.error.eq(err), self.error_pc.eq(pc)]
+        with m.If(writer.error != 0):
+            m.d.sync += [self.error.eq(writer.error), self.error_pc.eq(pc)]
         m.d.comb += writer.clear_error.eq(self.cmd.valid & self.cmd.ready)
-        if residual is not None:
-            m.d.comb += residual.clear_error.eq(self.cmd.valid & self.cmd.ready)
         return m

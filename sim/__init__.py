@@ -1,4 +1,4 @@
-"""Simulation: the reference arithmetic (:mod:`.arith`), the golden model of ISA v1
+"""Simulation: the reference arithmetic (:mod:`.arith`), the golden model of ISA v2
 (:mod:`.golden`) and example programs with their expected results (:mod:`.programs`).
 
 The names below are imported on first use, so that ``import systolic.sim.arith`` stays light

@@ -1,4 +1,4 @@
-"""The golden model: a numpy interpreter of ISA v1 (docs/isa.md), bit-exact and with the
+"""The golden model: a numpy interpreter of ISA v2 (docs/isa.md), bit-exact and with the
 documented cycle estimate.
 
 It is the executable definition of the instruction set: the RTL and the compiler are tested
@@ -36,10 +36,13 @@ Where docs/isa.md leaves a detail open, this model decides as follows (to be wri
   queue ends (completion is in order, so a SYNC's token follows the COMPUTEs before it). The j-th
   token pushed into a channel arrives at max(end, the start of the instruction that took token
   j - token_depth). FINISH starts at max(its dispatch, the latest end or token arrival) and takes
-  1 cycle; its end is the program's cycle count. DRAM bytes count each in-image element read or
-  written (instruction fetch excluded); a STORE's DRAM beats count one row per output pixel, and
-  a STORE adds the latency of :func:`~systolic.hw.sfu.sfu_latency` (``avg=True`` for
+  1 cycle; its end is the program's cycle count. A STORE's DRAM beats count one row per output
+  pixel, and a STORE adds the latency of :func:`~systolic.hw.sfu.sfu_latency` (``avg=True`` for
   average pooling).
+* DRAM traffic (``dram_read_bytes``, ``dram_write_bytes``) is counted as the hardware counters
+  count it: bus bytes, every beat the DMA transfers times the bus width, whole beats even when
+  only some of their bytes are used (docs/isa.md, "Performance counters"); instruction fetch is
+  not counted.
 """
 
 from __future__ import annotations
@@ -145,8 +148,8 @@ class RunResult:
     timings: list[InstrTiming]       #: one per executed instruction, in program order
     macs: int                        #: sum of m*k*n over COMPUTEs (useful multiply-accumulates)
     busy: dict[str, int]             #: cycles each unit (load/compute/store) was occupied
-    dram_read_bytes: int             #: bytes read by LOADs and residual reads of STOREs
-    dram_write_bytes: int            #: bytes written by STOREs
+    dram_read_bytes: int             #: bus bytes (beats x dma_bytes) read by LOADs and residual reads
+    dram_write_bytes: int            #: bus bytes (beats x dma_bytes) written by STOREs
     instructions: int                #: instructions executed, FINISH included
     peak_macs_per_cycle: int = 1     #: rows * cols of the array
     state: MachineState | None = None   #: on-chip memories and registers at FINISH
@@ -360,6 +363,22 @@ def _bus_beats(addr: np.ndarray, inside: np.ndarray | None, esz: int, beat: int)
     return int(np.maximum(per_row, 1).sum()), int(nbytes.sum())
 
 
+def _dma_bus_bytes(addr: np.ndarray, esz: int, beat: int) -> int:
+    """Bus bytes (beats x ``beat`` bytes) the DMA transfers for the elements of one LOAD, STORE
+    or residual read at byte addresses ``addr`` (in-image elements only, in element order): each
+    element lies in beats ``addr // beat .. (addr + esz - 1) // beat``; an element whose first
+    beat is the previous element's last beat shares it (the DMA keeps the last beat of a run and
+    packs runs that meet in one beat into it, hw/dma.py), so the count is the concatenated beat
+    sequence with consecutive repeats removed."""
+    flat = np.asarray(addr, np.int64).reshape(-1)
+    if flat.size == 0:
+        return 0
+    first = flat // beat
+    last = (flat + esz - 1) // beat
+    beats = int((last - first + 1).sum()) - int(np.count_nonzero(first[1:] == last[:-1]))
+    return beats * beat
+
+
 def _steps(n_a: int, step_a: int, n_b: int, step_b: int) -> np.ndarray:
     """a * step_a + b * step_b for a < n_a, b < n_b, flattened with b fastest."""
     return (np.arange(n_a, dtype=np.int64)[:, None] * step_a
@@ -385,7 +404,7 @@ class _Run:
         self.weights = np.zeros((c.rows, c.cols), np.int64)
         self.weights_kn: tuple[int, int] | None = None
         self.sfu = {"zp_out": 0, "act_lo": 0, "act_hi": 0, "avg_mult": 0, "avg_shift": 0,
-                    "res_zp": 0, "res_mult": 0, "res_shift": 0}
+                    "res_zp": 0, "res_mult": 0, "tie_out": 0, "avg_tie_out": 0}
         # token channels (from queue, to queue): FIFO of (vector clock, arrival cycle)
         self.channels: dict[tuple[int, int], deque[tuple[np.ndarray | None, int]]] = {
             (0, 1): deque(), (1, 0): deque(), (1, 2): deque(), (2, 1): deque()}
@@ -778,8 +797,8 @@ class _Run:
             target = self.spad if dst == _SPAD else self.acc
             target[row0:row0 + nrows, col0:col0 + width] = values.reshape(nrows, width)
 
-        beats, nbytes = _bus_beats(addr, inside, esz, self.dma_bytes)
-        self.read_bytes += nbytes
+        beats, _ = _bus_beats(addr, inside, esz, self.dma_bytes)
+        self.read_bytes += _dma_bus_bytes(taken, esz, self.dma_bytes)
         return self.dram_latency + beats
 
     # -- COMPUTE ----------------------------------------------------------------------------
@@ -1045,7 +1064,7 @@ class _Run:
             v = sfu_pointwise(image, entry[:, 0], entry[:, 1], entry[:, 2], zp_out=s["zp_out"],
                               act=act, act_lo=s["act_lo"], act_hi=s["act_hi"],
                               acc_range=c.acc_range, out_range=c.output_range, residual=res,
-                              res_zp=s["res_zp"], res_mult=s["res_mult"], res_shift=s["res_shift"])
+                              res_zp=s["res_zp"], res_mult=s["res_mult"], tie_out=s["tie_out"])
             if pool == PoolMode.MAX.value:
                 out = _max_pool(v, f, out_h, out_w)
             elif pool == PoolMode.AVG.value:
@@ -1053,17 +1072,17 @@ class _Run:
                 out = avg_pool_finish(total, f["pool_h"] * f["pool_w"], zp_out=s["zp_out"],
                                       avg_mult=s["avg_mult"], avg_shift=s["avg_shift"], act=act,
                                       act_lo=s["act_lo"], act_hi=s["act_hi"],
-                                      out_range=c.output_range)
+                                      out_range=c.output_range, tie_out=s["avg_tie_out"])
             else:
                 out = v
         self.dram[_byte_addresses(out_addr, esz)] = _spread_bytes(out.reshape(-1), esz)
 
-        beats, nbytes = _bus_beats(out_addr, None, esz, c.dma_bytes)
-        self.write_bytes += nbytes
+        beats, _ = _bus_beats(out_addr, None, esz, c.dma_bytes)
+        self.write_bytes += _dma_bus_bytes(out_addr, esz, c.dma_bytes)
         if residual:
-            res_beats, res_bytes = _bus_beats(res_addr, None, c.input_bytes, c.dma_bytes)
+            res_beats, _ = _bus_beats(res_addr, None, c.input_bytes, c.dma_bytes)
             beats += res_beats + c.dram_latency
-            self.read_bytes += res_bytes
+            self.read_bytes += _dma_bus_bytes(res_addr, c.input_bytes, c.dma_bytes)
         sfu_cycles = out_h * out_w * (f["pool_h"] * f["pool_w"] if pool else 1)
         latency = self.sfu_avg_latency if pool == PoolMode.AVG.value else self.sfu_latency
         return max(sfu_cycles, beats) + latency
@@ -1072,9 +1091,8 @@ class _Run:
 
     def _config(self, op: _Op) -> int:
         f = op.f
-        for name in ("avg_shift", "res_shift"):
-            if f[name] > MAX_SHIFT:
-                raise _fail(op, name, f"{name} must be 0..{MAX_SHIFT}, not {f[name]}")
+        if f["avg_shift"] > MAX_SHIFT:
+            raise _fail(op, "avg_shift", f"avg_shift must be 0..{MAX_SHIFT}, not {f['avg_shift']}")
         for name in self.sfu:
             self.sfu[name] = f[name]
         return 1
@@ -1139,7 +1157,7 @@ def _window_sum(v: np.ndarray, f: dict[str, int], out_h: int, out_w: int, pad_va
 
 
 class GoldenModel:
-    """The reference interpreter of ISA v1 for one accelerator configuration."""
+    """The reference interpreter of ISA v2 for one accelerator configuration."""
 
     def __init__(self, config: AcceleratorConfig) -> None:
         if not isinstance(config, AcceleratorConfig):

@@ -1,4 +1,4 @@
-"""Reusable example programs: complete, token-synchronized, double-buffered ISA v1 programs with
+"""Reusable example programs: complete, token-synchronized, double-buffered ISA v2 programs with
 their DRAM image and the numpy result they must produce.
 
 They show how a compiler uses the ISA (tiling over M, K and N with partial tiles, weight reuse in
@@ -152,14 +152,15 @@ class _Sfu:
     act_hi: int
     res_zp: int = 0
     res_mult: int = 0
-    res_shift: int = 0
     avg_mult: int = 0
     avg_shift: int = 0
+    tie_out: int = 0
+    avg_tie_out: int = 0
 
     def config_instruction(self) -> Instruction:
         return Instruction("CONFIG", zp_out=self.zp_out, act_lo=self.act_lo, act_hi=self.act_hi,
                            avg_mult=self.avg_mult, avg_shift=self.avg_shift, res_zp=self.res_zp,
-                           res_mult=self.res_mult, res_shift=self.res_shift)
+                           res_mult=self.res_mult, tie_out=self.tie_out, avg_tie_out=self.avg_tie_out)
 
     def table_bytes(self, channels: int) -> np.ndarray:
         """12-byte entries (bias, mult, shift as int32) for ``channels`` channels, zero-padded."""
@@ -174,7 +175,7 @@ class _Sfu:
                              act=self.act if act is None else act, act_lo=self.act_lo,
                              act_hi=self.act_hi, acc_range=config.acc_range,
                              out_range=config.output_range, residual=residual, res_zp=self.res_zp,
-                             res_mult=self.res_mult, res_shift=self.res_shift)
+                             res_mult=self.res_mult, tie_out=self.tie_out)
 
 
 def _make_sfu(rng: np.random.Generator, config: AcceleratorConfig, channels: int, terms: int, *,
@@ -347,9 +348,9 @@ def _conv_program(config: AcceleratorConfig, name: str, rng: np.random.Generator
         sfu = _make_sfu(rng, c, cout, kh * kw * cin, act=act, per_channel=per_channel,
                         extremes=extremes)
         if residual is not None:
-            res_mult, res_shift = choose_multiplier(float(rng.uniform(0.5, 1.5)))
+            _share_shift(sfu, float(rng.uniform(0.5, 1.5)))
             sfu.res_zp = int(rng.integers(c.input_range[0] // 4, c.input_range[1] // 4 + 1))
-            sfu.res_mult, sfu.res_shift = res_mult, res_shift
+            sfu.tie_out = int(rng.integers(0, 2))
         table_addr = image.add("table", sfu.table_bytes(n_tiles * C))
         prologue = [
             sfu.config_instruction(),
@@ -542,10 +543,24 @@ def conv_case(config: AcceleratorConfig, H: int, W: int, Cin: int, Cout: int, kh
                          act=act_code, per_channel=per_channel, extremes=False, residual=None)
 
 
+def _share_shift(sfu: _Sfu, res_scale: float) -> None:
+    """Give every channel and the residual ONE shift (the residual term is shifted by the table
+    entry's shift, docs/isa.md STORE): the smallest of the channels' shifts and the one
+    ``choose_multiplier`` picks for ``res_scale``, with the multipliers rescaled to it."""
+    res_mult, res_shift = choose_multiplier(res_scale)
+    common = min(int(sfu.shift.min()), res_shift)
+    sfu.mult = np.array([(int(mu) + (1 << (sh - common - 1))) >> (sh - common) if sh > common else int(mu)
+                         for mu, sh in zip(sfu.mult, sfu.shift, strict=True)], np.int64)
+    sfu.shift = np.full(sfu.shift.shape, common, np.int64)
+    sfu.res_mult = (res_mult + (1 << (res_shift - common - 1))) >> (res_shift - common) \
+        if res_shift > common else res_mult
+
+
 def residual_case(config: AcceleratorConfig, M: int, K: int, N: int, *, seed: int = 0,
                   act: str = "relu") -> Case:
     """A GEMM (a 1x1 convolution) whose STOREs add a residual M x N tensor of the input type
-    (a ResNet shortcut): ``act(requant(A.B) + requant(res - res_zp))``."""
+    (a ResNet shortcut): ``act(round(A.B * mult + (res - res_zp) * res_mult, shift))``, one
+    rounding with one shift for all channels, as a compiler emits it."""
     _positive(M=M, K=K, N=N)
     if not config.sfu_residual:
         raise ValueError("residual_case needs a config with sfu_residual = true")
@@ -625,6 +640,8 @@ def pool_case(config: AcceleratorConfig, H: int, W: int, channels: int, *, pool:
                act_hi=int(rng.integers(zp_out, out_hi + 1)))
     if pool == "avg":
         sfu.avg_mult, sfu.avg_shift = choose_multiplier(1.0 / (kh * kw))
+        # either tie choice: power-of-two windows make exact ties common
+        sfu.avg_tie_out = int(rng.integers(0, 2))
 
     image = _Image()
     ib = c.input_bytes
@@ -672,7 +689,8 @@ def pool_case(config: AcceleratorConfig, H: int, W: int, channels: int, *, pool:
     else:
         result = avg_pool_finish(np.sum(windows, axis=0), kh * kw, zp_out=zp_out,
                                  avg_mult=sfu.avg_mult, avg_shift=sfu.avg_shift, act=act_code,
-                                 act_lo=sfu.act_lo, act_hi=sfu.act_hi, out_range=c.output_range)
+                                 act_lo=sfu.act_lo, act_hi=sfu.act_hi, out_range=c.output_range,
+                                 tie_out=sfu.avg_tie_out)
     expected = {"out": (out_addr, result.astype(_dtype(c.input_bits, c.input_signed)))}
     regions = {k: (a, len(b)) for k, (a, b) in image.regions.items()}
     name = (f"{'global ' if global_pool else ''}{pool} pool {H}x{W}x{channels} k{kh}x{kw} "

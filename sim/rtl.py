@@ -2,10 +2,15 @@
 
 :class:`RTLRunner` builds ``sim_top`` (``sim/hdl/sim_top.sv``: the accelerator ``systolic_top``,
 the DRAM model ``sim/hdl/axi_ram.sv``, a clock and reset generated inside the HDL) once per
-configuration and design, then for each :meth:`RTLRunner.run`: loads the DRAM image through the
-RAM's back door, writes the CSRs (``prog_addr``, ``prog_len``, ``dram_base``, then ``ctrl.start``),
-sleeps until ``irq`` or a cycle watchdog, reads ``status`` and the performance counters, dumps DRAM
-and returns a :class:`RTLRunResult` (a :class:`systolic.sim.golden.RunResult` plus every counter).
+configuration and design. :meth:`RTLRunner.run_many` runs a batch of jobs (:class:`RTLJob`) in
+one simulator process; for each job it restarts the core from reset, loads the DRAM image through
+the RAM's back door, writes the CSRs (``prog_addr``, ``prog_len``, ``dram_base``, then
+``ctrl.start``), sleeps until ``irq`` or the job's cycle watchdog, reads ``status`` and the
+performance counters and dumps DRAM. Each job gives a :class:`RTLRunResult` (a
+:class:`systolic.sim.golden.RunResult` plus every counter) or, when the accelerator hung or
+reported an error, an :class:`RTLError` in its place: one failed job does not stop the batch.
+:meth:`RTLRunner.run` is a batch of one that raises the error. Starting the simulator costs a
+second or more, so many short programs are much cheaper as one batch.
 
 Memory models (``memory=``):
 
@@ -15,10 +20,11 @@ Memory models (``memory=``):
 * ``"axi-random"``: cocotbext-axi's ``AxiRam`` on the accelerator's AXI4 port with random pauses
   on every channel (seeded): slow (Python per beat), for protocol robustness.
 
-The pytest side and the cocotb side (:mod:`systolic.sim.rtl_cocotb`) exchange files in a job
-directory under the build directory: ``job.json`` and ``dram.bin`` in, ``result.json`` and
-``dram_out.bin`` out. Builds are cached by :func:`systolic.sim.tools.cocotb_build` per config hash
-and design hash; the Verilog of ``systolic_top`` is cached per config and hw/ source hash.
+The pytest side and the cocotb side (:mod:`systolic.sim.rtl_cocotb`) exchange files under the
+build directory: a batch file listing the jobs, and per job a directory with ``job.json`` and
+``dram.bin`` in, ``result.json`` and ``dram_out.bin`` out (kept when the job fails). Builds are
+cached by :func:`systolic.sim.tools.cocotb_build` per config hash and design hash; the Verilog of
+``systolic_top`` is cached per config and hw/ source hash.
 
 Units: addresses and sizes in bytes, time in clock cycles unless named otherwise.
 """
@@ -30,19 +36,20 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from systolic.hw.config import AcceleratorConfig
-from systolic.hw.isa import INSTR_BYTES, Opcode, Program
+from systolic.hw.isa import INSTR_BYTES, IsaError, Opcode, Program, decode
 from systolic.sim import tools
 from systolic.sim.golden import QUEUE_NAMES, RunResult
 from systolic.sim.rtl_cocotb import JOB_ENV, read_memh, write_memh
 
 __all__ = [
-    "RTLRunner", "RTLRunResult", "RTLError", "RTLTimeoutError", "RTLDeviceError",
+    "RTLRunner", "RTLJob", "RTLRunResult", "RTLError", "RTLTimeoutError", "RTLDeviceError",
     "MEMORY_MODELS", "DEFAULT_DRAM_BYTES", "MAX_DRAM_BYTES", "HDL_DIR", "SIM_TOP", "ACCELERATOR_TOP",
     "JOB_ENV", "CLOCK_PERIOD_NS", "SIM_BUILD_ARGS",
     "hdl_source", "write_memh", "read_memh", "accelerator_verilog", "sim_top_verilog", "build_sim_top",
@@ -91,13 +98,33 @@ class RTLError(ValueError):
 
 
 class RTLTimeoutError(RTLError):
-    """The watchdog expired before the accelerator raised irq; the message names the last
-    program counter read from the ``pc`` CSR."""
+    """The watchdog expired before the accelerator raised irq; the message names the program
+    counter read from the ``pc`` CSR (the next instruction to dispatch), the last instruction
+    dispatched and what the accelerator waits for (the stall counters that still grow)."""
 
 
 class RTLDeviceError(RTLError):
     """The accelerator stopped with an error code in ``status``; the message names the code and
     the instruction (``error_pc``)."""
+
+
+@dataclass(frozen=True, eq=False)
+class RTLJob:
+    """One program run of a batch (:meth:`RTLRunner.run_many`); the fields are the arguments of
+    :meth:`RTLRunner.run`.
+
+    ``program`` is a :class:`Program` (its config hash is checked) or raw instruction words as
+    ``bytes`` (a multiple of 64 bytes, not checked: to test how the accelerator treats illegal
+    words). ``dram`` is the 1-D uint8 image, byte 0 = address 0; ``prog_addr`` the byte address
+    the words are written to and fetched from; ``max_cycles`` the watchdog, in cycles;
+    ``dram_base`` the CSR of that name; ``slverr`` a byte range [lo, hi) answering SLVERR."""
+
+    program: Program | bytes
+    dram: np.ndarray
+    prog_addr: int
+    max_cycles: int
+    dram_base: int = 0
+    slverr: tuple[int, int] | None = None
 
 
 @dataclass
@@ -110,7 +137,8 @@ class RTLRunResult(RunResult):
     sim_cycles: int = 0          #: cycles from the start write to irq, counted by sim_top
     run_seconds: float = 0.0     #: wall time of those cycles in the simulator, seconds
     run_cpu_seconds: float = 0.0  #: CPU time of the simulator process for those cycles, seconds
-    wall_seconds: float = 0.0    #: wall time of the cocotb test (load, run, counters, dump), seconds
+    wall_seconds: float = 0.0    #: wall time of the job in the simulator (restart, load, run,
+    #: counters, dump), seconds
     memory: str = "fast"         #: the DRAM model used
     waveform: str | None = None  #: the VCD file of a run with ``waves``
 
@@ -202,8 +230,8 @@ class RTLRunner:
     the largest DRAM image :meth:`run` accepts (the model is built with at least
     :data:`DEFAULT_DRAM_BYTES`, so that smaller sizes share one build). ``verilog`` replaces the
     generated ``systolic_top`` with the given Verilog text of a module of that name and ports
-    (e.g. a post-synthesis netlist). The build happens at the first :meth:`run` (or
-    :meth:`build`)."""
+    (e.g. a post-synthesis netlist). The build happens at the first :meth:`run` or
+    :meth:`run_many` (or :meth:`build`)."""
 
     def __init__(self, config: AcceleratorConfig, *, memory: str = "fast", seed: int = 0,
                  waves: bool = False, dram_bytes: int = DEFAULT_DRAM_BYTES,
@@ -241,7 +269,7 @@ class RTLRunner:
                                             waves=self.waves)
         return self._build_dir
 
-    def run(self, program: Program, dram: np.ndarray, *, prog_addr: int, max_cycles: int,
+    def run(self, program: Program | bytes, dram: np.ndarray, *, prog_addr: int, max_cycles: int,
             dram_base: int = 0, slverr: tuple[int, int] | None = None) -> RTLRunResult:
         """Run ``program`` against a copy of ``dram`` (1-D uint8, byte 0 = address 0).
 
@@ -251,14 +279,55 @@ class RTLRunner:
         answer DECERR; AxiRam ("axi-random") serves all of ``dram_bytes``. ``max_cycles`` is
         the watchdog, in cycles from the start write. ``dram_base`` is written to the CSR of that
         name. ``slverr=(lo, hi)`` makes bus words at addresses in [lo, hi) answer SLVERR (fast
-        memory models only).
+        memory models only). ``program`` may also be raw instruction words (see :class:`RTLJob`).
 
         Raises :class:`RTLTimeoutError` when the watchdog expires, :class:`RTLDeviceError` when
         the accelerator reports an error, :class:`systolic.sim.tools.ToolError` when the build
         or the simulator fails."""
-        if not isinstance(program, Program):
-            raise TypeError(f"program must be a Program, not {type(program).__name__}")
-        program.check_config(self.config)
+        job = RTLJob(program, dram, prog_addr, max_cycles, dram_base, slverr)
+        (outcome,) = self._execute([self._prepare(job)])
+        if isinstance(outcome, RTLError):
+            raise outcome
+        return outcome
+
+    def run_many(self, jobs: Sequence[RTLJob]) -> list[RTLRunResult | RTLError]:
+        """Run ``jobs`` one after the other in one simulator process, each from reset, and return
+        one outcome per job, in order: its :class:`RTLRunResult`, or the
+        :class:`RTLTimeoutError` or :class:`RTLDeviceError` that :meth:`run` would raise for it
+        (returned, not raised: the other jobs still run).
+
+        Every job is checked before the simulator starts (errors name the job: ``jobs[3]: ...``).
+        With ``"fast-random"`` and ``"axi-random"``, job i's backpressure is seeded with
+        ``seed + i``. Raises :class:`RTLError` when the simulated accelerator is built for another
+        config and :class:`systolic.sim.tools.ToolError` when the build or the simulator fails."""
+        if isinstance(jobs, RTLJob) or not isinstance(jobs, Sequence):
+            raise TypeError(f"jobs must be a sequence of RTLJob, not {type(jobs).__name__}")
+        prepared = []
+        for index, job in enumerate(jobs):
+            if not isinstance(job, RTLJob):
+                raise TypeError(f"jobs[{index}] must be an RTLJob, not {type(job).__name__}")
+            try:
+                prepared.append(self._prepare(job))
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"jobs[{index}]: {exc}") from None
+        if not prepared:
+            return []
+        return self._execute(prepared)
+
+    def _prepare(self, job: RTLJob) -> tuple[RTLJob, np.ndarray, bytes]:
+        """Check ``job`` against this runner; returns (job, DRAM image with the program, words)."""
+        program, dram = job.program, job.dram
+        if isinstance(program, Program):
+            program.check_config(self.config)
+            words = program.words()
+        elif isinstance(program, bytes | bytearray):
+            if not program or len(program) % INSTR_BYTES:
+                raise ValueError(f"program words must be a nonzero multiple of {INSTR_BYTES} bytes, "
+                                 f"not {len(program)} bytes")
+            words = bytes(program)
+        else:
+            raise TypeError(f"program must be a Program or instruction words (bytes), not "
+                            f"{type(program).__name__}")
         if not isinstance(dram, np.ndarray) or dram.dtype != np.uint8 or dram.ndim != 1:
             raise TypeError(f"dram must be a 1-D numpy array of uint8, not {type(dram).__name__}"
                             + (f" of {dram.dtype} with shape {dram.shape}"
@@ -266,7 +335,7 @@ class RTLRunner:
         if dram.size == 0 or dram.size > self.dram_bytes:
             raise ValueError(f"dram must hold between 1 and {self.dram_bytes} bytes (the simulated "
                              f"DRAM, RTLRunner dram_bytes), not {dram.size}")
-        words = program.words()
+        prog_addr = job.prog_addr
         _check_int("prog_addr", prog_addr, 0, (1 << 32) - 1)
         if prog_addr % INSTR_BYTES:
             raise ValueError(f"prog_addr must be a multiple of {INSTR_BYTES} bytes (instruction "
@@ -274,8 +343,9 @@ class RTLRunner:
         if prog_addr + len(words) > dram.size:
             raise ValueError(f"prog_addr: the program's {len(words)} bytes at {prog_addr:#x} must fit "
                              f"in the {dram.size}-byte DRAM image, but end at {prog_addr + len(words):#x}")
-        _check_int("max_cycles", max_cycles, 1, 1 << 62)
-        _check_int("dram_base", dram_base, 0, (1 << 32) - 1)
+        _check_int("max_cycles", job.max_cycles, 1, 1 << 62)
+        _check_int("dram_base", job.dram_base, 0, (1 << 32) - 1)
+        slverr = job.slverr
         if slverr is not None:
             if self.memory == "axi-random":
                 raise ValueError("slverr needs a fast memory model ('fast' or 'fast-random'), "
@@ -285,71 +355,96 @@ class RTLRunner:
                     and 0 <= slverr[0] <= slverr[1] <= 1 << 32):
                 raise ValueError(f"slverr must be a pair (lo, hi) of byte addresses with "
                                  f"0 <= lo <= hi <= 2**32, not {slverr!r}")
-
         image = dram.copy()
         image[prog_addr:prog_addr + len(words)] = np.frombuffer(words, np.uint8)
-        build_dir = self.build()
-        return self._execute(build_dir, program, image, prog_addr=prog_addr, max_cycles=max_cycles,
-                             dram_base=dram_base, slverr=slverr)
+        return job, image, words
 
     # -- one simulator process ---------------------------------------------------------------
 
-    def _execute(self, build_dir: Path, program: Program, image: np.ndarray, *, prog_addr: int,
-                 max_cycles: int, dram_base: int, slverr: tuple[int, int] | None) -> RTLRunResult:
+    def _execute(self, prepared: list[tuple[RTLJob, np.ndarray, bytes]]
+                 ) -> list[RTLRunResult | RTLError]:
         from systolic.hw.csr import COUNTERS, register_map
 
-        jobs = build_dir / "jobs"
-        jobs.mkdir(exist_ok=True)
-        job_dir = Path(tempfile.mkdtemp(prefix="job-", dir=jobs))
+        build_dir = self.build()
+        jobs_dir = build_dir / "jobs"
+        jobs_dir.mkdir(exist_ok=True)
         word_bytes = self.config.dma_bytes
-        limit = -(-image.size // word_bytes) * word_bytes
-        job = {
+        entries = []
+        for index, (job, image, words) in enumerate(prepared):
+            job_dir = Path(tempfile.mkdtemp(prefix="job-", dir=jobs_dir))
+            entry = {
+                "dir": str(job_dir),
+                "seed": self.seed + index,
+                "image": str(job_dir / "dram.bin"),
+                "image_bytes": int(image.size),
+                "limit_bytes": -(-image.size // word_bytes) * word_bytes,
+                "prog_addr": job.prog_addr,
+                "prog_len": len(words) // INSTR_BYTES,
+                "dram_base": job.dram_base,
+                "max_cycles": job.max_cycles,
+                "slverr": list(job.slverr) if job.slverr is not None else None,
+                "result": str(job_dir / "result.json"),
+                "dram_out": str(job_dir / "dram_out.bin"),
+            }
+            image.tofile(entry["image"])
+            (job_dir / "job.json").write_text(json.dumps(entry, indent=1))
+            entries.append(entry)
+        batch = {
             "memory": self.memory,
-            "seed": self.seed,
             "dram_bytes": self.dram_bytes,
             "word_bytes": word_bytes,
-            "image": str(job_dir / "dram.bin"),
-            "image_bytes": int(image.size),
-            "limit_bytes": limit,
-            "prog_addr": prog_addr,
-            "prog_len": len(program.instructions),
-            "dram_base": dram_base,
-            "max_cycles": max_cycles,
             "poll_cycles": _POLL_CYCLES,
             "period_ns": CLOCK_PERIOD_NS,
-            "slverr": list(slverr) if slverr is not None else None,
             "config_hash": self.config.hash,
             "registers": register_map(),
             "counters": [name for name, _ in COUNTERS],
-            "result": str(job_dir / "result.json"),
-            "dram_out": str(job_dir / "dram_out.bin"),
+            "jobs": entries,
         }
-        image.tofile(job["image"])
-        (job_dir / "job.json").write_text(json.dumps(job, indent=1))
+        handle, batch_path = tempfile.mkstemp(prefix="batch-", suffix=".json", dir=jobs_dir)
+        with os.fdopen(handle, "w") as out:
+            json.dump(batch, out)
         # cocotb logs warnings and errors only, unless the environment asks for more
-        env = {JOB_ENV: str(job_dir / "job.json"),
+        env = {JOB_ENV: batch_path,
                "COCOTB_LOG_LEVEL": os.environ.get("COCOTB_LOG_LEVEL", "WARNING"),
                "GPI_LOG_LEVEL": os.environ.get("GPI_LOG_LEVEL", "WARNING")}
-        results_xml = tools.cocotb_test(build_dir, SIM_TOP, "systolic.sim.rtl_cocotb",
-                                        extra_env=env, seed=self.seed, waves=self.waves)
-        result_path = Path(job["result"])
-        if not result_path.is_file():
-            raise tools.ToolError(f"the cocotb side of the RTL runner wrote no {result_path}; "
-                                  f"see {results_xml}")
-        result = json.loads(result_path.read_text())
+        try:
+            results_xml = tools.cocotb_test(build_dir, SIM_TOP, "systolic.sim.rtl_cocotb",
+                                            extra_env=env, seed=self.seed, waves=self.waves)
+        finally:
+            os.remove(batch_path)
+        outcomes = []
+        for (job, _, words), entry in zip(prepared, entries, strict=True):
+            result_path = Path(entry["result"])
+            if not result_path.is_file():
+                raise tools.ToolError(f"the cocotb side of the RTL runner wrote no {result_path}; "
+                                      f"see {results_xml}")
+            result = json.loads(result_path.read_text())
+            outcomes.append(self._outcome(job, words, entry, result, results_xml))
         if not self.waves:      # the simulator's folder holds the waveform, else only results.xml
             shutil.rmtree(Path(results_xml).parent, ignore_errors=True)
+        return outcomes
+
+    def _outcome(self, job: RTLJob, words: bytes, entry: dict[str, Any], result: dict[str, Any],
+                 results_xml: Path) -> RTLRunResult | RTLError:
+        """The result of one job, or the error it ended with (its files are then kept)."""
+        job_dir = entry["dir"]
         outcome = result["outcome"]
         if outcome == "timeout":
-            raise RTLTimeoutError(
-                f"watchdog: the accelerator did not raise irq within {max_cycles} cycles; the pc CSR "
-                f"reads {result['pc']}{_describe(program, result['pc'])}; status {result['status']:#x}; "
+            pc = result["pc"]
+            last = ""
+            if result["instructions"] > 0:
+                index = result["instructions"] - 1
+                last = f"; the last instruction dispatched is {_describe(words, index)[2:-1]}"
+            waits = "; ".join(result["waiting"]) or "no queue waits for a token or room"
+            return RTLTimeoutError(
+                f"watchdog: the accelerator did not raise irq within {job.max_cycles} cycles; the pc "
+                f"CSR reads {pc}{_describe(words, pc)}{last}; {waits}; status {result['status']:#x}; "
                 f"run files in {job_dir}")
         if outcome == "error":
             code = result["error"]
-            raise RTLDeviceError(
+            return RTLDeviceError(
                 f"the accelerator stopped with error {code} ({_error_text(code)}) at instruction "
-                f"{result['error_pc']}{_describe(program, result['error_pc'])}; run files in {job_dir}")
+                f"{result['error_pc']}{_describe(words, result['error_pc'])}; run files in {job_dir}")
         if outcome == "config":
             raise RTLError(f"the simulated accelerator reports config hash {result['hash']:016x}, "
                            f"but the runner's config is {self.config.hash_hex}; run files in {job_dir}")
@@ -357,7 +452,7 @@ class RTLRunner:
             raise tools.ToolError(f"the cocotb side of the RTL runner reported {outcome!r}; "
                                   f"run files in {job_dir}")
 
-        dram_out = np.fromfile(job["dram_out"], np.uint8)
+        dram_out = np.fromfile(entry["dram_out"], np.uint8)
         counters = {name: int(value) for name, value in result["counters"].items()}
         out = RTLRunResult(
             dram=dram_out,
@@ -387,12 +482,17 @@ def _check_int(name: str, value: Any, lo: int, hi: int) -> None:
         raise ValueError(f"{name} must be an integer between {lo} and {hi}, not {value!r}")
 
 
-def _describe(program: Program, pc: int) -> str:
-    """`` (instruction 3: LOAD)``-style note on the instruction at ``pc`` of ``program``."""
-    if 0 <= pc < len(program.instructions):
-        op = program.instructions[pc].op
-        return f" (instruction {pc}: {op.name if isinstance(op, Opcode) else op})"
-    return f" (past the program's {len(program.instructions)} instructions)"
+def _describe(words: bytes, pc: int) -> str:
+    """`` (instruction 3: LOAD)``-style note on the instruction at ``pc`` of the program
+    ``words``; an illegal word is named by what is wrong with it."""
+    count = len(words) // INSTR_BYTES
+    if not 0 <= pc < count:
+        return f" (past the program's {count} instructions)"
+    try:
+        op = decode(words[pc * INSTR_BYTES:(pc + 1) * INSTR_BYTES]).op
+    except IsaError as exc:
+        return f" (instruction {pc}: an illegal word, {exc})"
+    return f" (instruction {pc}: {op.name if isinstance(op, Opcode) else op})"
 
 
 def _error_text(code: int) -> str:

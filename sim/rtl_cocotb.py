@@ -1,19 +1,22 @@
 """The cocotb side of the RTL runner (:mod:`systolic.sim.rtl`): one test, run inside the simulator
-on ``sim_top``.
+on ``sim_top``, that runs a batch of jobs one after the other in the same simulator process.
 
-It reads its job from the JSON file named by the ``SYSTOLIC_RTL_JOB`` environment variable,
-loads the DRAM image, writes the CSRs and starts the accelerator, then sleeps until ``irq`` or the
-watchdog (polling ``status`` every ``poll_cycles`` cycles, since an error may not raise ``irq``),
-reads the status and the performance counters, dumps DRAM and writes ``result.json`` and
-``dram_out.bin``. The outcome of the run (done, timeout, device error) is reported in
-``result.json``, not as a test failure: the pytest side turns it into the right exception.
+It reads the batch from the JSON file named by the ``SYSTOLIC_RTL_JOB`` environment variable. For
+each job it sets the DRAM model's controls (backpressure seed, error ranges), restarts the core
+(``sim_top``'s ``restart``: the accelerator and the DRAM model's queues are reset, so that a
+hung or failed job leaves nothing behind), loads the job's DRAM image, writes the CSRs and starts
+the accelerator, then sleeps until ``irq`` or the job's watchdog (polling ``status`` every
+``poll_cycles`` cycles, since an error may not raise ``irq``), reads the status and the
+performance counters, dumps DRAM and writes the job's ``result.json`` and ``dram_out.bin``. The
+outcome of each job (done, timeout, device error) is reported in its ``result.json``, not as a
+test failure: the pytest side turns it into the right exception, and the batch goes on.
 
 CSR accesses change the AXI-Lite signals on the falling edge of ``clk`` and sample them in the
 read-only phase before the next rising edge, which is correct whether the clock comes from the
 HDL (values read after a rising edge there are already updated) or from cocotb.
 
-It imports no other systolic module (the register map comes in the job), so that the simulator
-starts quickly; the memory-file helpers live here for the same reason.
+It imports no other systolic module (the register map comes in the batch file), so that the
+simulator starts quickly; the memory-file helpers live here for the same reason.
 
 Units: addresses and sizes in bytes, time in clock cycles unless named otherwise.
 """
@@ -33,7 +36,8 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge, First, ReadOnly, RisingEdge, Timer
 
-__all__ = ["AXILiteDriver", "CSRBus", "DramModel", "run_program", "JOB_ENV", "write_memh", "read_memh"]
+__all__ = ["AXILiteDriver", "CSRBus", "DramModel", "run_batch", "JOB_ENV", "PROBE_CYCLES",
+           "write_memh", "read_memh"]
 
 #: Environment variable that gives this side the path of its ``job.json``.
 JOB_ENV = "SYSTOLIC_RTL_JOB"
@@ -189,21 +193,16 @@ class CSRBus:
 
 
 class DramModel:
-    """The DRAM behind the accelerator for one job: sim_top's ``axi_ram`` (back-door load and
+    """The DRAM behind the accelerator for a batch: sim_top's ``axi_ram`` (back-door load and
     dump through files in the working directory) or cocotbext-axi's ``AxiRam`` on ``m_axi_*``."""
 
-    def __init__(self, dut: Any, job: dict[str, Any]) -> None:
+    def __init__(self, dut: Any, batch: dict[str, Any]) -> None:
         self.dut = dut
-        self.job = job
-        self.external = job["memory"] == "axi-random"
+        self.batch = batch
+        self.external = batch["memory"] == "axi-random"
         self.ram = None
-        dut.random_en.value = int(job["memory"] == "fast-random")
-        # xorshift must not start from zero
-        dut.random_seed.value = (job["seed"] * 0x9E37_79B9_7F4A_7C15 + 1) & ((1 << 64) - 1) or 1
-        lo, hi = job["slverr"] if job["slverr"] is not None else (0, 0)
-        dut.err_lo.value = lo
-        dut.err_hi.value = hi
-        dut.limit_bytes.value = job["limit_bytes"]
+        self._loaded = 0        # bytes of the last image put into AxiRam
+        dut.restart.value = 0
         dut.dram_load.value = 0
         dut.dram_dump.value = 0
         dut.dump_bytes.value = 0
@@ -212,21 +211,44 @@ class DramModel:
 
             # sim_top built with EXT_MEM: cocotb drives the clock, so that cocotbext-axi samples
             # the bus before each rising edge
-            Clock(dut.clk_ext, job["period_ns"], unit="ns").start()
+            Clock(dut.clk_ext, batch["period_ns"], unit="ns").start()
             self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk_ext, dut.rst,
-                              size=job["dram_bytes"])
+                              size=batch["dram_bytes"])
+
+    def configure(self, job: dict[str, Any]) -> None:
+        """Set the controls of ``job``: backpressure and its seed, SLVERR range, image size.
+        ``axi_ram`` samples the seed during reset: call before :meth:`restart`."""
+        dut = self.dut
+        dut.random_en.value = int(self.batch["memory"] == "fast-random")
+        # xorshift must not start from zero
+        dut.random_seed.value = (job["seed"] * 0x9E37_79B9_7F4A_7C15 + 1) & ((1 << 64) - 1) or 1
+        lo, hi = job["slverr"] if job["slverr"] is not None else (0, 0)
+        dut.err_lo.value = lo
+        dut.err_hi.value = hi
+        dut.limit_bytes.value = job["limit_bytes"]
+        if self.external:
             rng = random.Random(job["seed"])
             for channel in (self.ram.write_if.aw_channel, self.ram.write_if.w_channel,
                             self.ram.write_if.b_channel, self.ram.read_if.ar_channel,
                             self.ram.read_if.r_channel):
                 channel.set_pause_generator(_pauses(random.Random(rng.getrandbits(64))))
 
+    async def restart(self) -> None:
+        """Reset the core (accelerator and DRAM model) and wait until reset is released. Call
+        after a falling edge of clk; returns after one, with rst low."""
+        await self._pulse(self.dut.restart)
+        while int(self.dut.rst.value):
+            await FallingEdge(self.dut.clk)
+
     async def load(self, image: np.ndarray) -> None:
         """Put ``image`` at address 0. Call after a falling edge of clk; returns after one."""
         if self.external:
+            if self._loaded > image.size:    # the previous job's bytes past this image
+                self.ram.write(image.size, bytes(self._loaded - image.size))
             self.ram.write(0, image.tobytes())
+            self._loaded = image.size
             return
-        write_memh(_LOAD_FILE, image, self.job["word_bytes"])
+        write_memh(_LOAD_FILE, image, self.batch["word_bytes"])
         await self._pulse(self.dut.dram_load)
         os.remove(_LOAD_FILE)
 
@@ -236,7 +258,7 @@ class DramModel:
             return np.frombuffer(self.ram.read(0, nbytes), np.uint8).copy()
         self.dut.dump_bytes.value = nbytes
         await self._pulse(self.dut.dram_dump)
-        data = read_memh(_DUMP_FILE, self.job["word_bytes"], nbytes)
+        data = read_memh(_DUMP_FILE, self.batch["word_bytes"], nbytes)
         os.remove(_DUMP_FILE)
         return data
 
@@ -256,27 +278,46 @@ def _pauses(rng: random.Random):
         yield from itertools.repeat(True, rng.choice((1, 1, 2, 3, 12)))
 
 
-@cocotb.test()
-async def run_program(dut: Any) -> None:
-    """Run the job named by ``SYSTOLIC_RTL_JOB`` (see the module docstring)."""
-    wall_start = time.perf_counter()
-    job = json.loads(Path(os.environ[JOB_ENV]).read_text())
-    image = np.fromfile(job["image"], np.uint8)
-    assert image.size == job["image_bytes"], (image.size, job["image_bytes"])
+#: Counters that grow while a queue or the dispatcher waits, and what that wait is.
+_STALLS = (
+    ("stall_load_token", "the load queue waits for a token"),
+    ("stall_compute_token", "the compute queue waits for a token"),
+    ("stall_store_token", "the store queue waits for a token"),
+    ("stall_dispatch", "the dispatcher waits for room in a queue"),
+    ("stall_fetch", "the dispatcher waits for an instruction word"),
+)
+#: Cycles between the two counter reads that find what a hung accelerator waits for.
+PROBE_CYCLES = 64
 
-    dram = DramModel(dut, job)
-    csr = CSRBus(AXILiteDriver(dut), job["registers"])
+
+@cocotb.test()
+async def run_batch(dut: Any) -> None:
+    """Run the jobs of the batch named by ``SYSTOLIC_RTL_JOB`` (see the module docstring)."""
+    batch = json.loads(Path(os.environ[JOB_ENV]).read_text())
+    dram = DramModel(dut, batch)
+    csr = CSRBus(AXILiteDriver(dut), batch["registers"])
     await FallingEdge(dut.clk)
     while int(dut.rst.value):
         await FallingEdge(dut.clk)
-    await dram.load(image)
 
-    result: dict[str, Any] = {}
     config_hash = await csr.read("config_hash_hi") << 32 | await csr.read("config_hash_lo")
-    if config_hash != job["config_hash"]:
-        result.update(outcome="config", hash=config_hash)
-        _write_result(job, result, wall_start)
+    if config_hash != batch["config_hash"]:
+        for job in batch["jobs"]:
+            _write_result(job, {"outcome": "config", "hash": config_hash}, time.perf_counter())
         return
+    for job in batch["jobs"]:
+        await _run_job(dut, batch, job, dram, csr)
+
+
+async def _run_job(dut: Any, batch: dict[str, Any], job: dict[str, Any], dram: DramModel,
+                   csr: CSRBus) -> None:
+    """One job: restart, load, start, wait for irq or the watchdog, read the results."""
+    wall_start = time.perf_counter()
+    image = np.fromfile(job["image"], np.uint8)
+    assert image.size == job["image_bytes"], (image.size, job["image_bytes"])
+    dram.configure(job)
+    await dram.restart()
+    await dram.load(image)
 
     await csr.write("prog_addr", job["prog_addr"])
     await csr.write("prog_len", job["prog_len"])
@@ -293,8 +334,8 @@ async def run_program(dut: Any) -> None:
         now = int(dut.cycle.value)
         if now >= deadline:
             break
-        chunk = min(deadline - now, job["poll_cycles"])
-        await First(RisingEdge(dut.irq), Timer(chunk * job["period_ns"], unit="ns"))
+        chunk = min(deadline - now, batch["poll_cycles"])
+        await First(RisingEdge(dut.irq), Timer(chunk * batch["period_ns"], unit="ns"))
         await FallingEdge(dut.clk)
         status = await csr.read("status")
         if status & 0b10 or status >> 4 & 0xF:
@@ -304,19 +345,32 @@ async def run_program(dut: Any) -> None:
     run_cpu_seconds = time.process_time() - run_cpu_start
     status = await csr.read("status")
     error = status >> 4 & 0xF
-    result.update(status=status, error=error, error_pc=await csr.read("error_pc"),
-                  pc=await csr.read("pc"), sim_cycles=end - start,
-                  run_seconds=run_seconds, run_cpu_seconds=run_cpu_seconds)
+    result: dict[str, Any] = dict(
+        status=status, error=error, error_pc=await csr.read("error_pc"), pc=await csr.read("pc"),
+        sim_cycles=end - start, run_seconds=run_seconds, run_cpu_seconds=run_cpu_seconds)
     if error:
         result["outcome"] = "error"
     elif not status & 0b10:
         result["outcome"] = "timeout"
+        result["waiting"] = await _waiting(csr)
+        result["instructions"] = await csr.read_counter("instructions")
     else:
         result["outcome"] = "done"
-        result["counters"] = {name: await csr.read_counter(name) for name in job["counters"]}
+        result["counters"] = {name: await csr.read_counter(name) for name in batch["counters"]}
         data = await dram.dump(job["image_bytes"])
         data.tofile(job["dram_out"])
     _write_result(job, result, wall_start)
+
+
+async def _waiting(csr: CSRBus) -> list[str]:
+    """What a hung accelerator waits for: the stall counters that grew over PROBE_CYCLES."""
+    names = [name for name, _ in _STALLS if f"{name}_lo" in csr.registers]
+    before = [await csr.read_counter(name) for name in names]
+    for _ in range(PROBE_CYCLES):      # the CSR reads return just after a falling edge
+        await FallingEdge(csr.driver.clk)
+    after = [await csr.read_counter(name) for name in names]
+    what = dict(_STALLS)
+    return [what[name] for name, b, a in zip(names, before, after, strict=True) if a > b]
 
 
 def _write_result(job: dict[str, Any], result: dict[str, Any], wall_start: float) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 __all__ = [
     "ToolError", "VERILATOR_WAIVERS", "COCOTB_WAIVERS", "verilator_root", "verilator_bin",
-    "tool_env", "to_verilog", "verilator_lint", "yosys_synth", "build_cache_dir", "design_hash",
+    "tool_env", "to_verilog", "verilator_lint", "yosys_synth", "build_cache_dir", "build_lock", "design_hash",
     "cocotb_build", "cocotb_test", "waves_enabled", "SYNTH_FAMILIES",
 ]
 
@@ -363,7 +363,9 @@ def _tool_versions() -> str:
 
 
 @contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
+def build_lock(directory: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``directory`` (one build at a time per cache entry, across
+    processes)."""
     with open(directory / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -391,7 +393,7 @@ def cocotb_build(verilog: str, top: str, key: str, *, build_args: Sequence[str] 
     digest = design_hash(verilog, top, " ".join(args), f"waves={waves}", _tool_versions())
     build_dir = build_cache_dir("cocotb", f"{top}-{key}-{digest}")
     stamp = build_dir / "build.ok"
-    with _locked(build_dir):
+    with build_lock(build_dir):
         if stamp.is_file() and (build_dir / top).is_file():
             return build_dir
         source = build_dir / f"{top}.v"

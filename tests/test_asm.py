@@ -125,12 +125,15 @@ def test_canonical_examples() -> None:
         "STORE n=8 out_type=int act=relu pool=max"
     assert format_instruction(Instruction(Opcode.CONFIG, zp_out=-3, avg_shift=62)) == \
         "CONFIG zp_out=-3 avg_shift=62"
+    assert format_instruction(Instruction(Opcode.CONFIG, res_mult=-5, tie_out=1, avg_tie_out=1)) == \
+        "CONFIG res_mult=-5 tie_out avg_tie_out"
     assert disassemble([]) == ""
 
 
 # -- errors -------------------------------------------------------------------------------------
 
 LOAD_FIELDS = ", ".join(f.name for f in FIELDS[Opcode.LOAD])
+CONFIG_FIELDS = ", ".join(f.name for f in FIELDS[Opcode.CONFIG])
 
 ERRORS = [
     ("MOVE m=1", "<string>:1: unknown opcode 'MOVE'; opcodes are CONFIG, LOAD, COMPUTE, STORE, SYNC, FINISH"),
@@ -145,8 +148,11 @@ ERRORS = [
     ("LOAD dram_addr=0x100000000",
      "<string>:1: LOAD field dram_addr must be in [0, 4294967295] (32-bit unsigned), not 4294967296"),
     ("STORE residual=2", "<string>:1: STORE field residual must be in [0, 1] (1-bit unsigned), not 2"),
-    ("CONFIG res_shift=0b1000000",
-     "<string>:1: CONFIG field res_shift must be in [0, 63] (6-bit unsigned), not 64"),
+    ("CONFIG avg_shift=0b1000000",
+     "<string>:1: CONFIG field avg_shift must be in [0, 63] (6-bit unsigned), not 64"),
+    ("CONFIG tie_out=2", "<string>:1: CONFIG field tie_out must be in [0, 1] (1-bit unsigned), not 2"),
+    # ISA v2 rounds the residual term with the table entry's shift: there is no res_shift
+    ("CONFIG res_shift=31", f"<string>:1: CONFIG has no field 'res_shift'; its fields are {CONFIG_FIELDS}"),
     ("COMPUTE m=12a", "<string>:1: COMPUTE field m: '12a' is not a number "
                       "(write decimal, 0x hex or 0b binary, with '-' if negative)"),
     ("COMPUTE m=1.5", "<string>:1: COMPUTE field m: '1.5' is not a number "

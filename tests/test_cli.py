@@ -14,7 +14,7 @@ import pytest
 from systolic.compiler.asm import assemble, disassemble
 from systolic.compiler.cli import build_parser, config_fields_markdown, main
 from systolic.hw.config import AcceleratorConfig
-from systolic.hw.isa import Instruction, Opcode, Program
+from systolic.hw.isa import ISA_VERSION, Instruction, Opcode, Program
 
 PROGRAM = """\
 # GEMM tile: C[16x8] = A[16x8] @ B[8x8]
@@ -125,7 +125,8 @@ def test_asm_then_disasm(capsys, tmp_path) -> None:
     code, out, err = run(capsys, "disasm", binary)
     assert (code, err) == (0, "")
     header, body = out.split("\n", 1)
-    assert header == f"# systolic program: ISA version 1, config {config.hash_hex}, 5 instructions"
+    assert header == (f"# systolic program: ISA version {ISA_VERSION}, config {config.hash_hex}, "
+                      "5 instructions")
     assert body == disassemble(instrs)
 
     # The listing assembles back to the same binary (the header line is a comment).
@@ -228,7 +229,8 @@ def test_help(capsys) -> None:
 
 def test_parser_has_only_real_commands() -> None:
     subparsers = next(a for a in build_parser()._actions if a.dest == "command")
-    assert list(subparsers.choices) == ["config", "asm", "disasm", "generate", "compile", "run", "demo"]
+    assert list(subparsers.choices) == ["config", "asm", "disasm", "generate", "synth", "compile", "run",
+                                        "demo"]
 
 
 def _console_script() -> str:

@@ -31,6 +31,8 @@ def test_defaults() -> None:
     assert c.sfu_activations == ("relu", "relu6", "clip")
     assert c.sfu_pooling == ("max", "avg")
     assert c.sfu_residual is True
+    assert c.array_lut_multipliers == 0
+    assert c.counter_bits == 64
     assert c.clock_mhz == 100.0 and isinstance(c.clock_mhz, float)
 
 
@@ -133,6 +135,13 @@ RULES = [
     ({"sfu_activations": ["relu", "relu"]}, "sfu_activations must not repeat an entry, not ['relu', 'relu']"),
     ({"sfu_pooling": ["min"]}, "sfu_pooling entries must be among max, avg, not 'min'"),
     ({"sfu_pooling": ["avg", "avg"]}, "sfu_pooling must not repeat an entry, not ['avg', 'avg']"),
+    # MAC array multipliers in logic
+    ({"array_lut_multipliers": -1}, "array_lut_multipliers must be between 0 and rows * cols (64), not -1"),
+    ({"rows": 2, "cols": 4, "array_lut_multipliers": 9},
+     "array_lut_multipliers must be between 0 and rows * cols (8), not 9"),
+    # performance counters
+    ({"counter_bits": 15}, "counter_bits must be between 16 and 64, not 15"),
+    ({"counter_bits": 65}, "counter_bits must be between 16 and 64, not 65"),
     # clock
     ({"clock_mhz": 0.5}, "clock_mhz must be between 1 and 1000, not 0.5"),
     ({"clock_mhz": 1001}, "clock_mhz must be between 1 and 1000, not 1001.0"),
@@ -161,6 +170,7 @@ def test_config_error_is_value_error() -> None:
     {"dataflow": "os", "sfu_activations": [], "sfu_pooling": [], "sfu_residual": False},
     {"requant_table_rows": 1, "load_queue_depth": 1, "token_depth": 256},
     {"clock_mhz": 1, "dram_latency": 1024, "dma_outstanding": 16},
+    {"counter_bits": 16}, {"counter_bits": 33},
     {"scratchpad_bytes": 128, "accumulator_bytes": 512},   # the smallest that hold the tiles
 ])
 def test_valid_extremes(changes: dict) -> None:
@@ -293,12 +303,13 @@ def test_hash_stable_for_equal_configs() -> None:
 _OTHER_VALUE = {
     "rows": 16, "cols": 4, "input_bits": 16, "input_signed": False, "weight_bits": 16,
     "weight_signed": False, "acc_bits": 16, "acc_signed": False, "dataflow": "os",
+    "array_lut_multipliers": 3,
     "scratchpad_bytes": 1 << 17, "scratchpad_banks": 4, "accumulator_bytes": 1 << 15,
     "requant_table_rows": 32, "dram_bytes": 1 << 20, "dma_data_bits": 128, "dma_max_burst": 8,
     "dma_outstanding": 2,
     "dram_latency": 40, "load_queue_depth": 4, "compute_queue_depth": 16, "store_queue_depth": 2,
     "token_depth": 4, "sfu_activations": ("relu",), "sfu_pooling": ("avg",), "sfu_residual": False,
-    "clock_mhz": 50.0,
+    "counter_bits": 32, "clock_mhz": 50.0,
 }
 # Changes that need a companion change to stay valid.
 _COMPANION = {"acc_signed": {"input_signed": False, "weight_signed": False}}

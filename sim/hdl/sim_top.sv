@@ -12,6 +12,10 @@
 // top-level port (or by any signal visible to cocotb) at every time step; when that logic reaches
 // the accelerator, it is half of the run time.
 //
+// `restart` (registered like the DRAM controls) resets the whole core again, the accelerator and
+// the DRAM model's queues (not its contents), for RESET_CYCLES cycles: the runner's batch mode
+// starts every job from reset, so that a hung or failed job leaves nothing behind.
+//
 // DRAM (EXT_MEM = 0) is `axi_ram`: back-door load and dump, optional pseudo-random backpressure.
 // With EXT_MEM = 1 the accelerator's AXI4 port is the m_axi_* ports instead, served from cocotb
 // (cocotbext-axi's AxiRam) for protocol robustness runs, and the clock is the clk_ext input,
@@ -36,6 +40,7 @@ module sim_core #(
     input  logic                    clk_ext,           // the clock when EXT_MEM
     output logic                    rst,
     output logic [63:0]             cycle,             // cycles since reset was released
+    input  logic                    restart,           // reset the core again, taken one cycle late
 
     // CSR port of the accelerator, driven by cocotb
     input  logic                    s_axil_awvalid,
@@ -110,8 +115,11 @@ module sim_core #(
     end
 
     logic [7:0] reset_count = 8'd0;     // rst is high for the first RESET_CYCLES cycles
+    logic       restart_q = 1'b0;       // and again for RESET_CYCLES cycles after a restart
     always_ff @(posedge clk_i) begin
-        if (reset_count != 8'(RESET_CYCLES)) reset_count <= reset_count + 8'd1;
+        restart_q <= restart;
+        if (restart_q) reset_count <= 8'd0;
+        else if (reset_count != 8'(RESET_CYCLES)) reset_count <= reset_count + 8'd1;
     end
     assign rst_i = reset_count != 8'(RESET_CYCLES);
 
@@ -333,6 +341,7 @@ module sim_top #(
     input  logic                    clk_ext,           // the clock when EXT_MEM
     output logic                    rst,
     output logic [63:0]             cycle,             // cycles since reset was released
+    input  logic                    restart,           // reset the core again, taken one cycle late
 
     // CSR port of the accelerator, driven by cocotb
     input  logic                    s_axil_awvalid,

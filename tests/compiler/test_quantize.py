@@ -6,6 +6,7 @@ both ends, rounding ties, partial pooling windows, 1xN and Nx1 images."""
 from __future__ import annotations
 
 import itertools
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -20,9 +21,9 @@ from systolic.compiler.quantize import (
     quantize_bias,
     quantize_weights,
 )
-from systolic.compiler.reference import ConvInteger, dequantize_linear, execute, quantize_linear
+from systolic.compiler.reference import ConvInteger, dequantize_linear, execute, quantize_linear, store_ties
 from systolic.hw.config import AcceleratorConfig
-from systolic.sim.arith import choose_multiplier, rounding_shift
+from systolic.sim.arith import choose_multiplier, rounding_shift_even
 
 from tests.compiler import models
 
@@ -190,7 +191,7 @@ def test_conv_accumulates_like_conv_integer(h, w, ci, co, k, stride, pads, dilat
     acc = ConvInteger(x.transpose(0, 3, 1, 2), _onnx_weights(weights, k, k, ci), np.int8(zp_in), None,
                       pads=(pads[0], pads[1], pads[2], pads[3]), strides=stride, dilations=dilation)
     acc = acc.astype(np.int64).transpose(0, 2, 3, 1) + zp_in * weights.astype(np.int64).sum(axis=0)
-    np.testing.assert_array_equal(y, np.clip(rounding_shift(acc, 20), -128, 127))
+    np.testing.assert_array_equal(y, np.clip(rounding_shift_even(acc, 20), -128, 127))
 
 
 def test_extreme_products_sum_and_wrap() -> None:
@@ -222,11 +223,12 @@ def test_saturation_at_both_ends_and_bias_saturation() -> None:
     assert _run(op, x, (1, 1))[0, 0] == 1                # (2^31 - 1) >> 31 rounds to 1
 
 
-def test_rounding_ties_go_up() -> None:
-    """rounding_shift rounds half toward +infinity: 2.5 -> 3, -2.5 -> -2, -0.5 -> 0."""
+def test_rounding_ties_go_to_even() -> None:
+    """The SFU rounds half to even (before the zero point without a residual): 2.5 -> 2,
+    -2.5 -> -2, -0.5 -> 0, 1.5 -> 2, -1.5 -> -2, 3.5 -> 4; then + zp_out 3."""
     acc = np.array([[5, -5, -1, 3, -3, 7]], np.int8)     # acc / 2 = 2.5, -2.5, -0.5, 1.5, -1.5, 3.5
-    op = AccelOp("act", "a", "x", "y", np.zeros(6), np.ones(6), np.ones(6), 0, 0)
-    np.testing.assert_array_equal(_run(op, acc, (1, 6)), [[3, -2, 0, 2, -1, 4]])
+    op = AccelOp("act", "a", "x", "y", np.zeros(6), np.ones(6), np.ones(6), 0, 3)
+    np.testing.assert_array_equal(_run(op, acc, (1, 6)), [[5, 1, 3, 5, 1, 7]])
 
 
 def test_activations_clamp_in_the_output_domain() -> None:
@@ -249,10 +251,10 @@ def test_depthwise_with_channel_multiplier() -> None:
     onnx_w = weights.reshape(k, k, 1, ci * mult).transpose(3, 2, 0, 1)
     acc = ConvInteger(x.transpose(0, 3, 1, 2), onnx_w, np.int8(7), None, pads=(1, 1, 1, 1), group=ci)
     acc = acc.astype(np.int64).transpose(0, 2, 3, 1) + 7 * weights.astype(np.int64).sum(axis=0)
-    np.testing.assert_array_equal(y, np.clip(rounding_shift(acc, 8), -128, 127))
+    np.testing.assert_array_equal(y, np.clip(rounding_shift_even(acc, 8), -128, 127))
 
 
-def _pool_reference(v: np.ndarray, pool: Pool, zp: int, mode: str) -> np.ndarray:
+def _pool_reference(v: np.ndarray, pool: Pool, zp: int, mode: str, tie_out: int) -> np.ndarray:
     """Window-by-window loops, straight from docs/isa.md."""
     n, h, w, c = v.shape
     (ph, pw), (sh, sw), (pt, pl) = pool.window, pool.stride, pool.pads[:2]
@@ -270,9 +272,10 @@ def _pool_reference(v: np.ndarray, pool: Pool, zp: int, mode: str) -> np.ndarray
         if mode == "max":
             out[b, oy, ox, ch] = max(inside)
         else:
-            value = (total - ph * pw * zp) * pool.avg_mult
-            out[b, oy, ox, ch] = min(127, max(-128, ((value + (1 << (pool.avg_shift - 1))) >> pool.avg_shift)
-                                         + zp))
+            # half to even (Python's round of a Fraction), of the output with tie_out
+            value = Fraction((total - ph * pw * zp) * pool.avg_mult, 1 << pool.avg_shift)
+            rounded = round(value + zp) if tie_out else round(value) + zp
+            out[b, oy, ox, ch] = min(127, max(-128, rounded))
     return out
 
 
@@ -293,22 +296,25 @@ def test_pooling_store(mode, h, w, window, stride, pads) -> None:
     pool = Pool(mode, window, stride, pads, out_hw, avg_mult, avg_shift)
     op = AccelOp("pool", "p", "x", "y", np.full(3, -zp), np.ones(3), np.zeros(3), zp, zp, pool=pool)
     y = _run(op, x, (2, *out_hw, 3))
-    np.testing.assert_array_equal(y, _pool_reference(x, pool, zp, mode))
+    np.testing.assert_array_equal(y, _pool_reference(x, pool, zp, mode, store_ties(op, (h, w))[1]))
 
 
 def test_residual_add_path() -> None:
     a, r = _ints((1, 4, 4, 5)), _ints((1, 4, 4, 5))
-    (ma, sa), (mr, sr) = choose_multiplier(0.7), choose_multiplier(0.45)
+    # the residual term shares the table entry's shift (docs/isa.md STORE): one rounding
+    ma, sa = choose_multiplier(0.7)
+    mr = round(0.45 * 2 ** sa)
     op = AccelOp("add", "add", "a", "y", np.full(5, 3), np.full(5, ma), np.full(5, sa), -3, 10,
-                 residual=Residual("r", -20, mr, sr))
+                 residual=Residual("r", -20, mr, sa))
     y = _run(op, a, (1, 4, 4, 5), residual=r).astype(np.int64)
-    want = (rounding_shift((a.astype(np.int64) + 3) * ma, sa) + 10
-            + rounding_shift((r.astype(np.int64) + 20) * mr, sr))
-    np.testing.assert_array_equal(y, np.clip(want, -128, 127))
-    # and it is the real-valued sum to within one rounding per term
+    # a tie goes to the even output (QLinearAdd adds the zero point before rounding)
+    exact = [round(Fraction((int(av) + 3) * ma + (int(rv) + 20) * mr, 1 << sa) + 10)
+             for av, rv in zip(a.ravel(), r.ravel(), strict=True)]
+    np.testing.assert_array_equal(y, np.clip(np.array(exact).reshape(y.shape), -128, 127))
+    # and it is the real-valued sum rounded once: within half a step (plus the multipliers' error)
     real = (a.astype(float) + 3) * 0.7 + (r.astype(float) + 20) * 0.45 + 10
     inside = (real > -127) & (real < 126)
-    assert np.abs(y - real)[inside].max() <= 1.0
+    assert np.abs(y - real)[inside].max() <= 0.5 + 1e-6
 
 
 def test_gemm_real_values_within_one_step() -> None:

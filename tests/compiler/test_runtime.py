@@ -101,12 +101,12 @@ def test_digits_model_matches_onnxruntime() -> None:
 
 
 # (model, largest difference in LSB, least fraction identical) end to end. Layer by layer the
-# accelerator is within 1 LSB and >= 99% identical (test_reference_ort.py); average pooling
-# (ties rounded up, onnxruntime rounds them to even) and residual adds (two terms rounded
-# separately) differ by 1 LSB at some positions, and through later layers by up to 2.
+# accelerator is within 1 LSB and >= 99% identical (test_reference_ort.py), residual adds and
+# average pools included; the few 1-LSB differences of an average pool (onnxruntime's float32
+# sum landing beside an exact tie) grow through the layers after it.
 QDQ_END_TO_END = [(models.conv_relu_pool_gemm, 1, 0.99), (models.depthwise, 1, 0.99),
-                  (models.global_avg_pool, 1, 0.99), (models.avg_pool, 2, 0.5),
-                  (models.residual_add, 2, 0.6)]
+                  (models.global_avg_pool, 1, 0.99), (models.avg_pool, 1, 0.8),
+                  (models.residual_add, 1, 0.99)]
 
 
 @pytest.mark.parametrize("builder,lsb,identical", QDQ_END_TO_END)
@@ -181,7 +181,7 @@ def test_input_errors() -> None:
 
 def test_unknown_backend() -> None:
     compiled = compile_model(EXAMPLES / "digits_cnn_int8.onnx")
-    with pytest.raises(BackendError, match=r"^backend must be one of golden, rtl, not 'fpga'$"):
+    with pytest.raises(BackendError, match=r"^backend must be one of golden, rtl, board, not 'fpga'$"):
         run_model(compiled, {"input": np.zeros((1, 1, 8, 8), np.float32)}, backend="fpga")
 
 

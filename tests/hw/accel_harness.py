@@ -80,7 +80,8 @@ async def lite_read(ctx: Any, dut: Accelerator, addr: int) -> tuple[int, int]:
 
 
 class AccelRun(SimpleNamespace):
-    """dram (final image), status, error, error_pc, done, counters (dict), cycles_waited."""
+    """dram (final image), status, error, error_pc, done, counters (dict), high_words (each
+    counter's high register), cycles_waited."""
 
 
 def run_accelerator(config: AcceleratorConfig, program: Program, dram: np.ndarray, *,
@@ -111,11 +112,14 @@ def run_accelerator(config: AcceleratorConfig, program: Program, dram: np.ndarra
         result.pc, _ = await lite_read(ctx, dut, REG["pc"])
         result.cycles_waited = waited
         counters = {}
+        high_words = {}
         for name, _ in COUNTERS:
             lo, _ = await lite_read(ctx, dut, REG[f"{name}_lo"])
             hi, _ = await lite_read(ctx, dut, REG[f"{name}_hi"])
             counters[name] = hi << 32 | lo
+            high_words[name] = hi
         result.counters = counters
+        result.high_words = high_words
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)

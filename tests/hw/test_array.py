@@ -227,6 +227,8 @@ def test_ws_random_tiles_with_backpressure(rows: int, cols: int) -> None:
     {"input_signed": False, "weight_signed": False, "acc_signed": False},
     {"input_signed": False},                                     # mixed signedness
     {"weight_bits": 16, "input_bits": 8},
+    {"array_lut_multipliers": 10},                               # PEs 6..15 multiply in logic
+    {"array_lut_multipliers": 16, "input_signed": False},
 ])
 def test_ws_element_types(kwargs: dict) -> None:
     config = config_for("ws", 4, 4, **kwargs)
@@ -332,6 +334,8 @@ def test_os_random_tiles_with_backpressure(rows: int, cols: int) -> None:
     {"input_bits": 16, "weight_bits": 16},
     {"input_signed": False, "weight_signed": False, "acc_signed": False},
     {"weight_signed": False},
+    {"array_lut_multipliers": 7},
+    {"array_lut_multipliers": 16, "weight_signed": False},
 ])
 def test_os_element_types(kwargs: dict) -> None:
     config = config_for("os", 4, 4, **kwargs)

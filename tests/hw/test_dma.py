@@ -383,7 +383,9 @@ class EngineRun:
     rows: list[list[tuple[int, bytes, int]]] = field(default_factory=list)
     errors: list[int] = field(default_factory=list)
     resps: list[list[int]] = field(default_factory=list)    #: GatherReader: ``resp`` of each row
-    overlapped: int = 0         #: commands accepted while the engine was busy with earlier ones
+    #: per command (overlapping runs only): whether it was accepted while the engine was busy
+    #: with earlier ones
+    accepted_busy: list[bool] = field(default_factory=list)
 
 
 def simulate(dut: Any, driver: Callable[..., Any], *, memory: AXIMemory, read: bool = True,
@@ -461,7 +463,7 @@ def run_gather(config: AcceleratorConfig, dram: np.ndarray, commands: list[dict[
                 ctx.set(dut.cmd.valid, 1)
                 ctx.set(dut.cmd.payload, cmd)
                 (busy,) = await ctx.tick().sample(dut.busy).until(dut.cmd.ready)
-                out.overlapped += busy
+                out.accepted_busy.append(bool(busy))
             ctx.set(dut.cmd.valid, 0)
             await ctx.tick().until(~dut.busy)
             split(taken)
@@ -596,11 +598,34 @@ def test_gather_back_to_back_rows_without_stalls() -> None:
     check_loads(config, dram, loads, run)
 
 
+def setup_cycles(f: dict) -> int:
+    """Cycles the GatherReader's setup takes for LOAD fields ``f`` (docs in hw/dma.py): one to
+    load, then per coordinate vector (start, outer, inner, segment, element) the most multiplier
+    bits any of its three multipliers needs, at least one."""
+    def bits(d: int) -> int:           # shift-and-add steps until 0 or -1 is left, the -1 included
+        return d.bit_length() if d >= 0 else (~d).bit_length() + 1
+    vectors = [(f.get("y0", 0), f.get("x0", 0), 0)] + [
+        tuple(f.get(f"{level}_{axis}", 0) for axis in ("dy", "dx", "dc"))
+        for level in ("outer", "inner", "seg", "elem")]
+    return 1 + sum(max(1, *(bits(d) for d in vector)) for vector in vectors)
+
+
+def test_setup_cycles_of_small_and_extreme_steps() -> None:
+    # a guard for the helper itself: every step 0 is one cycle per vector; -1 is one step; the
+    # extremes of the 16- and 8-bit fields
+    assert setup_cycles({}) == 6
+    assert setup_cycles({"y0": -1, "elem_dc": 1}) == 6
+    extremes = {"y0": -32768, "x0": 32767, "outer_dy": -128, "seg_dc": 127}
+    assert setup_cycles(extremes) == 1 + 16 + 8 + 1 + 7 + 1
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_gather_commands_back_to_back(name: str) -> None:
-    """Commands given as fast as the engine takes them: each after the first is accepted while
-    earlier ones are still busy (set up while their rows drain), and the rows are still every
-    command's rows in order, ending with the one flagged last, with each shared beat read once."""
+    """Commands given as fast as the engine takes them: a command is set up while the one before
+    it is generated, so it is accepted while earlier ones are still busy whenever the one before
+    has at least as many rows as its setup takes cycles (the generator emits at most a run per
+    cycle, a run per row at least); the rows are still every command's rows in order, ending with
+    the one flagged last, with each shared beat read once."""
     config = CONFIGS[name]
     rng = random.Random(f"{SEED}-overlap-{name}")
     dram = make_dram(np.random.default_rng(rng.randrange(1 << 30)))
@@ -618,11 +643,53 @@ def test_gather_commands_back_to_back(name: str) -> None:
                      seed=rng.randrange(1 << 30), stall=0.1, latency=(1, 8), row_stall=0.1,
                      overlap=True)
     check_loads(config, dram, loads, run)
-    assert run.overlapped == len(loads) - 1, \
-        f"{run.overlapped} of {len(loads) - 1} commands were taken while the engine was busy"
+    rows = [f["rows_outer"] * f["rows_inner"] for _, f in loads]
+    long_before = [k for k in range(1, len(loads)) if rows[k - 1] >= setup_cycles(loads[k][1])]
+    assert long_before, "no command follows one long enough to cover its setup"
+    late = [k for k in long_before if not run.accepted_busy[k]]
+    assert not late, f"commands {late} were taken only after the engine had gone idle"
     assert run.errors == [RESP_OKAY]
     want_beats = sum(beats_fetched(f, dst, config.dma_bytes) for dst, f in loads)
     assert run.memory.read_beats == want_beats, f"{run.memory.read_beats} beats read, expected {want_beats}"
+
+
+def _extreme_loads() -> list[dict[str, int]]:
+    """LOADs whose coordinate steps multiply the extremes of the fields (16-bit y0/x0, 8-bit
+    steps of -128 and 127, 24-bit pitches) into addresses that still land in DRAM: the setup's
+    shift-and-add products, their signs and their sums modulo 2**32."""
+    zero = {name: 0 for name, _ in LoadCommandLayout() if name != "elem_bytes"}
+    plain = dict(zero, rows_outer=2, rows_inner=2, segs=2, seg_len=2, elem_dc=1)
+    return [
+        # y0 * pitch_y + x0 * pitch_x = -32768 + 32767: the extremes of both signs cancel
+        dict(plain, dram_addr=100, y0=-32768, x0=32767, pitch_y=1, pitch_x=1, pitch_c=2,
+             outer_dy=-128, outer_dx=127, inner_dy=127, inner_dx=-128,
+             seg_dy=-128, seg_dx=-128, seg_dc=127),
+        # 24-bit pitches: every product is large, every sum small
+        dict(plain, dram_addr=400, y0=2, x0=-2, pitch_y=(1 << 24) - 1, pitch_x=(1 << 24) - 2,
+             pitch_c=3, outer_dy=-100, outer_dx=100, inner_dy=127, inner_dx=-127, seg_dc=2),
+        # a bounded walk whose start address lies below 0 (modulo 2**32) and whose last outer
+        # row comes into the image: rows -300, -200, -100 are padding
+        dict(plain, dram_addr=60, bounded=1, height=2, width=40, y0=-300, x0=0, pitch_y=40,
+             pitch_x=1, pitch_c=1, pad_value=-128, rows_outer=4, rows_inner=1, outer_dy=100,
+             segs=1, seg_len=4, elem_dc=0, elem_dx=1),
+        # -1 in every multiplier (the sign bit alone) and odd pitches
+        dict(plain, dram_addr=9000, y0=-1, x0=-1, pitch_y=999, pitch_x=37, pitch_c=5,
+             outer_dy=-1, outer_dx=-1, outer_dc=-1, inner_dy=-1, inner_dx=-1, inner_dc=-1,
+             seg_dy=-1, seg_dx=-1, seg_dc=-1, elem_dy=-1, elem_dx=-1, elem_dc=-1),
+    ]
+
+
+def test_gather_extreme_coordinates_and_steps() -> None:
+    """Extreme coordinates, steps and pitches (the setup's multiplications) match the golden
+    model, given one at a time and back to back."""
+    config = CONFIGS["bus32_int8"]
+    dram = make_dram(np.random.default_rng(SEED))
+    spad = destination(config, "spad")
+    loads = [(spad, dict(f, dst_addr=4 * k)) for k, f in enumerate(_extreme_loads())]
+    for overlap in (False, True):
+        run = run_gather(config, dram, [load_command(f, dst) for dst, f in loads], seed=SEED,
+                         stall=0.1, latency=(0, 3), row_stall=0.1, overlap=overlap)
+        check_loads(config, dram, loads, run)
 
 
 @pytest.mark.parametrize("clear_between", [False, True])

@@ -69,3 +69,17 @@ def test_ecp5_elaboration_uses_registered_mult18x18d(dataflow: str) -> None:
     assert verilog.count('.REG_OUTPUT_CLK("CLK0")') == 4
     result = _synth(config, "ecp5", platform=_Ecp5Stand())
     assert result["dsps"] == result["cells"]["MULT18X18D"] == 4
+
+
+@pytest.mark.parametrize("family, dsp_cell, platform", [
+    ("ice40", "SB_MAC16", None), ("ecp5", "MULT18X18D", _Ecp5Stand()),
+])
+def test_array_lut_multipliers_leave_dsp_blocks_free(family: str, dsp_cell: str, platform: Any) -> None:
+    """array_lut_multipliers PEs multiply in logic: 3 of the 4 PEs of a 2x2 array use no DSP
+    block (the fabric takes their partial products: more LUT4s and carry cells)."""
+    all_dsp = _synth(AcceleratorConfig(rows=2, cols=2), family, platform=platform)
+    result = _synth(AcceleratorConfig(rows=2, cols=2, array_lut_multipliers=3), family, platform=platform)
+    assert result["dsps"] == result["cells"][dsp_cell] == 1
+    assert result["luts"] + 2 * result["carry"] > all_dsp["luts"] + 2 * all_dsp["carry"] + 3 * 40
+    verilator_lint(to_verilog(SystolicArray(AcceleratorConfig(rows=2, cols=2, array_lut_multipliers=3)),
+                              "systolic_array"), "systolic_array")

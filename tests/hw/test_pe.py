@@ -45,17 +45,19 @@ def _run(dut, testbench) -> None:
 
 # -- multiplier ------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("use_dsp", [True, False], ids=["dsp", "logic"])
 @pytest.mark.parametrize("a_shape, b_shape", [
     (signed(8), signed(8)), (unsigned(8), unsigned(8)), (unsigned(8), signed(8)),
-    (signed(16), signed(16)), (unsigned(16), signed(8)), (signed(16), unsigned(16)),
+    (signed(8), unsigned(8)), (signed(16), signed(16)), (unsigned(16), signed(8)),
+    (signed(16), unsigned(16)),
 ])
-def test_multiplier_products_and_latency(a_shape: Shape, b_shape: Shape) -> None:
+def test_multiplier_products_and_latency(a_shape: Shape, b_shape: Shape, use_dsp: bool) -> None:
     rng = np.random.default_rng(a_shape.width * 7 + b_shape.width + a_shape.signed + 2 * b_shape.signed)
     count = 60
     a = _operands(rng, a_shape, count)
     b = _operands(rng, b_shape, count)
     enable = rng.random(count + MULTIPLIER_LATENCY) < 0.8
-    dut = PipelinedMultiplier(a_shape, b_shape)
+    dut = PipelinedMultiplier(a_shape, b_shape, use_dsp=use_dsp)
     seen = []
 
     async def testbench(ctx):
@@ -79,9 +81,11 @@ def test_multiplier_products_and_latency(a_shape: Shape, b_shape: Shape) -> None
     assert any(seen), "the products must not all be zero"
 
 
-def test_multiplier_extreme_products() -> None:
-    dut = PipelinedMultiplier(signed(16), signed(16))
-    cases = [(-32768, -32768), (-32768, 32767), (32767, 32767), (-1, -1), (0, -32768)]
+@pytest.mark.parametrize("use_dsp", [True, False], ids=["dsp", "logic"])
+def test_multiplier_extreme_products(use_dsp: bool) -> None:
+    dut = PipelinedMultiplier(signed(16), signed(16), use_dsp=use_dsp)
+    cases = [(-32768, -32768), (-32768, 32767), (32767, -32768), (32767, 32767), (-1, -1),
+             (0, -32768), (-32768, 0), (1, -32768), (-32768, 1), (-1, 32767)]
     seen = []
 
     async def testbench(ctx):
@@ -95,6 +99,33 @@ def test_multiplier_extreme_products() -> None:
     _run(dut, testbench)
     for n, (a, b) in enumerate(cases):
         assert seen[n + MULTIPLIER_LATENCY - 1] == a * b
+
+
+def test_logic_multiplier_every_int8_a() -> None:
+    """The logic multiplier (array_lut_multipliers): every int8 a times the extreme, the
+    bit-boundary and some random int8 b."""
+    dut = PipelinedMultiplier(signed(8), signed(8), use_dsp=False)
+    rng = np.random.default_rng(8)
+    b_values = [-128, -127, -65, -64, -1, 0, 1, 15, 16, 63, 64, 127, *rng.integers(-128, 128, 4)]
+    grid = np.array([(a, b) for b in b_values for a in range(-128, 128)])
+    seen = []
+
+    async def testbench(ctx):
+        for t in range(len(grid) + MULTIPLIER_LATENCY - 1):
+            a, b = grid[min(t, len(grid) - 1)]
+            ctx.set(dut.a, int(a))
+            ctx.set(dut.b, int(b))
+            await ctx.tick()
+            seen.append(ctx.get(dut.product))
+
+    _run(dut, testbench)
+    products = np.array(seen[MULTIPLIER_LATENCY - 1:])
+    np.testing.assert_array_equal(products, grid[:, 0] * grid[:, 1])
+
+
+def test_multiplier_rejects_non_bool_use_dsp() -> None:
+    with pytest.raises(TypeError, match=r"^use_dsp must be True or False, not 1$"):
+        PipelinedMultiplier(signed(8), signed(8), use_dsp=1)
 
 
 @pytest.mark.parametrize("a_shape, b_shape, name, shape_text", [

@@ -2,21 +2,25 @@
 
 Each simulation streams several STOREs ("jobs") through one SFU with random input gaps and random
 output backpressure, changing the static inputs between jobs once the SFU is idle, and compares every
-output vector with sfu_pointwise / avg_pool_finish / max over non-pad pixels.
+output vector with sfu_pointwise / avg_pool_finish / max over non-pad pixels. Exact rounding ties
+(half to even, on either side of the zero point: CONFIG tie_out / avg_tie_out) are driven on
+purpose, in the pointwise requantize, the residual add (one rounding with the product) and the
+average.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pytest
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.isa import Activation, OutType, PoolMode
-from systolic.hw.sfu import SpecialFunctionUnit, sfu_input_layout
+from systolic.hw.sfu import SFU_REGS, SpecialFunctionUnit, sfu_input_layout
 from systolic.sim.arith import ACT_NONE, MAX_SHIFT, avg_pool_finish, sfu_pointwise
 
 from .streams import stream_get, stream_put
@@ -65,7 +69,7 @@ def reference(config: AcceleratorConfig, job: Job) -> list[list[int]]:
     v = sfu_pointwise(acc, np.array(job.bias), np.array(job.mult), np.array(job.shift), **common,
                       acc_range=config.acc_range, out_range=config.output_range, residual=residual,
                       res_zp=_reg(job, "res_zp"), res_mult=_reg(job, "res_mult"),
-                      res_shift=_reg(job, "res_shift"))
+                      tie_out=_reg(job, "tie_out"))
     if pool == PoolMode.NONE:
         return v.tolist()
     out, window = [], []
@@ -81,15 +85,14 @@ def reference(config: AcceleratorConfig, job: Job) -> list[list[int]]:
                                 for vk, pad in window], axis=0)
                 out.append(avg_pool_finish(total, job.pool_count, avg_mult=_reg(job, "avg_mult"),
                                            avg_shift=_reg(job, "avg_shift"), out_range=config.output_range,
-                                           **common).tolist())
+                                           tie_out=_reg(job, "avg_tie_out"), **common).tolist())
     return out
 
 
 def _set_static(ctx: Any, dut: SpecialFunctionUnit, job: Job) -> None:
     ctx.set(dut.params, [{"bias": b, "mult": mu, "shift": s}
                          for b, mu, s in zip(job.bias, job.mult, job.shift, strict=True)])
-    ctx.set(dut.regs, {name: _reg(job, name) for name in ("zp_out", "act_lo", "act_hi", "avg_mult",
-                                                         "avg_shift", "res_zp", "res_mult", "res_shift")})
+    ctx.set(dut.regs, {name: _reg(job, name) for name, _ in SFU_REGS})
     ctx.set(dut.settings, {"out_type": job.out_type, "act": job.act, "pool": job.pool,
                            "residual": int(job.residual), "pool_count": job.pool_count})
 
@@ -184,8 +187,9 @@ def _regs(rng: random.Random, config: AcceleratorConfig) -> dict[str, int]:
         "avg_shift": rng.choice([rng.randint(28, 34), 0, MAX_SHIFT]),
         "res_zp": rng.randint(-(1 << 15), (1 << 15) - 1),
         "res_mult": rng.choice([rng.randint(1 << 29, INT32_MAX), -rng.randint(1 << 29, INT32_MAX),
-                                INT32_MIN, INT32_MAX]),
-        "res_shift": rng.choice([rng.randint(29, 33), 0, MAX_SHIFT]),
+                                INT32_MIN, INT32_MAX, rng.randint(-(1 << 20), 1 << 20)]),
+        "tie_out": rng.randint(0, 1),
+        "avg_tie_out": rng.randint(0, 1),
     }
 
 
@@ -232,31 +236,86 @@ def test_pointwise_every_activation_random_and_extreme(act: Activation) -> None:
     check(SMALL, [_pointwise_job(rng, SMALL, 60, act=act) for _ in range(3)])
 
 
+def _tie_regs(rng: random.Random, tie_out: int, **regs: int) -> dict[str, int]:
+    """An odd zero point: the two tie choices differ on every tie (even ones: random jobs)."""
+    return {"zp_out": rng.choice([-7, -1, 3, 5]), "tie_out": tie_out, **regs}
+
+
+def _tie_choice_matters(job: Job, name: str) -> bool:
+    """The other tie choice (CONFIG ``name``) gives other outputs: the job has ties."""
+    other = replace(job, regs=job.regs | {name: 1 - _reg(job, name)})
+    return reference(SMALL, other) != reference(SMALL, job)
+
+
 def test_rounding_ties_and_shift_extremes() -> None:
     # mult = 1: the product is the accumulator itself, so k * 2**s +- 2**(s-1) are exact ties.
     rng = random.Random(SEED)
     cols = SMALL.cols
     jobs = []
-    for shift in (1, 2, 7, 30):
+    for shift, tie_out in itertools.product((1, 2, 7, 30), (0, 1)):
         beats = []
         for _ in range(16):
             acc = []
             for _ in range(cols):
-                k = rng.randint(-100, 100)
-                tie = (k << shift) + rng.choice([-1, 1]) * (1 << (shift - 1))
+                k = rng.randint(-100, 100) >> max(0, shift - 23)     # inside int32
+                tie = (k << shift) + rng.choice([-1, 1]) * (1 << (shift - 1)) + rng.choice([0, 0, 0, 1, -1])
                 acc.append(max(INT32_MIN, min(INT32_MAX, tie)))
             beats.append(_plain(acc))
-        jobs.append(Job([0] * cols, [1] * cols, [shift] * cols, regs={"zp_out": rng.randint(-5, 5)},
-                        beats=beats))
-    # the largest products: (-2**31)**2 = 2**62 with shift 62 and 61; shift 0 passes the product
-    extreme = [[INT32_MIN] * cols, [INT32_MAX] * cols, [INT32_MIN + 1, INT32_MAX - 1, 0, -1]]
-    for shift in (0, 61, MAX_SHIFT):
-        jobs.append(Job([0] * cols, [INT32_MIN, INT32_MAX, INT32_MIN, 1], [shift] * cols,
-                        regs={"zp_out": -1}, beats=[_plain(a) for a in extreme]))
+        jobs.append(Job([0] * cols, [1] * cols, [shift] * cols, regs=_tie_regs(rng, tie_out), beats=beats))
+    # the largest products: (-2**31)**2 = 2**62 with shift 62 and 61; shift 0 passes the product;
+    # -2**30 * -2**31 = 2**61 is the tie 0.5 at shift 62
+    extreme = [[INT32_MIN] * cols, [INT32_MAX] * cols, [INT32_MIN + 1, INT32_MAX - 1, 0, -1],
+               [-(1 << 30), 1 << 30, -(1 << 30) - 1, (1 << 30) + 1]]
+    for shift, tie_out in itertools.product((0, 61, MAX_SHIFT), (0, 1)):
+        jobs.append(Job([0] * cols, [INT32_MIN, INT32_MIN, INT32_MAX, 1], [shift] * cols,
+                        regs={"zp_out": -1, "tie_out": tie_out}, beats=[_plain(a) for a in extreme]))
     # bias saturation at both ends of the accumulator range
     jobs.append(Job([INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN], [1 << 30] * cols, [60] * cols,
                     beats=[_plain(a) for a in extreme]))
     check(SMALL, jobs)
+    assert sum(_tie_choice_matters(job, "tie_out") for job in jobs) >= 8
+
+
+def test_residual_rounds_once_with_ties() -> None:
+    # t * 2**(s-1) + (r - res_zp) * 2**(s-1): (t + r - res_zp) / 2, a tie whenever the sum is odd;
+    # then random residual scales, and the residual term alone at both saturation limits
+    rng = random.Random(SEED + 29)
+    cols = SMALL.cols
+    jobs = []
+    for shift, tie_out in itertools.product((1, 12, 31), (0, 1)):
+        half = 1 << (shift - 1)
+        beats = [_plain([rng.randint(-300, 300) for _ in range(cols)],
+                        [rng.choice([-128, 127, rng.randint(-128, 127)]) for _ in range(cols)])
+                 for _ in range(12)]
+        jobs.append(Job([rng.randint(-5, 5) for _ in range(cols)], [half, half, -half, half], [shift] * cols,
+                        regs=_tie_regs(rng, tie_out, res_zp=rng.randint(-9, 9), res_mult=half, act_lo=-100,
+                                       act_hi=100),
+                        residual=True, act=rng.choice([Activation.NONE, Activation.CLIP]), beats=beats))
+    for act in Activation:
+        jobs.append(_pointwise_job(rng, SMALL, 30, residual=True, act=act))
+    check(SMALL, jobs)
+    assert all(_tie_choice_matters(job, "tie_out") for job in jobs[:6])
+
+
+def test_average_ties_go_to_even() -> None:
+    # windows of 2 or 4 identity-requantized pixels times avg_mult 2**30 >> 32 or 31: exact ties
+    rng = random.Random(SEED + 31)
+    cols = SMALL.cols
+    jobs = []
+    for size, tie_out in itertools.product((2, 4), (0, 1)):
+        beats = []
+        for _ in range(12):
+            pads = [rng.random() < 0.2 for _ in range(size)]
+            for k in range(size):
+                acc = [rng.choice([-128, 127, rng.randint(-128, 127)]) for _ in range(cols)]
+                beats.append({"acc": acc, "residual": [0] * cols, "first": int(k == 0),
+                              "last": int(k == size - 1), "pad": int(pads[k])})
+        regs = _tie_regs(rng, 0, avg_mult=1 << 30, avg_shift=30 + size.bit_length() - 1, avg_tie_out=tie_out,
+                         act_lo=-100, act_hi=100)
+        jobs.append(Job([0] * cols, [1] * cols, [0] * cols, regs=regs, pool=PoolMode.AVG, pool_count=size,
+                        act=rng.choice(list(Activation)), beats=beats))
+    check(SMALL, jobs)
+    assert sum(_tie_choice_matters(job, "avg_tie_out") for job in jobs) >= 2
 
 
 def test_output_saturates_at_both_ends() -> None:
@@ -281,7 +340,7 @@ def test_residual_add_with_saturation() -> None:
     # residual alone drives the output to both saturation limits
     cols = SMALL.cols
     jobs.append(Job([0] * cols, [0] * cols, [0] * cols,
-                    regs={"res_zp": 0, "res_mult": INT32_MAX, "res_shift": 0}, residual=True,
+                    regs={"res_zp": 0, "res_mult": INT32_MAX}, residual=True,
                     beats=[_plain([0] * cols, [127, -128, 1, -1])]))
     check(SMALL, jobs)
     assert reference(SMALL, jobs[-1]) == [[127, -128, 127, -128]]

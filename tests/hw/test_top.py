@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.controller import ERR_FLAGS, ERR_ILLEGAL, ERR_NO_FINISH, ERR_SLVERR
-from systolic.hw.isa import INSTR_BYTES, Instruction, Program, encode
+from systolic.hw.isa import FIELDS, INSTR_BYTES, Instruction, Opcode, Program, encode
 from systolic.sim.golden import run_golden
 from systolic.sim.programs import conv_case, gemm_case, pool_case, residual_case
 
@@ -37,6 +37,18 @@ def _check_against_golden(case, *, stall=0.0, latency=(0, 0), seed=0):
 @pytest.mark.parametrize("shape", [(9, 7, 6), (1, 1, 1), (4, 9, 4)])
 def test_gemm(config, shape):
     _check_against_golden(gemm_case(config, *shape, seed=sum(shape)))
+
+
+def test_gemm_without_residual_reads():
+    """Without sfu_residual the load unit has no residual port and the store unit no reads;
+    without sfu_pooling the store unit walks pixels, not windows."""
+    config = AcceleratorConfig(**SMALL, sfu_residual=False, sfu_pooling=())
+    _check_against_golden(gemm_case(config, 7, 5, 3, seed=11, act="relu"))
+
+
+def test_residual_without_pooling_hardware():
+    config = AcceleratorConfig(**SMALL, sfu_pooling=())
+    _check_against_golden(residual_case(config, 9, 5, 3, seed=12))
 
 
 @pytest.mark.parametrize("config", [WS, OS], ids=["ws", "os"])
@@ -82,6 +94,20 @@ def test_illegal_instruction_halts_with_its_pc():
     assert rtl.done and rtl.error == ERR_ILLEGAL and rtl.error_pc == 1
 
 
+@pytest.mark.parametrize(("op", "where"), [(op, "first") for op in Opcode] + [(Opcode.LOAD, "last")],
+                         ids=lambda v: v.name.lower() if isinstance(v, Opcode) else v)
+def test_a_reserved_bit_halts(op, where):
+    """A word with a reserved bit set (the first one above the opcode's fields, or bit 511) is
+    illegal: the queue FIFOs keep only the fields, so the dispatcher must catch it."""
+    used = max(f.offset + f.width for f in FIELDS[op]) if FIELDS[op] else 8
+    program, dram = _program_image([Instruction(op), Instruction("FINISH")])
+    raw = bytearray(dram.tobytes())
+    bit = used if where == "first" else INSTR_BYTES * 8 - 1
+    raw[bit // 8] |= 1 << (bit % 8)
+    rtl = run_accelerator(WS, program, np.frombuffer(bytes(raw), np.uint8), prog_addr=0)
+    assert rtl.done and rtl.error == ERR_ILLEGAL and rtl.error_pc == 0
+
+
 def test_illegal_flags_halt():
     program, dram = _program_image([Instruction("LOAD", pop_prev=1, rows_outer=1, rows_inner=1,
                                                 segs=1, seg_len=1), Instruction("FINISH")])
@@ -101,6 +127,28 @@ def test_slverr_on_a_load_halts():
     program, dram = _program_image([load, Instruction("FINISH")], extra=1024)
     rtl = run_accelerator(WS, program, dram, prog_addr=0, error_at={512})
     assert rtl.done and rtl.error == ERR_SLVERR and rtl.error_pc == 0
+
+
+def test_slverr_on_a_residual_read_halts_at_the_store():
+    """The residual rows come from the load unit's reader: an error response on them is the
+    STORE's error, with the STORE's pc."""
+    case = residual_case(WS, 6, 5, 4, seed=7)
+    residual_addr, _ = case.regions["residual"]
+    store = next(i for i, ins in enumerate(case.program.instructions)
+                 if ins.op is Opcode.STORE and ins.residual)
+    rtl = run_accelerator(WS, case.program, case.dram, prog_addr=case.program_addr,
+                          error_at={residual_addr - residual_addr % WS.dma_bytes})
+    assert rtl.done and rtl.error == ERR_SLVERR and rtl.error_pc == store
+
+
+def test_narrow_counters_count_the_same_and_read_zero_high_words():
+    """counter_bits = 16: the counters of a short program are the golden model's (they fit), and
+    every high word reads 0."""
+    config = AcceleratorConfig(**SMALL, counter_bits=16)
+    rtl, golden = _check_against_golden(gemm_case(config, 5, 6, 3, seed=3))
+    assert rtl.counters["macs"] == golden.macs < 1 << 16
+    assert all(value < 1 << 16 for value in rtl.counters.values()), rtl.counters
+    assert rtl.high_words == {name: 0 for name in rtl.counters}
 
 
 def test_the_instruction_words_are_those_of_the_isa():

@@ -9,6 +9,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.isa import Opcode
+from systolic.sim.catalogue import (
+    CONV_GATHER,
+    CONV_NCHW,
+    CONV_NHWC,
+    CONV_PADDING,
+    CONV_RAW,
+)
 from systolic.sim.golden import run_golden
 from systolic.sim.programs import conv_case, conv_reference
 
@@ -20,18 +27,7 @@ CONFIGS = {
                              dataflow="os"),
 }
 
-# H, W, Cin, Cout, kh, kw, stride, pad, dilation
-SHAPES = [
-    (5, 7, 3, 5, 3, 3, 1, 1, 1),     # 'same' 3x3
-    (9, 8, 4, 9, 3, 3, 2, 1, 1),     # stride 2, partial channel tiles
-    (9, 9, 2, 3, 3, 3, 1, 2, 2),     # dilation 2
-    (6, 5, 17, 3, 1, 1, 1, 0, 1),    # pointwise, Cin over several K tiles
-    (3, 3, 1, 1, 3, 3, 1, 1, 1),     # one channel in, one out
-    (1, 12, 3, 2, 1, 3, 1, 0, 1),    # 1 x N image
-    (12, 1, 3, 2, 3, 1, 1, 1, 1),    # N x 1 image
-    (7, 7, 2, 2, 7, 7, 1, 3, 1),     # kernel as large as the image
-    (8, 10, 3, 4, 2, 3, 3, 1, 1),    # stride larger than the kernel height
-]
+# The programs (shapes, seeds, options) come from sim/catalogue.py, which the RTL tests run too.
 
 
 def _naive_conv(x, w, stride, pad, dilation, pad_value):
@@ -66,24 +62,24 @@ def test_reference_is_a_convolution(args):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-@pytest.mark.parametrize("args", SHAPES, ids=lambda a: "_".join(map(str, a)))
-def test_conv_nhwc(name, args):
-    case = conv_case(CONFIGS[name], *args, seed=sum(args), act="relu")
+@pytest.mark.parametrize("spec", CONV_NHWC, ids=lambda s: "_".join(map(str, s.args)))
+def test_conv_nhwc(name, spec):
+    case = spec.build(CONFIGS[name])
     result = run_golden(case.config, case.program, case.dram)
     case.check(result.dram)
     assert result.macs == case.macs
 
 
 @pytest.mark.parametrize("name", ["ws8", "os4"])
-@pytest.mark.parametrize("args", SHAPES[:4], ids=lambda a: "_".join(map(str, a)))
-def test_conv_nchw(name, args):
-    case = conv_case(CONFIGS[name], *args, seed=3, layout="nchw", act="clip")
+@pytest.mark.parametrize("spec", CONV_NCHW, ids=lambda s: "_".join(map(str, s.args)))
+def test_conv_nchw(name, spec):
+    case = spec.build(CONFIGS[name])
     case.check(run_golden(case.config, case.program, case.dram).dram)
 
 
 @pytest.mark.parametrize("name", ["ws8", "os8"])
 def test_raw_conv_output_is_the_direct_convolution(name):
-    case = conv_case(CONFIGS[name], 6, 6, 3, 4, 3, 3, 1, 1, 1, seed=5, requant=False)
+    case = CONV_RAW.build(CONFIGS[name])
     case.check(run_golden(case.config, case.program, case.dram).dram)
     x_addr, _ = case.regions["x"]
     w_addr, _ = case.regions["weights"]
@@ -97,7 +93,7 @@ def test_raw_conv_output_is_the_direct_convolution(name):
 def test_padding_reads_the_zero_point():
     """Padding elements are pad_value (the input zero point), not zero: a 1x1 image with a
     3x3 kernel sees eight padding pixels."""
-    case = conv_case(CONFIGS["ws8"], 1, 1, 1, 1, 3, 3, 1, 1, 1, seed=0, requant=False)
+    case = CONV_PADDING.build(CONFIGS["ws8"])
     loads = [i for i in case.program.instructions if i.op is Opcode.LOAD and i.bounded]
     assert loads and all(i.pad_value == loads[0].pad_value for i in loads)
     assert loads[0].pad_value != 0
@@ -107,7 +103,7 @@ def test_padding_reads_the_zero_point():
 def test_no_im2col_matrix_in_dram():
     """The image is gathered in place: the DRAM image holds x, weights, table, output and the
     program, and no LOAD reads outside x, weights and table."""
-    case = conv_case(CONFIGS["ws8"], 8, 8, 4, 8, 3, 3, 1, 1, 1, seed=2)
+    case = CONV_GATHER.build(CONFIGS["ws8"])
     assert set(case.regions) == {"x", "weights", "table", "out", "program"}
     assert sum(i.op is Opcode.LOAD and i.bounded for i in case.program.instructions) >= 9
 

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 from systolic.hw.config import AcceleratorConfig
-from systolic.hw.isa import Instruction, Program, ProgramError, encode
+from systolic.hw.isa import Instruction, IsaError, Program, ProgramError, encode
 from systolic.sim.golden import ExecutionError, GoldenModel, run_golden
 from systolic.sim.programs import conv_case, gemm_case, pool_case, residual_case
 
@@ -271,10 +271,17 @@ def test_store_raw_ignores_qrow():
 
 # -- CONFIG -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["avg_shift", "res_shift"])
-def test_config_shift_above_62(name):
-    _fails([_i("CONFIG", **{name: 63})],
-           f"instruction 0 (CONFIG): field {name}: {name} must be 0..62, not 63")
+def test_config_shift_above_62():
+    _fails([_i("CONFIG", avg_shift=63)],
+           "instruction 0 (CONFIG): field avg_shift: avg_shift must be 0..62, not 63")
+    run_golden(CONFIG, [_i("CONFIG", avg_shift=62), _i("FINISH")], np.zeros(DRAM, np.uint8))
+
+
+def test_config_has_no_residual_shift():
+    """ISA v2: the residual term shares the table entry's shift; CONFIG has no res_shift."""
+    with pytest.raises(IsaError, match=r"^CONFIG has no field 'res_shift'; its fields are "
+                                       r"[a-z_, ]*res_mult, tie_out, avg_tie_out$"):
+        _i("CONFIG", res_shift=3)
 
 
 # -- program level ----------------------------------------------------------------------------

@@ -9,6 +9,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.isa import Instruction, Opcode, Program
+from systolic.sim.catalogue import (
+    GEMM_ACTIVATIONS,
+    GEMM_CORRUPTED,
+    GEMM_EXTREMES,
+    GEMM_HAZARD_CHECK,
+    GEMM_INT32_WRAP,
+    GEMM_PER_TENSOR,
+    GEMM_RAW,
+    GEMM_SMALL,
+    GEMM_TRANSPOSED,
+    GEMM_WEIGHT_REUSE,
+)
 from systolic.sim.golden import GoldenModel, run_golden
 from systolic.sim.programs import gemm_case, tile_load
 
@@ -24,7 +36,7 @@ CONFIGS = {
                                dataflow="os"),
     "ws8x4": AcceleratorConfig(rows=8, cols=4, scratchpad_bytes=256, accumulator_bytes=256),
 }
-SHAPES = [(1, 1, 1), (1, 9, 1), (9, 1, 1), (1, 1, 9), (17, 33, 9), (8, 8, 8), (21, 5, 13)]
+# The programs (shapes, seeds, options) come from sim/catalogue.py, which the RTL tests run too.
 
 
 def _run(case, **kw):
@@ -46,10 +58,11 @@ def _numpy_gemm(case, m, k, n):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_raw_gemm_matches_numpy(name, shape):
+@pytest.mark.parametrize("spec", GEMM_RAW, ids=lambda s: s.id)
+def test_raw_gemm_matches_numpy(name, spec):
     config = CONFIGS[name]
-    case = gemm_case(config, *shape, seed=sum(shape), requant=False)
+    shape = spec.args
+    case = spec.build(config)
     result = _run(case)
     addr, out = case.expected["out"]
     np.testing.assert_array_equal(out, _numpy_gemm(case, *shape))   # no wrap at these sizes
@@ -57,9 +70,9 @@ def test_raw_gemm_matches_numpy(name, shape):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-@pytest.mark.parametrize("act", ["none", "relu", "relu6", "clip"])
-def test_requantized_gemm(name, act):
-    case = gemm_case(CONFIGS[name], 19, 23, 11, seed=7, act=act)
+@pytest.mark.parametrize("spec", GEMM_ACTIVATIONS, ids=lambda s: s.kwargs["act"])
+def test_requantized_gemm(name, spec):
+    case = spec.build(CONFIGS[name])
     _run(case)
     out = case.expected["out"][1]
     lo, hi = CONFIGS[name].output_range
@@ -68,14 +81,14 @@ def test_requantized_gemm(name, act):
 
 
 def test_per_tensor_scale():
-    case = gemm_case(CONFIGS["ws4"], 6, 10, 7, seed=3, per_channel=False)
+    case = GEMM_PER_TENSOR.build(CONFIGS["ws4"])
     _run(case)
 
 
 @pytest.mark.parametrize("name", ["ws8", "os4x8"])
 def test_result_differs_when_an_operand_byte_changes(name):
     """The check is real: corrupting one input byte makes the expected result fail."""
-    case = gemm_case(CONFIGS[name], 5, 7, 3, seed=11, requant=False)
+    case = GEMM_CORRUPTED.build(CONFIGS[name])
     addr, _ = case.regions["x"]
     dram = case.dram.copy()
     dram[addr] ^= 0x01
@@ -88,7 +101,7 @@ def test_extremes_saturate_requantize():
     """All -128 operands with a long K reach the int32 range; the table holds the edge entries
     (largest multipliers, shifts 0 and 62, biases at the accumulator limits)."""
     config = CONFIGS["ws8"]
-    case = gemm_case(config, 3, 600, 20, seed=5, extremes=True)
+    case = GEMM_EXTREMES.build(config)
     _run(case)
     out = case.expected["out"][1]
     assert {-128, 127} <= set(np.unique(out).tolist())
@@ -98,8 +111,9 @@ def test_int32_sum_wraps_output_stationary():
     """K = 131073 products of -128 * -128 sum to 2**31 + 16384, which an int32 accumulator wraps
     to a negative number (the OS dataflow takes long K per COMPUTE)."""
     config = CONFIGS["os8"]
-    k = (1 << 31) // (128 * 128) + 1
-    case = gemm_case(config, 1, k, 2, requant=False, extremes=True)
+    k = GEMM_INT32_WRAP.args[1]
+    assert k == (1 << 31) // (128 * 128) + 1
+    case = GEMM_INT32_WRAP.build(config)
     result = _run(case)
     expected = k * 16384 - (1 << 32)
     np.testing.assert_array_equal(case.expected["out"][1], np.full((1, 2), expected))
@@ -139,7 +153,7 @@ def test_element_types(dataflow, types):
 def test_weight_stationary_reuses_weights():
     """One preload per (k, n) tile: M tiles stream through the same stationary weights."""
     config = AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=128, accumulator_bytes=1024)
-    case = gemm_case(config, 30, 4, 4, requant=False)
+    case = GEMM_WEIGHT_REUSE.build(config)
     computes = [i for i in case.program.instructions if i.op is Opcode.COMPUTE]
     assert len(computes) > 1
     assert [i.preload for i in computes] == [1] + [0] * (len(computes) - 1)
@@ -147,7 +161,7 @@ def test_weight_stationary_reuses_weights():
 
 
 def test_output_stationary_loads_transposed_tiles():
-    case = gemm_case(CONFIGS["os8"], 8, 16, 8, requant=False)
+    case = GEMM_TRANSPOSED.build(CONFIGS["os8"])
     loads = [i for i in case.program.instructions if i.op is Opcode.LOAD]
     assert any(i.elem_dy == 1 and i.inner_dc == 1 for i in loads)
     _run(case)
@@ -164,7 +178,7 @@ def test_random_shapes(name, m, k, n, seed, requant):
 
 
 def test_hazard_check_does_not_change_results():
-    case = gemm_case(CONFIGS["ws4x8"], 13, 9, 10, seed=4)
+    case = GEMM_HAZARD_CHECK.build(CONFIGS["ws4x8"])
     checked = _run(case)
     unchecked = _run(case, check_hazards=False)
     np.testing.assert_array_equal(checked.dram, unchecked.dram)
@@ -172,7 +186,7 @@ def test_hazard_check_does_not_change_results():
 
 
 def test_accepts_program_words_and_instruction_lists():
-    case = gemm_case(CONFIGS["ws8"], 4, 4, 4, seed=9)
+    case = GEMM_SMALL.build(CONFIGS["ws8"])
     model = GoldenModel(case.config)
     by_program = model.run(case.program, case.dram)
     by_list = model.run(list(case.program.instructions), case.dram)
@@ -185,7 +199,7 @@ def test_accepts_program_words_and_instruction_lists():
 
 
 def test_dram_is_not_modified_in_place():
-    case = gemm_case(CONFIGS["ws8"], 4, 4, 4)
+    case = GEMM_SMALL.build(CONFIGS["ws8"])
     before = case.dram.copy()
     result = _run(case)
     np.testing.assert_array_equal(case.dram, before)
@@ -193,7 +207,7 @@ def test_dram_is_not_modified_in_place():
 
 
 def test_program_words_are_in_the_image():
-    case = gemm_case(CONFIGS["ws8"], 4, 4, 4)
+    case = GEMM_SMALL.build(CONFIGS["ws8"])
     words = case.program.words()
     assert case.dram[case.program_addr:case.program_addr + len(words)].tobytes() == words
 

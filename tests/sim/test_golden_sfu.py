@@ -1,17 +1,20 @@
 """Golden model: the STORE path through the SFU (bias, requantize, zero point, residual,
 activation, saturation, pooling) against the formulas of docs/isa.md written out in Python
-integers, at the edges: ties, the largest multipliers, shifts 0 and 62, saturation at both ends."""
+integers, at the edges: ties (to even, on either side of the zero point), the largest
+multipliers, shifts 0 and 62, saturation at both ends."""
 
 from __future__ import annotations
 
 import itertools
+from fractions import Fraction
 
 import numpy as np
 import pytest
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.isa import Instruction, Program
+from systolic.sim.catalogue import POOL, POOL_GLOBAL_ROW, POOL_RECTANGULAR, RESIDUAL
 from systolic.sim.golden import run_golden
-from systolic.sim.programs import pool_case, residual_case, tile_load
+from systolic.sim.programs import tile_load
 
 WIDE = AcceleratorConfig(rows=2, cols=64)   # 64 channels per STORE: many entries per run
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
@@ -20,8 +23,12 @@ ACT = {"none": 0, "relu": 1, "relu6": 2, "clip": 3}
 
 # -- the documented formulas, in Python integers --------------------------------------------
 
-def _rs(x: int, s: int) -> int:
-    return x if s == 0 else (x + (1 << (s - 1))) >> s
+def _round(x: int, s: int, zp: int, tie_out: int) -> int:
+    """x * 2**-s + zp to the nearest integer, ties to even: the even output with ``tie_out``,
+    else the even value before zp is added (Python's round() of a Fraction rounds half to even)."""
+    if tie_out:
+        return round(Fraction(x, 1 << s) + zp)
+    return round(Fraction(x, 1 << s)) + zp
 
 
 def _act(q: int, act: str, regs: dict[str, int]) -> int:
@@ -38,9 +45,10 @@ def _pointwise(a, entry, regs, act, config, r=None):
     bias, mult, shift = (int(v) for v in entry)
     lo, hi = config.acc_range
     t = min(max(int(a) + bias, lo), hi)
-    q = _rs(t * mult, shift) + regs["zp_out"]
+    x = t * mult
     if r is not None:
-        q += _rs((int(r) - regs["res_zp"]) * regs["res_mult"], regs["res_shift"])
+        x += (int(r) - regs["res_zp"]) * regs["res_mult"]
+    q = _round(x, shift, regs["zp_out"], regs["tie_out"])
     out_lo, out_hi = config.output_range
     return min(max(_act(q, act, regs), out_lo), out_hi)
 
@@ -48,7 +56,7 @@ def _pointwise(a, entry, regs, act, config, r=None):
 # -- a program: LOAD table and accumulator image, CONFIG, STORE ---------------------------------
 
 REGS0 = {"zp_out": 0, "act_lo": 0, "act_hi": 0, "avg_mult": 0, "avg_shift": 0, "res_zp": 0,
-         "res_mult": 0, "res_shift": 0}
+         "res_mult": 0, "tie_out": 0, "avg_tie_out": 0}
 
 
 def _store_run(config, acc, entries, regs, *, residual=None, **store):
@@ -83,11 +91,24 @@ def _store_run(config, acc, entries, regs, *, residual=None, **store):
     return result.dram[0xC000:0xC000 + size].view(dt).reshape(out_h, out_w, n).astype(np.int64)
 
 
-def test_rounding_ties_go_toward_plus_infinity():
+def test_rounding_ties_go_to_even():
     # x * 1 >> 1 for x = 1, 3, 5, -1, -3, -5, 2, -2: 0.5 1.5 2.5 -0.5 -1.5 -2.5 1 -1
     acc = np.array([1, 3, 5, -1, -3, -5, 2, -2]).reshape(8, 1, 1)
     out = _store_run(WIDE, acc, [(0, 1, 1)], REGS0)
-    assert out.reshape(-1).tolist() == [1, 2, 3, 0, -1, -2, 1, -1]
+    assert out.reshape(-1).tolist() == [0, 2, 2, 0, -2, -2, 1, -1]
+    # an odd zero point: tie_out 0 keeps the value before it even, tie_out 1 the output
+    out = _store_run(WIDE, acc, [(0, 1, 1)], dict(REGS0, zp_out=1))
+    assert out.reshape(-1).tolist() == [1, 3, 3, 1, -1, -1, 2, 0]
+    out = _store_run(WIDE, acc, [(0, 1, 1)], dict(REGS0, zp_out=1, tie_out=1))
+    assert out.reshape(-1).tolist() == [2, 2, 4, 0, 0, -2, 2, 0]
+
+
+def test_ties_at_the_largest_shift_and_product():
+    # INT32_MIN * -2**30 = 2**61: 0.5 at shift 62, and -0.5 for +2**30; one off is no tie
+    acc = np.array([-(1 << 30), 1 << 30, -(1 << 30) - 1, (1 << 30) + 1, INT32_MIN]).reshape(5, 1, 1)
+    for zp, tie_out, want in [(0, 0, [0, 0, 1, -1, 1]), (3, 0, [3, 3, 4, 2, 4]), (3, 1, [4, 2, 4, 2, 4])]:
+        out = _store_run(WIDE, acc, [(0, INT32_MIN, 62)], dict(REGS0, zp_out=zp, tie_out=tie_out))
+        assert out.reshape(-1).tolist() == want, (zp, tie_out)
 
 
 def test_shift_zero_is_identity_and_shift_62_rounds():
@@ -148,21 +169,37 @@ def test_bias_add_saturates_before_the_multiplier():
     assert out.reshape(-1).tolist() == [2, -2]
 
 
-def test_residual_add_edges():
-    rng = np.random.default_rng(3)
-    for res_mult, res_shift, res_zp in [(INT32_MAX, 31, -128), (INT32_MIN, 31, 127), (1, 0, 0),
-                                         (1 << 30, 62, 5), (-3, 2, -32768)]:
-        regs = dict(REGS0, zp_out=-3, act_hi=90, res_zp=res_zp, res_mult=res_mult,
-                    res_shift=res_shift)
+@pytest.mark.parametrize("tie_out", [0, 1])
+def test_residual_add_edges(tie_out):
+    rng = np.random.default_rng(3 + tie_out)
+    for res_mult, shift, res_zp in [(INT32_MAX, 31, -128), (INT32_MIN, 31, 127), (1, 0, 0),
+                                    (1 << 30, 62, 5), (-3, 2, -32768), (1 << 11, 12, -1)]:
+        regs = dict(REGS0, zp_out=-3, act_hi=90, res_zp=res_zp, res_mult=res_mult, tie_out=tie_out)
         acc = rng.integers(-5000, 5000, (8, 1, 64))
+        acc[2] = INT32_MAX
+        acc[3] = INT32_MIN
         residual = rng.integers(-128, 128, (8, 1, 64))
         residual[0] = -128
         residual[1] = 127
-        entries = [(0, int(m), 12) for m in rng.integers(1, 4096, 64)]
+        # multipliers of the shift's scale, small ones and the largest: many exact ties
+        mults = [1 << min(max(shift - 1, 0), 30), INT32_MAX, INT32_MIN, -(1 << min(max(shift - 2, 0), 30))]
+        mults += rng.integers(1, 4096, 60).tolist()
+        entries = [(0, int(m), shift) for m in mults]
         out = _store_run(WIDE, acc, entries, regs, residual=residual, act=ACT["relu6"])
         expected = [[_pointwise(acc[p, 0, c], entries[c], regs, "relu6", WIDE, residual[p, 0, c])
                      for c in range(64)] for p in range(8)]
         np.testing.assert_array_equal(out[:, 0, :], np.array(expected))
+
+
+def test_residual_is_rounded_once_with_the_channel_shift():
+    """0.5 + 0.5 = 1: rounding the two terms separately would give 0 + 0 (ties to even) or
+    1 + 1 (ties up); one rounding gives 1. The residual term uses each channel's table shift."""
+    acc = np.array([1, 3, -1]).reshape(3, 1, 1).repeat(2, axis=2)
+    residual = np.array([1, 1, -3]).reshape(3, 1, 1).repeat(2, axis=2)
+    # channel 0: shift 1 (a/2 + r/2); channel 1: shift 2 (a/4 + r/4)
+    out = _store_run(WIDE, acc, [(0, 1, 1), (0, 1, 2)], dict(REGS0, res_mult=1), residual=residual)
+    assert out[:, 0, 0].tolist() == [1, 2, -2]           # 1, 2, -2 exactly
+    assert out[:, 0, 1].tolist() == [0, 1, -1]           # 0.5 -> 0, 1, -1
 
 
 def test_config_registers_hold_until_the_next_config():
@@ -203,6 +240,27 @@ def test_average_pool_counts_padding_as_the_zero_point():
     assert out.reshape(-1).tolist() == [14] * 4
 
 
+@pytest.mark.parametrize("zp_out", [-7, 0, 4, 5])
+def test_average_pool_ties_go_to_even(zp_out):
+    """2x2 windows with avg_mult/2**avg_shift = 1/4 exactly: centred sums of 2 mod 4 are ties.
+    An even zero point makes both tie choices agree; an odd one tells them apart."""
+    rng = np.random.default_rng(zp_out + 50)
+    acc = rng.integers(-128, 128, (6, 6, 64))
+    acc[0:2, 0:2] = 127          # saturation at the top...
+    acc[2:4, 0:2] = -128         # ... and at the bottom
+    window = {"pool": 2, "pool_h": 2, "pool_w": 2, "stride_h": 2, "stride_w": 2}
+    # identity requantize with zero point zp_out: pixel v = a + zp_out, centred sum = sum of a
+    v = np.clip(acc + zp_out, -128, 127)
+    centred = v.reshape(3, 2, 3, 2, 64).sum(axis=(1, 3)) - 4 * zp_out
+    assert np.count_nonzero(centred % 4 == 2) > 60       # many ties
+    for tie_out in (0, 1):
+        regs = dict(REGS0, zp_out=zp_out, avg_mult=1 << 30, avg_shift=32, avg_tie_out=tie_out)
+        out = _store_run(WIDE, acc, [(0, 1, 0)] * 64, regs, out_h=3, out_w=3, **window)
+        expected = [[[min(127, max(-128, _round(int(x) << 30, 32, zp_out, tie_out))) for x in pixel]
+                     for pixel in row] for row in centred]
+        np.testing.assert_array_equal(out, np.array(expected))
+
+
 def test_max_pool_ignores_padding():
     """All pixels below the zero point: padding must not win the maximum."""
     acc = np.array([-100, -90, -80, -70, -60, -50]).reshape(2, 3, 1)
@@ -221,41 +279,35 @@ def test_max_pool_applies_activation_per_pixel():
     assert out.reshape(-1).tolist() == [40]
 
 
-POOLS = [("max", 2, 2, 0, False), ("max", 3, 2, 1, False), ("avg", 3, 2, 1, False),
-         ("avg", 3, 1, 2, False), ("avg", 2, 3, 1, False), ("max", 1, 1, 0, True),
-         ("avg", 1, 1, 0, True)]
-
+# The pooling and residual programs come from sim/catalogue.py, which the RTL tests run too.
 
 @pytest.mark.parametrize("config", [AcceleratorConfig(), AcceleratorConfig(rows=4, cols=8,
                                                                            dataflow="os")],
                          ids=["ws8", "os4x8"])
-@pytest.mark.parametrize("pool,kernel,stride,pad,global_pool", POOLS, ids=str)
-@pytest.mark.parametrize("act", ["none", "relu"])
-def test_pool_case(config, pool, kernel, stride, pad, global_pool, act):
-    case = pool_case(config, 7, 6, 19, pool=pool, kernel=kernel, stride=stride, pad=pad,
-                     global_pool=global_pool, act=act, seed=kernel * 10 + stride)
+@pytest.mark.parametrize("spec", POOL, ids=lambda s: s.id)
+def test_pool_case(config, spec):
+    case = spec.build(config)
     case.check(run_golden(config, case.program, case.dram).dram)
 
 
 def test_pool_case_rectangular_window():
     config = AcceleratorConfig()
-    case = pool_case(config, 9, 5, 8, pool="avg", kernel=(3, 2), stride=(2, 1), pad=(1, 0),
-                     seed=4)
+    case = POOL_RECTANGULAR.build(config)
     case.check(run_golden(config, case.program, case.dram).dram)
 
 
 def test_global_average_of_a_single_row():
     config = AcceleratorConfig(rows=4, cols=4)
-    case = pool_case(config, 1, 13, 6, pool="avg", global_pool=True, seed=8)
+    case = POOL_GLOBAL_ROW.build(config)
     case.check(run_golden(config, case.program, case.dram).dram)
 
 
 @pytest.mark.parametrize("dataflow", ["ws", "os"])
-@pytest.mark.parametrize("act", ["none", "relu", "clip"])
-def test_residual_case(dataflow, act):
+@pytest.mark.parametrize("spec", RESIDUAL, ids=lambda s: s.kwargs["act"])
+def test_residual_case(dataflow, spec):
     config = AcceleratorConfig(rows=4, cols=8, dataflow=dataflow, scratchpad_bytes=256,
                                accumulator_bytes=512)
-    case = residual_case(config, 13, 9, 10, seed=len(act), act=act)
+    case = spec.build(config)
     case.check(run_golden(config, case.program, case.dram).dram)
 
 

@@ -10,6 +10,7 @@ from systolic.hw.accumulator import WRITE_LATENCY
 from systolic.hw.array import array_latency, os_cycles, ws_cycles
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.isa import Instruction, Program, encode
+from systolic.sim.catalogue import GEMM_DEPTH_ONE, GEMM_MISSING_TOKEN, GEMM_OVERLAP
 from systolic.sim.golden import (
     DeadlockError,
     ExecutionError,
@@ -18,7 +19,7 @@ from systolic.sim.golden import (
     InstrTiming,
     run_golden,
 )
-from systolic.sim.programs import gemm_case, tile_load
+from systolic.sim.programs import tile_load
 
 CONFIG = AcceleratorConfig()   # 8 x 8, 8-byte bus (8 cycles per instruction fetch), latency 16
 
@@ -79,7 +80,8 @@ def test_cycle_estimate_by_hand():
     assert result.cycles == 279
     assert result.busy == {"load": 64, "compute": 24 + 16, "store": 1 + 80 + 80}
     assert result.macs == 2 * 16 * 8 * 8
-    assert result.dram_read_bytes == 128 + 64 + 128
+    # bus bytes: the 64 bytes from 0x2004 span 9 beats, the 128 residual bytes from 0x5003 17
+    assert result.dram_read_bytes == 128 + 9 * 8 + 17 * 8
     assert result.dram_write_bytes == 16 * 32 + 128
     assert result.instructions == 8
     assert result.utilization == pytest.approx(2048 / (64 * 279))
@@ -194,7 +196,7 @@ def test_bounded_load_beats_skip_padding():
               x0=-2, rows_outer=1, rows_inner=2, inner_dy=1, segs=1, seg_len=8, elem_dx=1)
     result = _run([load, _i("FINISH")])
     assert result.timings[0].end - result.timings[0].start == 16 + 2 + 1
-    assert result.dram_read_bytes == 6
+    assert result.dram_read_bytes == 2 * 8     # bus bytes: the 6 bytes lie in 2 beats
 
 
 def test_runs_break_at_non_consecutive_addresses():
@@ -249,8 +251,8 @@ def test_finish_alone():
 
 def test_gemm_case_overlaps_the_queues():
     """Double buffering: the estimate is well below the sum of the units' busy cycles."""
-    case = gemm_case(AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=128,
-                                       accumulator_bytes=256), 24, 24, 8, seed=1)
+    case = GEMM_OVERLAP.build(AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=128,
+                                                accumulator_bytes=256))
     result = run_golden(case.config, case.program, case.dram)
     case.check(result.dram)
     assert result.cycles < sum(result.busy.values())
@@ -350,8 +352,8 @@ def test_tokens_order_transitively():
 
 
 def test_missing_token_in_a_gemm_is_found():
-    case = gemm_case(AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=128,
-                                       accumulator_bytes=256), 24, 8, 4, seed=2)
+    case = GEMM_MISSING_TOKEN.build(AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=128,
+                                                      accumulator_bytes=256))
     instrs = list(case.program.instructions)
     index = next(i for i, ins in enumerate(instrs) if ins.op.name == "LOAD" and ins.pop_next)
     instrs[index] = instrs[index].replace(pop_next=0)
@@ -451,10 +453,10 @@ def test_builders_run_with_depth_one_queues_and_channels(dataflow):
                                compute_queue_depth=1, store_queue_depth=1)
     roomy = config.replace(token_depth=8, load_queue_depth=8, compute_queue_depth=8,
                            store_queue_depth=8)
-    case = gemm_case(config, 13, 9, 10, seed=1)
+    case = GEMM_DEPTH_ONE.build(config)
     tight = run_golden(config, case.program, case.dram)
     case.check(tight.dram)
-    case = gemm_case(roomy, 13, 9, 10, seed=1)
+    case = GEMM_DEPTH_ONE.build(roomy)
     loose = run_golden(roomy, case.program, case.dram)
     case.check(loose.dram)
     assert loose.cycles <= tight.cycles

@@ -4,10 +4,16 @@ The accelerator is not needed to test the runner's machinery: :class:`CopyEngine
 ``systolic_top`` with the same ports and the real CSR block (``hw/csr.py``), whose behaviour is
 trivial to predict. The runner builds ``sim_top`` around it, loads DRAM through the back door,
 writes the CSRs, waits for irq or the watchdog, reads the counters and dumps DRAM, with each
-memory model. Argument errors are checked before anything is built. Programs also run on the
-accelerator itself and are compared with the golden model: with the fast memory and its random
-backpressure mode always (one Verilator build, a few minutes the first time, cached after), with
-cocotbext-axi's AxiRam (a second build) when ``SYSTOLIC_RTL_ACCELERATOR=1``.
+memory model, one program per simulator process (``run``) or many (``run_many``, where a job that
+hangs or fails is reported in its place and the next starts from reset). Argument errors are
+checked before anything is built. Programs also run on the accelerator itself (the default 8x8
+config): compared with the golden model with the fast memory and its random backpressure mode
+always (one Verilator build, minutes the first time, cached after), with cocotbext-axi's AxiRam
+(a second build) when ``SYSTOLIC_RTL_ACCELERATOR=1``; and programs that hang (the watchdog names
+the pc, the last instruction dispatched and what the accelerator waits for), that are illegal,
+or that meet bus errors stop with the error codes of ``hw/csr.py``. The catalogue of golden
+programs and the random programs run on four configurations in test_rtl_programs.py and
+test_rtl_fuzz.py.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +40,9 @@ from systolic.sim.programs import conv_case, gemm_case
 from systolic.sim.rtl import (
     RTLDeviceError,
     RTLError,
+    RTLJob,
     RTLRunner,
+    RTLRunResult,
     RTLTimeoutError,
     read_memh,
     write_memh,
@@ -208,10 +217,13 @@ def _image(nbytes: int = 0x2000, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
 
 
-def _forget_run_files(error: pytest.ExceptionInfo) -> None:
+def _forget(error: BaseException) -> None:
     """Remove the files a failed run keeps for inspection (named at the end of its message)."""
-    job_dir = Path(re.search(r"run files in (\S+)$", str(error.value)).group(1))
-    shutil.rmtree(job_dir)
+    shutil.rmtree(Path(re.search(r"run files in (\S+)$", str(error)).group(1)))
+
+
+def _forget_run_files(error: pytest.ExceptionInfo) -> None:
+    _forget(error.value)
 
 
 def _expected_copy(program: Program, image: np.ndarray, copied: int) -> np.ndarray:
@@ -262,7 +274,9 @@ def test_watchdog_names_the_pc(copy_engine: str) -> None:
     runner = RTLRunner(CONFIG, verilog=copy_engine)
     with pytest.raises(RTLTimeoutError, match=r"^watchdog: the accelerator did not raise irq within "
                                               r"3000 cycles; the pc CSR reads 2 \(instruction 2: STORE\); "
-                                              r"status 0x1; run files in \S+$") as error:
+                                              r"the last instruction dispatched is instruction 1: CONFIG; "
+                                              r"no queue waits for a token or room; status 0x1; "
+                                              r"run files in \S+$") as error:
         runner.run(program, _image(), prog_addr=PROG_ADDR, max_cycles=3000, dram_base=DRAM_BASE)
     _forget_run_files(error)
 
@@ -323,6 +337,88 @@ def test_build_is_cached(copy_engine: str) -> None:
     assert external != first and external.parent == first.parent
 
 
+# -- batches ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("memory", ["fast", "fast-random", "axi-random"])
+def test_batch_reports_each_job_and_goes_on(copy_engine: str, memory: str) -> None:
+    """Jobs that hang or fail are reported in their place; the jobs after them start from reset
+    and give the results and cycle counts they give alone."""
+    programs = [_program(["CONFIG"] * 3 + ["FINISH"], seed=10),
+                _program(["CONFIG", "STORE", "FINISH"], seed=11),            # hangs
+                _program(["CONFIG"] * 5 + ["SYNC", "FINISH"], seed=12),
+                _program(["SYNC", "CONFIG", "LOAD", "FINISH"], seed=13),     # illegal at 2
+                _program(["CONFIG"] * 2 + ["FINISH"], seed=14)]
+    images = [_image(0x2000 - 0x200 * i, seed=20 + i) for i in range(len(programs))]
+    jobs = [RTLJob(program, image, PROG_ADDR, 3000 if i == 1 else 20_000, DRAM_BASE + 64 * i)
+            for i, (program, image) in enumerate(zip(programs, images, strict=True))]
+    if memory != "axi-random":           # and one whose third word answers SLVERR
+        lo = PROG_ADDR + 2 * INSTR_BYTES
+        jobs.append(RTLJob(programs[2], images[2], PROG_ADDR, 20_000, DRAM_BASE, slverr=(lo, lo + 8)))
+    runner = RTLRunner(CONFIG, memory=memory, seed=3, verilog=copy_engine)
+    outcomes = runner.run_many(jobs)
+    assert len(outcomes) == len(jobs)
+    for i in (0, 2, 4):
+        result = outcomes[i]
+        assert isinstance(result, RTLRunResult), (i, result)
+        copied = len(programs[i].instructions) - 1
+        base = DRAM_BASE + 64 * i
+        expected = images[i].copy()
+        words = np.frombuffer(programs[i].words(), np.uint8)
+        expected[PROG_ADDR:PROG_ADDR + words.size] = words
+        expected[base:base + copied * INSTR_BYTES] = words[:copied * INSTR_BYTES]
+        np.testing.assert_array_equal(result.dram, expected)
+        assert result.instructions == copied + 1 and result.memory == memory
+        assert result.dram_write_bytes == copied * INSTR_BYTES
+    assert isinstance(outcomes[1], RTLTimeoutError)
+    assert re.fullmatch(r"watchdog: the accelerator did not raise irq within 3000 cycles; the pc CSR "
+                        r"reads 1 \(instruction 1: STORE\); the last instruction dispatched is "
+                        r"instruction 0: CONFIG; no queue waits for a token or room; status 0x1; "
+                        r"run files in \S+", str(outcomes[1]))
+    assert isinstance(outcomes[3], RTLDeviceError)
+    assert re.fullmatch(r"the accelerator stopped with error 1 \(illegal instruction \(bad opcode, "
+                        r"reserved bits or a field out of range\)\) at instruction 2 \(instruction 2: "
+                        r"LOAD\); run files in \S+", str(outcomes[3]))
+    if memory != "axi-random":
+        assert isinstance(outcomes[5], RTLDeviceError)
+        assert str(outcomes[5]).startswith("the accelerator stopped with error 2 (AXI SLVERR on a DMA "
+                                           "or fetch access) at instruction 2 (instruction 2: CONFIG)")
+    for error in outcomes:
+        if isinstance(error, RTLError):
+            _forget(error)
+    if memory == "fast":    # each job starts from reset: the same cycles as alone
+        alone = runner.run(programs[2], images[2], prog_addr=PROG_ADDR, max_cycles=20_000,
+                           dram_base=DRAM_BASE + 128)
+        assert alone.cycles == outcomes[2].cycles and alone.counters == outcomes[2].counters
+
+
+def test_run_many_of_nothing_builds_nothing() -> None:
+    runner = _runner()
+    assert runner.run_many([]) == []
+    assert runner._build_dir is None
+
+
+def test_run_many_argument_errors() -> None:
+    runner = _runner()
+    program = _program(["CONFIG", "FINISH"])
+    good = RTLJob(program, _image(0x1000), PROG_ADDR, 100)
+    with pytest.raises(TypeError, match=r"^jobs must be a sequence of RTLJob, not RTLJob$"):
+        runner.run_many(good)
+    with pytest.raises(TypeError, match=r"^jobs must be a sequence of RTLJob, not generator$"):
+        runner.run_many(job for job in [good])
+    with pytest.raises(TypeError, match=r"^jobs\[1\] must be an RTLJob, not dict$"):
+        runner.run_many([good, {"program": program}])
+    with pytest.raises(ValueError, match=r"^jobs\[2\]: prog_addr must be a multiple of 64 bytes "
+                                         r"\(instruction words are aligned\), not 0x410$"):
+        runner.run_many([good, good, RTLJob(program, _image(0x1000), 0x410, 100)])
+    with pytest.raises(ValueError, match=r"^jobs\[0\]: max_cycles must be an integer between 1 and "
+                                         r"4611686018427387904, not 0$"):
+        runner.run_many([RTLJob(program, _image(0x1000), PROG_ADDR, 0)])
+    with pytest.raises(TypeError, match=r"^jobs\[1\]: dram must be a 1-D numpy array of uint8, "
+                                        r"not list$"):
+        runner.run_many([good, RTLJob(program, [0] * 64, 0, 100)])
+    assert runner._build_dir is None
+
+
 # -- argument errors (nothing is built) ---------------------------------------------------------
 
 def _runner() -> RTLRunner:
@@ -357,7 +453,10 @@ def test_run_argument_errors() -> None:
     image = _image(0x1000)
     ok = {"prog_addr": PROG_ADDR, "max_cycles": 100}
     cases = [
-        ((b"\0" * 64, image), ok, TypeError, r"^program must be a Program, not bytes$"),
+        (("FINISH", image), ok, TypeError,
+         r"^program must be a Program or instruction words \(bytes\), not str$"),
+        ((b"\0" * 65, image), ok, ValueError,
+         r"^program words must be a nonzero multiple of 64 bytes, not 65 bytes$"),
         ((program, image.astype(np.int8)), ok, TypeError,
          r"^dram must be a 1-D numpy array of uint8, not ndarray of int8 with shape \(4096,\)$"),
         ((program, list(image)), ok, TypeError, r"^dram must be a 1-D numpy array of uint8, not list$"),
@@ -463,9 +562,184 @@ def test_accelerator_matches_golden(memory: str) -> None:
     if memory != "axi-random":          # Python per bus beat there: keep it short
         cases += [gemm_case(CONFIG, 40, 24, 20, seed=2, act="relu"),
                   conv_case(CONFIG, 6, 5, 3, 10, 3, 3, stride=2, pad=1, seed=3)]
-    for case in cases:
-        golden = run_golden(CONFIG, case.program, case.dram)
-        result = runner.run(case.program, case.dram, prog_addr=case.program_addr, max_cycles=1_000_000)
+    goldens = [run_golden(CONFIG, case.program, case.dram) for case in cases]
+    # one case through run(), the rest as a batch
+    first = runner.run(cases[0].program, cases[0].dram, prog_addr=cases[0].program_addr,
+                       max_cycles=1_000_000)
+    rest = runner.run_many([RTLJob(case.program, case.dram, case.program_addr, 1_000_000)
+                            for case in cases[1:]])
+    for case, golden, result in zip(cases, goldens, [first, *rest], strict=True):
+        assert isinstance(result, RTLRunResult), result
         case.check(result.dram)
         np.testing.assert_array_equal(result.dram, golden.dram, err_msg=case.name)
         assert (result.macs, result.instructions) == (golden.macs, golden.instructions), case.name
+
+
+# Programs that hang or fail on the accelerator (the default 8x8 config), run as one batch that
+# ends with a good program: each job starts from reset, so the failures leave nothing behind.
+
+def _words(instrs: list[Instruction]) -> bytes:
+    return Program(tuple(instrs), CONFIG.hash).words()
+
+
+def _sync(queue: str, **flags: int) -> Instruction:
+    return Instruction("SYNC", queue=queue, **flags)
+
+
+_SPAD_LOAD = dict(dst="spad", pitch_y=8, pitch_c=1, rows_outer=1, rows_inner=2, inner_dy=1, segs=1,
+                  seg_len=8, elem_dc=1)
+_ACC_LOAD = dict(dst="acc", pitch_y=32, pitch_c=4, rows_outer=1, rows_inner=2, inner_dy=1, segs=1,
+                 seg_len=8, elem_dc=1)
+_STORE = dict(n=8, in_h=2, in_w=1, out_h=2, out_w=1, pitch_y=8, pitch_c=1)
+_IMAGE = 0x4000          # bytes of each failing job's DRAM image; its program words at PROG_ADDR
+
+
+def _failing_image(nbytes: int = _IMAGE) -> np.ndarray:
+    """Random bytes, but a zero requantize entry at 0xC00 (a table shift must be 0..62)."""
+    image = _image(nbytes, seed=5)
+    image[0xC00:0xC00 + 8 * CONFIG.requant_entry_bytes] = 0
+    return image
+
+FAILING = {
+    # a SYNC waits for a token nobody sends; FINISH waits for it (the golden model: deadlock)
+    "token": (_words([_sync("compute", pop_prev=1), Instruction("FINISH")]), {}),
+    # the same, twenty times: the compute queue fills and the dispatcher waits for room
+    "full queue": (_words([_sync("compute", pop_prev=1)] * 20 + [Instruction("FINISH")]), {}),
+    # opcode 0
+    "opcode": (_words([_sync("load")]) + bytes(INSTR_BYTES) + _words([Instruction("FINISH")]), {}),
+    # a reserved bit of FINISH
+    "reserved": (_words([_sync("load")])
+                 + (1 << 500 | Opcode.FINISH.value).to_bytes(INSTR_BYTES, "little"), {}),
+    # the load queue has no previous queue to pop from
+    "flags": (_words([Instruction("LOAD", pop_prev=1, dram_addr=0x800, **_SPAD_LOAD),
+                      Instruction("FINISH")]), {}),
+    # no FINISH
+    "no finish": (_words([_sync("compute")]), {}),
+    # SLVERR on a LOAD's read (addresses are offsets from dram_base)
+    "load slverr": (_words([_sync("load"), Instruction("LOAD", dram_addr=0x800, **_SPAD_LOAD),
+                            Instruction("FINISH")]),
+                    {"dram_base": 0x400, "slverr": (0xC08, 0xC10)}),
+    # DECERR on a STORE's write past the image
+    "store decerr": (_words([Instruction("LOAD", dram_addr=0x800, push_next=1, **_ACC_LOAD),
+                             _sync("compute", pop_prev=1, push_next=1),
+                             Instruction("STORE", out_type="raw", dram_addr=_IMAGE + 0x100,
+                                         pop_prev=1, **{**_STORE, "pitch_y": 32, "pitch_c": 4}),
+                             Instruction("FINISH")]), {}),
+    # SLVERR on a STORE's residual read
+    "residual slverr": (_words([Instruction("LOAD", dst="table", dram_addr=0xC00, pitch_c=12,
+                                            rows_outer=1, rows_inner=1, segs=1, seg_len=8,
+                                            elem_dc=1),
+                                Instruction("LOAD", dram_addr=0x800, push_next=1, **_ACC_LOAD),
+                                _sync("compute", pop_prev=1, push_next=1),
+                                Instruction("STORE", dram_addr=0x1000, residual=1, res_addr=0x1800,
+                                            pop_prev=1, **_STORE),
+                                Instruction("FINISH")]),
+                        {"slverr": (0x1808, 0x1810)}),
+    # SLVERR on the fetch of instruction 2
+    "fetch slverr": (_words([_sync("load")] * 4 + [Instruction("FINISH")]),
+                     {"slverr": (PROG_ADDR + 2 * INSTR_BYTES + 8, PROG_ADDR + 2 * INSTR_BYTES + 16)}),
+}
+
+
+@pytest.fixture(scope="module")
+def failing_runs() -> Iterator[dict[str, object]]:
+    """Outcome of each FAILING program, and of a good GEMM after them ("good", its case, golden)."""
+    image = _failing_image()
+    jobs = [RTLJob(words, image, PROG_ADDR, 5000, **options) for words, options in FAILING.values()]
+    good = gemm_case(CONFIG, 9, 17, 3, seed=4)
+    jobs.append(RTLJob(good.program, good.dram, good.program_addr, 200_000))
+    outcomes = RTLRunner(CONFIG, seed=2).run_many(jobs)
+    runs: dict[str, object] = dict(zip(FAILING, outcomes, strict=False))
+    runs["good"] = (outcomes[-1], good, run_golden(CONFIG, good.program, good.dram))
+    yield runs
+    for outcome in outcomes:
+        if isinstance(outcome, RTLError):
+            _forget(outcome)
+
+
+def test_the_good_program_after_the_failures(failing_runs: dict[str, object]) -> None:
+    result, case, golden = failing_runs["good"]
+    assert isinstance(result, RTLRunResult), result
+    case.check(result.dram)
+    np.testing.assert_array_equal(result.dram, golden.dram)
+    assert (result.macs, result.instructions) == (golden.macs, golden.instructions)
+
+
+def test_watchdog_on_a_token_never_sent(failing_runs: dict[str, object]) -> None:
+    words = FAILING["token"][0]
+    with pytest.raises(ValueError, match=r"^instruction 0 \(SYNC\): deadlock, no queue can progress: "
+                                         r".*compute queue: instruction 0 \(SYNC\) waits for a token "
+                                         r"from the load queue"):
+        run_golden(CONFIG, words, _failing_image())
+    error = failing_runs["token"]
+    assert isinstance(error, RTLTimeoutError), error
+    assert re.fullmatch(r"watchdog: the accelerator did not raise irq within 5000 cycles; the pc CSR "
+                        r"reads 2 \(past the program's 2 instructions\); the last instruction "
+                        r"dispatched is instruction 1: FINISH; the compute queue waits for a token; "
+                        r"status 0x1; run files in \S+", str(error)), str(error)
+
+
+def test_watchdog_on_a_full_queue(failing_runs: dict[str, object]) -> None:
+    words = FAILING["full queue"][0]
+    with pytest.raises(ValueError, match=r"^instruction 0 \(SYNC\): deadlock, .*dispatcher: "
+                                         r"instruction \d+ \(SYNC\) waits for room in the compute "
+                                         r"queue"):
+        run_golden(CONFIG, words, _failing_image())
+    error = failing_runs["full queue"]
+    assert isinstance(error, RTLTimeoutError), error
+    match = re.fullmatch(r"watchdog: the accelerator did not raise irq within 5000 cycles; the pc CSR "
+                         r"reads (\d+) \(instruction \1: SYNC\); the last instruction dispatched is "
+                         r"instruction (\d+): SYNC; the compute queue waits for a token; the "
+                         r"dispatcher waits for room in a queue; status 0x1; run files in \S+",
+                         str(error))
+    assert match, str(error)
+    assert int(match.group(2)) == int(match.group(1)) - 1
+    assert CONFIG.compute_queue_depth <= int(match.group(1)) < 20
+
+
+ILLEGAL = r"1 \(illegal instruction \(bad opcode, reserved bits or a field out of range\)\)"
+
+
+@pytest.mark.parametrize("name, golden, message", [
+    ("opcode", r"^instruction 1 \(opcode 0\): field opcode: must be one of ",
+     rf"error {ILLEGAL} at instruction 1 \(instruction 1: an illegal word, field opcode: illegal "
+     rf"opcode 0\)"),
+    ("reserved", r"^instruction 1 \(FINISH\): field _reserved: reserved bits must be zero$",
+     rf"error {ILLEGAL} at instruction 1 \(instruction 1: an illegal word, FINISH field _reserved: "
+     rf"reserved bits must be zero\)"),
+    ("flags", r"^instruction 0 \(LOAD\): field pop_prev: ",
+     r"error 4 \(illegal dependency flags for the instruction's queue\) at instruction 0 "
+     r"\(instruction 0: LOAD\)"),
+    ("no finish", r"^instruction 0 \(SYNC\): the program ends here without FINISH",
+     r"error 5 \(the program ended \(prog_len instructions\) without FINISH\) at instruction 1 "
+     r"\(past the program's 1 instructions\)"),
+], ids=["opcode", "reserved", "flags", "no-finish"])
+def test_illegal_programs_stop_with_the_documented_error(failing_runs: dict[str, object], name: str,
+                                                        golden: str, message: str) -> None:
+    with pytest.raises(ValueError, match=golden):
+        run_golden(CONFIG, FAILING[name][0], _failing_image())
+    error = failing_runs[name]
+    assert isinstance(error, RTLDeviceError), error
+    assert re.fullmatch(rf"the accelerator stopped with {message}; run files in \S+", str(error)), \
+        str(error)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("load slverr", r"error 2 \(AXI SLVERR on a DMA or fetch access\) at instruction 1 \(instruction "
+                    r"1: LOAD\)"),
+    ("store decerr", r"error 3 \(AXI DECERR on a DMA or fetch access\) at instruction 2 "
+                     r"\(instruction 2: STORE\)"),
+    ("residual slverr", r"error 2 \(AXI SLVERR on a DMA or fetch access\) at instruction 3 "
+                        r"\(instruction 3: STORE\)"),
+    ("fetch slverr", r"error 2 \(AXI SLVERR on a DMA or fetch access\) at instruction 2 "
+                     r"\(instruction 2: SYNC\)"),
+], ids=["load-slverr", "store-decerr", "residual-slverr", "fetch-slverr"])
+def test_bus_errors_stop_with_the_documented_error(failing_runs: dict[str, object], name: str,
+                                                   message: str) -> None:
+    words, options = FAILING[name]
+    # valid programs: the golden model (which has no bus errors) runs them
+    run_golden(CONFIG, words, _failing_image(_IMAGE if name != "store decerr" else 2 * _IMAGE))
+    error = failing_runs[name]
+    assert isinstance(error, RTLDeviceError), error
+    assert re.fullmatch(rf"the accelerator stopped with {message}; run files in \S+", str(error)), \
+        str(error)

@@ -1,0 +1,164 @@
+"""Size and speed of the SoC on the FPGA boards: the board presets and a sweep of array sizes.
+
+For each board preset (``boards/presets/<board>.toml``), then for each array size of the sweep
+on the sweep board (default ULX3S-85F: the ulx3s-85f preset with ``rows``/``cols`` replaced),
+this runs the whole ``systolic synth`` flow (:func:`systolic.boards.synth.synth`: yosys, the
+fit check, nextpnr, the bitstream packer) and records used LUT4s, flip-flops, DSP blocks and
+block RAMs, the Fmax nextpnr reports for the accelerator clock, whether timing is met at the
+target, and the peak throughput ``2 * R * C * Fmax`` (GOPS: one multiply and one add per PE per
+cycle, at the clock the routed design reaches).
+
+A sweep size needs more multipliers than the device has DSP blocks (256 PEs against the 85F's
+156 MULT18X18D, beside the SFU's): the fit check says how many DSP blocks are missing, and
+the size is run again with that many more PEs multiplying in logic
+(``array_lut_multipliers``), up to every PE.
+
+Writes ``bench/results/board_sweep.json`` (the rows and every synth report) and prints a table.
+Each run takes minutes (a 16x16 SoC tens of minutes on a loaded two-core machine): run it in the
+background, e.g. ``nohup python bench/board_sweep.py > board_sweep.log 2>&1 &``.
+
+Run from the repository root: ``python bench/board_sweep.py [--boards icebreaker,...]
+[--sweep-board ulx3s-85f] [--sizes 4x4,8x8,16x16] [--seed 1] [--work DIR] [--merge]``
+(``--merge`` keeps the rows of an earlier results file that this run does not redo).
+"""
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from systolic.boards.boards import BOARDS, BoardError, FitError, get_board, load_preset
+from systolic.boards.synth import synth
+from systolic.hw.config import AcceleratorConfig
+
+__all__ = ["run_one", "main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "board_sweep.json"
+
+
+def _row(kind: str, board: str, config: AcceleratorConfig, report: dict[str, Any] | None,
+         error: str | None, seconds: float) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "kind": kind, "board": board, "rows": config.rows, "cols": config.cols,
+        "dataflow": config.dataflow, "lut_multipliers": config.array_lut_multipliers,
+        "target_mhz": config.clock_mhz, "config_hash": config.hash_hex, "seconds": round(seconds),
+    }
+    if report is None:
+        row["error"] = error
+        return row
+    resources = report["resources"]
+    fmax = report["fmax_mhz"]["sync"]
+    row.update({
+        "luts": resources["lut"]["used"], "ffs": resources["ff"]["used"],
+        "dsps": resources["dsp"]["used"], "brams": resources["bram"]["used"],
+        "sprams": resources["spram"]["used"] if "spram" in resources else 0,
+        "lut_percent": resources["lut"]["percent"],
+        "target_mhz": report["target_mhz"], "fmax_mhz": fmax, "timing_met": report["timing_met"],
+        "peak_gops": round(2 * config.rows * config.cols * fmax / 1000, 2),
+        "report": report,
+    })
+    return row
+
+
+def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: int) -> dict[str, Any]:
+    """Synthesize ``config`` on ``board`` (into ``work``); when only DSP blocks are short, again
+    with that many more PEs multiplying in logic. Returns one table row."""
+    started = time.monotonic()
+    while True:
+        print(f"{board}: {config.rows}x{config.cols} {config.dataflow}, "
+              f"{config.array_lut_multipliers} logic multipliers, {config.clock_mhz:g} MHz ...",
+              file=sys.stderr, flush=True)
+        try:
+            report = synth(board, config, work / f"{board}-{config.rows}x{config.cols}", seed=seed)
+            return _row(kind, board, config, report, None, time.monotonic() - started)
+        except FitError as exc:
+            pes = config.rows * config.cols
+            if set(exc.over) != {"dsp"} or config.array_lut_multipliers == pes:
+                return _row(kind, board, config, None, str(exc), time.monotonic() - started)
+            needed, available = exc.over["dsp"]
+            more = min(pes, config.array_lut_multipliers + needed - available)
+            config = config.replace(array_lut_multipliers=more)
+        except BoardError as exc:
+            return _row(kind, board, config, None, str(exc), time.monotonic() - started)
+        except Exception as exc:            # a tool or the gateware failed: record it, go on
+            message = " ".join(f"{type(exc).__name__}: {exc}".split())
+            return _row(kind, board, config, None, message[:500], time.monotonic() - started)
+
+
+def _order(row: dict[str, Any]) -> tuple[str, int, str]:
+    return row["kind"], row["rows"] * row["cols"], row["board"]
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    header = (f"{'kind':<7}{'board':<16}{'array':>7}{'lutmul':>7}{'LUT4':>8}{'LUT%':>6}{'FF':>8}"
+              f"{'DSP':>5}{'BRAM':>5}{'Fmax':>8}{'target':>8}{'timing':>8}{'GOPS':>7}{'min':>5}")
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        size = f"{r['rows']}x{r['cols']}"
+        if "error" in r:
+            lines.append(f"{r['kind']:<7}{r['board']:<16}{size:>7}{r['lut_multipliers']:>7}  {r['error']}")
+            continue
+        lines.append(
+            f"{r['kind']:<7}{r['board']:<16}{size:>7}{r['lut_multipliers']:>7}{r['luts']:>8}"
+            f"{r['lut_percent']:>5.0f}%{r['ffs']:>8}{r['dsps']:>5}{r['brams']:>5}{r['fmax_mhz']:>8.1f}"
+            f"{r['target_mhz']:>8.1f}{'met' if r['timing_met'] else 'MISS':>8}{r['peak_gops']:>7.2f}"
+            f"{r['seconds'] / 60:>5.0f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--boards", default=",".join(BOARDS), help="comma-separated board presets "
+                        "to build ('' for none)")
+    parser.add_argument("--sweep-board", default="ulx3s-85f", help="board of the array-size sweep")
+    parser.add_argument("--sizes", default="4x4,8x8,16x16", help="comma-separated RxC sizes ('' for none)")
+    parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+    parser.add_argument("--work", type=Path, default=None, help="keep the build directories here")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the rows of an existing results file that this run does not redo")
+    args = parser.parse_args(argv)
+
+    # the presets and the sweep sizes, smallest array first; a sweep size equal to the sweep
+    # board's preset is built once and reported in both rows
+    jobs = [("preset", board, load_preset(board)) for board in filter(None, args.boards.split(","))]
+    sweep = get_board(args.sweep_board)
+    base = load_preset(sweep)
+    for size in filter(None, args.sizes.split(",")):
+        r, c = (int(v) for v in size.lower().split("x"))
+        jobs.append(("sweep", sweep.name, base.replace(rows=r, cols=c, array_lut_multipliers=0)))
+    jobs.sort(key=lambda job: job[2].rows * job[2].cols)
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
+    if args.merge and args.out.is_file():
+        redo = {(kind, board, config.rows, config.cols) for kind, board, config in jobs}
+        kept = [row for row in json.loads(args.out.read_text())["results"]
+                if (row["kind"], row["board"], row["rows"], row["cols"]) not in redo]
+    with tempfile.TemporaryDirectory(prefix="board-sweep-") as tmp:
+        work = args.work or Path(tmp)
+        for kind, board, config in jobs:
+            twin = next((row for row in rows if row["board"] == board and row["kind"] != kind
+                         and (row["rows"], row["cols"]) == (config.rows, config.cols)), None)
+            if twin is not None:
+                rows.append({**twin, "kind": kind})
+            else:
+                rows.append(run_one(kind, board, config, work / kind, args.seed))
+            # written after every run: a long sweep that is stopped keeps what it measured
+            merged = sorted(kept + rows, key=_order)
+            args.out.write_text(json.dumps({"seed": args.seed, "results": merged}, indent=1) + "\n")
+            print(_table(rows), file=sys.stderr, flush=True)
+
+    rows = sorted(kept + rows, key=_order)
+    print(_table(rows))
+    print(f"results in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,446 @@
+"""The SoC's on-chip memory: one single-port RAM shared by the accelerator's AXI4 manager port and
+the host bridge.
+
+Every access goes through one arbiter in front of one single-port core (one access per cycle), for
+both kinds of core:
+
+* ``"bram"``: an :class:`amaranth.lib.memory.Memory` (block RAM: iCE40 EBR, ECP5 DP16KD; simulated
+  by Amaranth and Verilator);
+* ``"spram"``: iCE40UP5K ``SB_SPRAM256KA`` blocks (16K x 16 bits, 32 KiB each; the device has 4),
+  side by side for the bus width and stacked for the depth; byte enables become nibble write
+  masks.
+
+The arbiter gives the bridge priority (it makes one access per UART character or so) and
+alternates between the AXI read and write engines when both want the port. The read engine keeps
+one burst in progress and the next one's address waiting, and a two-beat output buffer whose
+credit depends only on registered state; with the port free and ``rready`` high it returns one
+beat per cycle, back to back across bursts.
+
+AXI4 support: INCR bursts of full-width beats (``size`` = log2 of the bus bytes; other sizes and
+burst types are not decoded), ``wstrb`` byte enables, one write burst at a time. A beat whose
+address lies outside ``[0, memory_bytes)`` answers DECERR (reads return zero, writes are dropped);
+a write burst's response is DECERR if any of its beats was.
+
+Units: addresses in bytes on AXI, in bus words on the memory port; widths in bits.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from systolic.hw.axi import (
+    RESP_DECERR,
+    RESP_OKAY,
+    AddressLayout,
+    AXI4Signature,
+    ReadDataLayout,
+    ResponseLayout,
+    WriteDataLayout,
+)
+
+__all__ = [
+    "MEMORY_KINDS", "SPRAM_BYTES", "SPRAM_COUNT", "check_memory", "MemoryRequestLayout",
+    "MemoryPortSignature", "SoCMemory",
+]
+
+#: Memory kinds of :class:`SoCMemory`.
+MEMORY_KINDS = ("bram", "spram")
+#: Bytes of one SB_SPRAM256KA (16K x 16 bits).
+SPRAM_BYTES = 32 * 1024
+#: SB_SPRAM256KA blocks of the iCE40UP5K.
+SPRAM_COUNT = 4
+_SPRAM_WORDS = 16 * 1024
+_MIN_BYTES = 1024
+_MAX_BRAM_BYTES = 1 << 24
+
+
+def _is_pow2(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+def check_memory(kind: object, memory_bytes: object, data_width: int) -> None:
+    """Raise if ``memory_bytes`` of memory ``kind`` cannot be built for a ``data_width``-bit bus.
+
+    ``bram``: a power of two from 1 KiB to 16 MiB. ``spram``: a power of two from 1 KiB that fits
+    in the iCE40UP5K's four SB_SPRAM256KA blocks, ``data_width / 16`` of them side by side."""
+    if kind not in MEMORY_KINDS:
+        raise ValueError(f"memory must be one of {', '.join(repr(k) for k in MEMORY_KINDS)}, "
+                         f"not {kind!r}")
+    if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int):
+        raise TypeError(f"memory_bytes must be an integer, not {memory_bytes!r}")
+    if kind == "bram":
+        if not (_is_pow2(memory_bytes) and _MIN_BYTES <= memory_bytes <= _MAX_BRAM_BYTES):
+            raise ValueError(f"memory_bytes must be a power of two between {_MIN_BYTES} and "
+                             f"{_MAX_BRAM_BYTES} for memory 'bram', not {memory_bytes!r}")
+        return
+    if not (_is_pow2(memory_bytes) and memory_bytes >= _MIN_BYTES):
+        raise ValueError(f"memory_bytes must be a power of two of at least {_MIN_BYTES} for memory "
+                         f"'spram', not {memory_bytes!r}")
+    blocks = _spram_columns(data_width) * _spram_rows(memory_bytes, data_width)
+    if blocks > SPRAM_COUNT:
+        raise ValueError(
+            f"memory 'spram' of {memory_bytes} bytes on a {data_width}-bit bus needs {blocks} "
+            f"SB_SPRAM256KA blocks ({_spram_columns(data_width)} side by side, 16K x 16 bits "
+            f"each), the iCE40UP5K has {SPRAM_COUNT}")
+
+
+def _spram_columns(data_width: int) -> int:
+    return data_width // 16
+
+
+def _spram_rows(memory_bytes: int, data_width: int) -> int:
+    return max(1, memory_bytes // (SPRAM_BYTES * _spram_columns(data_width)))
+
+
+class MemoryRequestLayout(data.StructLayout):
+    """One memory access: word address, read (0) or write (1), write data and byte mask."""
+
+    def __init__(self, addr_width: int, data_width: int):
+        super().__init__({"addr": addr_width, "write": 1, "data": data_width,
+                          "mask": data_width // 8})
+
+
+class MemoryPortSignature(wiring.Signature):
+    """A requester's port on the memory (the requester's side; ``.flip()`` for the memory's).
+
+    ``cmd`` carries accesses; ``ready`` is the grant. A read granted in one cycle has its data on
+    ``rdata`` in the next cycle, for that cycle only."""
+
+    def __init__(self, *, addr_width: int, data_width: int):
+        self.addr_width = addr_width
+        self.data_width = data_width
+        super().__init__({
+            "cmd": Out(stream.Signature(MemoryRequestLayout(addr_width, data_width))),
+            "rdata": In(data_width),
+        })
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, MemoryPortSignature) and self.addr_width == other.addr_width
+                and self.data_width == other.data_width)
+
+    def __repr__(self) -> str:
+        return f"MemoryPortSignature(addr_width={self.addr_width}, data_width={self.data_width})"
+
+
+class _Core(wiring.Component):
+    """The single-port RAM: one access per cycle, always ready, read data one cycle later."""
+
+    def __init__(self, kind: str, memory_bytes: int, data_width: int):
+        self.kind = kind
+        self.memory_bytes = memory_bytes
+        self.data_width = data_width
+        self.depth = memory_bytes // (data_width // 8)
+        addr_width = (self.depth - 1).bit_length()
+        super().__init__({
+            "cmd": In(stream.Signature(MemoryRequestLayout(addr_width, data_width), always_ready=True)),
+            "rdata": Out(data_width),
+        })
+        # created here so that simulations can reach the contents (``data``) as a back door
+        self.ram = (Memory(shape=data_width, depth=self.depth, init=[])
+                    if kind == "bram" else None)
+
+    def elaborate(self, platform):
+        m = Module()
+        cmd = self.cmd
+        if self.ram is not None:
+            m.submodules.ram = ram = self.ram
+            write = ram.write_port(granularity=8)
+            read = ram.read_port()
+            m.d.comb += [
+                write.addr.eq(cmd.payload.addr), write.data.eq(cmd.payload.data),
+                write.en.eq(Mux(cmd.valid & cmd.payload.write, cmd.payload.mask, 0)),
+                read.addr.eq(cmd.payload.addr), read.en.eq(cmd.valid & ~cmd.payload.write),
+                self.rdata.eq(read.data),
+            ]
+            return m
+
+        columns = _spram_columns(self.data_width)
+        rows = _spram_rows(self.memory_bytes, self.data_width)
+        row_addr = cmd.payload.addr[14:]            # which stack of blocks
+        if rows > 1:
+            read_row = Signal(range(rows))          # the stack whose DATAOUT the last read set
+            with m.If(cmd.valid & ~cmd.payload.write):
+                m.d.sync += read_row.eq(row_addr)
+        outputs = []
+        for row in range(rows):
+            chip_select = Signal(name=f"spram_cs_{row}")
+            m.d.comb += chip_select.eq(cmd.valid & (row_addr == row if rows > 1 else 1))
+            outs = []
+            for column in range(columns):
+                out = Signal(16, name=f"spram_out_{row}_{column}")
+                mask = cmd.payload.mask[2 * column:2 * column + 2]
+                m.submodules[f"spram_{row}_{column}"] = Instance(
+                    "SB_SPRAM256KA",
+                    i_ADDRESS=cmd.payload.addr[:14] if self.depth >= _SPRAM_WORDS
+                    else Cat(cmd.payload.addr, Const(0, 14 - len(cmd.payload.addr))),
+                    i_DATAIN=cmd.payload.data.word_select(column, 16),
+                    i_MASKWREN=Cat(mask[0], mask[0], mask[1], mask[1]),
+                    i_WREN=cmd.payload.write,
+                    i_CHIPSELECT=chip_select,
+                    i_CLOCK=ClockSignal("sync"),
+                    i_STANDBY=0, i_SLEEP=0, i_POWEROFF=1,
+                    o_DATAOUT=out,
+                )
+                outs.append(out)
+            outputs.append(Cat(*outs))
+        if rows == 1:
+            m.d.comb += self.rdata.eq(outputs[0])
+        else:
+            with m.Switch(read_row):
+                for row, value in enumerate(outputs):
+                    with m.Case(row):
+                        m.d.comb += self.rdata.eq(value)
+        return m
+
+
+class _Arbiter(wiring.Component):
+    """Grants the core to one requester per cycle: ``bridge`` first, then ``reads`` and
+    ``writes`` in turn."""
+
+    def __init__(self, signature: MemoryPortSignature, core_signature: wiring.Signature):
+        super().__init__({
+            "bridge": In(signature), "reads": In(signature), "writes": In(signature),
+            "core": Out(core_signature.flip()),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        bridge, reads, writes = self.bridge.cmd, self.reads.cmd, self.writes.cmd
+        read_last = Signal()        # the last grant between reads and writes went to reads
+        grant_reads = Signal()
+        grant_writes = Signal()
+        m.d.comb += [
+            grant_reads.eq(~bridge.valid & reads.valid & (~writes.valid | ~read_last)),
+            grant_writes.eq(~bridge.valid & writes.valid & ~grant_reads),
+            bridge.ready.eq(bridge.valid),
+            reads.ready.eq(grant_reads),
+            writes.ready.eq(grant_writes),
+        ]
+        with m.If(grant_reads | grant_writes):
+            m.d.sync += read_last.eq(grant_reads)
+        core = self.core.cmd
+        m.d.comb += core.valid.eq(bridge.valid | reads.valid | writes.valid)
+        # only the address has three sources: the read engine never writes
+        with m.If(bridge.valid):
+            m.d.comb += core.payload.addr.eq(bridge.payload.addr)
+        with m.Elif(grant_reads):
+            m.d.comb += core.payload.addr.eq(reads.payload.addr)
+        with m.Else():
+            m.d.comb += core.payload.addr.eq(writes.payload.addr)
+        m.d.comb += [
+            core.payload.write.eq(Mux(bridge.valid, bridge.payload.write, grant_writes)),
+            core.payload.data.eq(Mux(bridge.valid, bridge.payload.data, writes.payload.data)),
+            core.payload.mask.eq(Mux(bridge.valid, bridge.payload.mask, writes.payload.mask)),
+        ]
+        for port in (self.bridge, self.reads, self.writes):
+            m.d.comb += port.rdata.eq(self.core.rdata)
+        return m
+
+
+def _beat_address(axi_addr, beat_log2: int, memory_beats_log2: int):
+    """An AXI byte address as a beat address inside the memory plus an *outside* bit on top."""
+    return Cat(axi_addr[beat_log2:beat_log2 + memory_beats_log2],
+               axi_addr[beat_log2 + memory_beats_log2:] != 0)
+
+
+def _next_beat(addr: Signal, memory_beats_log2: int):
+    """The following beat's address; once outside the memory (a carry out of the memory's
+    address bits), it stays outside for the rest of the burst."""
+    following = addr + 1
+    return Cat(following[:memory_beats_log2], addr[memory_beats_log2] | following[memory_beats_log2])
+
+
+class _ReadEngine(wiring.Component):
+    """AXI4 AR/R channels onto a memory port (see the module docstring)."""
+
+    def __init__(self, port: MemoryPortSignature, memory_beats_log2: int):
+        self.beat_log2 = (port.data_width // 8).bit_length() - 1
+        self.memory_beats_log2 = memory_beats_log2
+        super().__init__({
+            "ar": In(stream.Signature(AddressLayout(32))),
+            "r": Out(stream.Signature(ReadDataLayout(port.data_width))),
+            "mem": Out(port),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        ar, r, mem = self.ar, self.r, self.mem
+        beats_log2 = self.memory_beats_log2
+        beat_width = beats_log2 + 1         # the beat inside the memory, and an outside bit
+
+        # the burst being issued, and the next burst's address waiting behind it
+        cur_valid = Signal()
+        cur_addr = Signal(beat_width)
+        cur_left = Signal(9)
+        next_valid = Signal()
+        next_addr = Signal(beat_width)
+        next_len = Signal(8)
+
+        # beats issued last cycle (their data is on mem.rdata now) and two buffered beats
+        pending = Signal()
+        pending_error = Signal()
+        pending_last = Signal()
+        count = Signal(range(3))
+        beat = ReadDataLayout(len(r.payload.data))
+        entries = [Signal(beat, name=f"entry{i}") for i in range(2)]
+        head = Signal()             # index of the oldest buffered beat
+        tail = Signal()             # index where the next beat is buffered
+
+        inside = ~cur_addr[beats_log2]
+        room = Signal()
+        m.d.comb += room.eq(count + pending < 2)
+        m.d.comb += [
+            mem.cmd.valid.eq(cur_valid & room & inside),
+            mem.cmd.payload.addr.eq(cur_addr[:beats_log2]),
+            mem.cmd.payload.write.eq(0),
+        ]
+        issue = Signal()
+        m.d.comb += issue.eq(cur_valid & room & (mem.cmd.ready | ~inside))
+        last_issue = Signal()
+        m.d.comb += last_issue.eq(issue & (cur_left == 1))
+
+        # address channel
+        m.d.comb += ar.ready.eq(~next_valid)
+        ar_fire = ar.valid & ar.ready
+        with m.If(issue):
+            m.d.sync += [cur_addr.eq(_next_beat(cur_addr, beats_log2)), cur_left.eq(cur_left - 1)]
+        with m.If(~cur_valid | last_issue):
+            with m.If(next_valid):
+                m.d.sync += [cur_valid.eq(1), cur_addr.eq(next_addr), cur_left.eq(next_len + 1),
+                             next_valid.eq(0)]
+            with m.Elif(ar_fire):
+                m.d.sync += [cur_valid.eq(1),
+                             cur_addr.eq(_beat_address(ar.payload.addr, self.beat_log2, beats_log2)),
+                             cur_left.eq(ar.payload.len + 1)]
+            with m.Else():
+                m.d.sync += cur_valid.eq(0)
+        with m.Elif(ar_fire):
+            m.d.sync += [next_valid.eq(1),
+                         next_addr.eq(_beat_address(ar.payload.addr, self.beat_log2, beats_log2)),
+                         next_len.eq(ar.payload.len)]
+
+        # data channel
+        m.d.sync += [pending.eq(issue), pending_error.eq(~inside), pending_last.eq(cur_left == 1)]
+        incoming = Signal(beat)
+        m.d.comb += [
+            incoming.data.eq(Mux(pending_error, 0, mem.rdata)),
+            incoming.resp.eq(Mux(pending_error, RESP_DECERR, RESP_OKAY)),
+            incoming.last.eq(pending_last),
+        ]
+        empty = count == 0
+        oldest = Signal(beat)
+        m.d.comb += oldest.eq(Mux(head, entries[1], entries[0]))
+        m.d.comb += [
+            r.valid.eq(~empty | pending),
+            r.payload.eq(Mux(empty, incoming, oldest)),
+        ]
+        fire = r.valid & r.ready
+        push = Signal()
+        pop = Signal()
+        m.d.comb += [push.eq(pending & ~(empty & fire)), pop.eq(fire & ~empty)]
+        with m.If(push):
+            m.d.sync += tail.eq(~tail)
+            with m.If(tail):
+                m.d.sync += entries[1].eq(incoming)
+            with m.Else():
+                m.d.sync += entries[0].eq(incoming)
+        with m.If(pop):
+            m.d.sync += head.eq(~head)
+        m.d.sync += count.eq(count + push - pop)
+        return m
+
+
+class _WriteEngine(wiring.Component):
+    """AXI4 AW/W/B channels onto a memory port, one burst at a time."""
+
+    def __init__(self, port: MemoryPortSignature, memory_beats_log2: int):
+        self.beat_log2 = (port.data_width // 8).bit_length() - 1
+        self.memory_beats_log2 = memory_beats_log2
+        super().__init__({
+            "aw": In(stream.Signature(AddressLayout(32))),
+            "w": In(stream.Signature(WriteDataLayout(port.data_width))),
+            "b": Out(stream.Signature(ResponseLayout())),
+            "mem": Out(port),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        aw, w, b, mem = self.aw, self.w, self.b, self.mem
+        beats_log2 = self.memory_beats_log2
+        beat_width = beats_log2 + 1         # the beat inside the memory, and an outside bit
+        active = Signal()           # a burst's beats are being taken
+        addr = Signal(beat_width)
+        left = Signal(9)
+        failed = Signal()           # a beat of this burst was outside the memory
+
+        m.d.comb += aw.ready.eq(~active & ~b.valid)
+        with m.If(aw.valid & aw.ready):
+            m.d.sync += [active.eq(1), addr.eq(_beat_address(aw.payload.addr, self.beat_log2, beats_log2)),
+                         left.eq(aw.payload.len + 1), failed.eq(0)]
+
+        inside = ~addr[beats_log2]
+        m.d.comb += [
+            mem.cmd.valid.eq(active & w.valid & inside),
+            mem.cmd.payload.addr.eq(addr[:beats_log2]),
+            mem.cmd.payload.write.eq(1),
+            mem.cmd.payload.data.eq(w.payload.data),
+            mem.cmd.payload.mask.eq(w.payload.strb),
+            w.ready.eq(active & Mux(inside, mem.cmd.ready, 1)),
+        ]
+        with m.If(w.valid & w.ready):
+            m.d.sync += [addr.eq(_next_beat(addr, beats_log2)), left.eq(left - 1)]
+            with m.If(~inside):
+                m.d.sync += failed.eq(1)
+            with m.If(left == 1):
+                m.d.sync += [active.eq(0), b.valid.eq(1),
+                             b.payload.resp.eq(Mux(failed | ~inside, RESP_DECERR, RESP_OKAY))]
+        with m.If(b.valid & b.ready):
+            m.d.sync += b.valid.eq(0)
+        return m
+
+
+class SoCMemory(wiring.Component):
+    """``memory_bytes`` of on-chip RAM of ``kind`` (``"bram"`` or ``"spram"``) on a
+    ``data_width``-bit bus, served to an AXI4 manager (``axi``) and to the bridge (``bridge``, a
+    :class:`MemoryPortSignature` port with bus-word addresses).
+
+    ``ram`` is the :class:`~amaranth.lib.memory.Memory` of a ``"bram"`` memory (simulations reach
+    its contents through ``ram.data[word]``); None for ``"spram"``."""
+
+    def __init__(self, *, memory_bytes: int, data_width: int, kind: str = "bram"):
+        if data_width not in (32, 64, 128):
+            raise ValueError(f"data_width must be 32, 64 or 128, not {data_width!r}")
+        check_memory(kind, memory_bytes, data_width)
+        self.kind = kind
+        self.memory_bytes = memory_bytes
+        self.data_width = data_width
+        self.bus_bytes = data_width // 8
+        words = memory_bytes // self.bus_bytes
+        self.port_signature = MemoryPortSignature(addr_width=max(1, (words - 1).bit_length()),
+                                                  data_width=data_width)
+        self._core = _Core(kind, memory_bytes, data_width)
+        self.ram = self._core.ram
+        super().__init__({
+            "axi": In(AXI4Signature(addr_width=32, data_width=data_width)),
+            "bridge": In(self.port_signature),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        beats_log2 = (self.memory_bytes // self.bus_bytes).bit_length() - 1
+        m.submodules.core = core = self._core
+        m.submodules.arbiter = arbiter = _Arbiter(self.port_signature, core.signature)
+        m.submodules.reads = reads = _ReadEngine(self.port_signature, beats_log2)
+        m.submodules.writes = writes = _WriteEngine(self.port_signature, beats_log2)
+        wiring.connect(m, arbiter=arbiter.core, core=core)
+        wiring.connect(m, bridge=wiring.flipped(self.bridge), arbiter=arbiter.bridge)
+        wiring.connect(m, reads=reads.mem, arbiter=arbiter.reads)
+        wiring.connect(m, writes=writes.mem, arbiter=arbiter.writes)
+        wiring.connect(m, manager=wiring.flipped(self.axi.ar), reads=reads.ar)
+        wiring.connect(m, reads=reads.r, manager=wiring.flipped(self.axi.r))
+        wiring.connect(m, manager=wiring.flipped(self.axi.aw), writes=writes.aw)
+        wiring.connect(m, manager=wiring.flipped(self.axi.w), writes=writes.w)
+        wiring.connect(m, writes=writes.b, manager=wiring.flipped(self.axi.b))
+        return m

