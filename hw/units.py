@@ -21,7 +21,7 @@ combinations give unspecified output.
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -61,9 +61,18 @@ def _row_macs_bits(config: AcceleratorConfig) -> int:
     return (config.rows * config.cols).bit_length()
 
 
-def _small_product(a, b):
-    """``a * b`` for short operands as shifted additions (logic, never a DSP block)."""
-    return sum(Mux(a[i], b << i, 0) for i in range(len(a)))
+def _small_product(a, b, width: int | None = None):
+    """``a * b`` (unsigned) for short operands as shifted additions, summed as a balanced tree:
+    logic, never a DSP block. With ``width``, modulo ``2**width`` (each term cut to it)."""
+    terms = [Mux(a[i], b << i, 0) for i in range(len(a))]
+    if width is not None:
+        terms = [term[:width] for term in terms]
+    while len(terms) > 1:
+        pairs = [terms[i] + terms[i + 1] for i in range(0, len(terms) - 1, 2)]
+        terms = pairs + terms[len(pairs) * 2:]
+        if width is not None:
+            terms = [term[:width] for term in terms]
+    return terms[0] if terms else Const(0, 1)
 
 
 def residual_read_signature(config: AcceleratorConfig) -> wiring.Signature:
@@ -547,12 +556,6 @@ class StoreUnit(wiring.Component):
             oy_iy = Signal(signed(20))
             ox_ix = Signal(signed(20))
             row_step = Signal(row_bits)         # stride_h * in_w
-            # SETUP multiplies by shift-and-add, one bit of the 8-bit factors per cycle (no DSP
-            # blocks): pad_top * in_w, stride_h * in_w, win_h * win_w
-            factor_bit = Signal(range(9))
-            in_w_shifted = Signal(row_bits)
-            win_w_shifted = Signal(16)
-            top_rows = Signal(row_bits)         # pad_top * in_w
             inside = Signal()
             m.d.comb += [
                 inside.eq((iy >= 0) & (iy < s.in_h) & (ix >= 0) & (ix < s.in_w)),
@@ -668,9 +671,6 @@ class StoreUnit(wiring.Component):
                                 win_w.eq(Mux(pooling, store_op.pool_w, 1)),
                                 str_h.eq(Mux(pooling, store_op.stride_h, 1)),
                                 str_w.eq(Mux(pooling, store_op.stride_w, 1)),
-                                factor_bit.eq(0), in_w_shifted.eq(store_op.in_w),
-                                win_w_shifted.eq(Mux(pooling, store_op.pool_w, 1)),
-                                top_rows.eq(0), row_step.eq(0), window_pixels.eq(0),
                             ]
                         m.next = "SETUP"
             with m.State("CONFIG_DONE"):
@@ -679,24 +679,20 @@ class StoreUnit(wiring.Component):
             with m.State("SETUP"):
                 m.d.comb += self.busy.eq(1)
                 if has_pooling:
-                    with m.If(factor_bit != 8):
-                        m.d.sync += [
-                            top_rows.eq(top_rows + Mux(s.pad_top.bit_select(factor_bit, 1), in_w_shifted, 0)),
-                            row_step.eq(row_step + Mux(str_h.bit_select(factor_bit, 1), in_w_shifted, 0)),
-                            window_pixels.eq(window_pixels +
-                                             Mux(win_h.bit_select(factor_bit, 1), win_w_shifted, 0)),
-                            in_w_shifted.eq(in_w_shifted << 1), win_w_shifted.eq(win_w_shifted << 1),
-                            factor_bit.eq(factor_bit + 1),
-                        ]
-                    with m.Else():
-                        top = -s.pad_top
-                        first_row = s.acc_addr - top_rows - s.pad_left
-                        m.d.sync += [
-                            oy.eq(0), ox.eq(0), wy.eq(0), wx.eq(0),
-                            oy_iy.eq(top), iy.eq(top), ox_ix.eq(-s.pad_left), ix.eq(-s.pad_left),
-                            oy_row.eq(first_row), ox_row.eq(first_row), wrow.eq(first_row),
-                        ]
-                        m.next = "TABLE"
+                    # the window products by shifted additions (no DSP blocks), rows modulo
+                    # 2**row_bits
+                    top = -s.pad_top
+                    top_rows = _small_product(s.pad_top, s.in_w[:row_bits], row_bits)
+                    first_row = s.acc_addr - top_rows - s.pad_left
+                    m.d.sync += [
+                        oy.eq(0), ox.eq(0), wy.eq(0), wx.eq(0),
+                        oy_iy.eq(top), iy.eq(top), ox_ix.eq(-s.pad_left), ix.eq(-s.pad_left),
+                        oy_row.eq(first_row), ox_row.eq(first_row), wrow.eq(first_row),
+                        row_step.eq(_small_product(str_h, s.in_w[:row_bits], row_bits)),
+                    ]
+                    if "avg" in cfg.sfu_pooling:     # the SFU uses it for the average only
+                        m.d.sync += window_pixels.eq(_small_product(win_h, win_w))
+                    m.next = "TABLE"
                 else:
                     m.d.sync += [oy.eq(0), ox.eq(0), wrow.eq(s.acc_addr)]
                     m.next = "TABLE"
