@@ -18,8 +18,9 @@ Each run takes minutes (a 16x16 SoC tens of minutes on a loaded two-core machine
 background, e.g. ``nohup python bench/board_sweep.py > board_sweep.log 2>&1 &``.
 
 Run from the repository root: ``python bench/board_sweep.py [--boards icebreaker,...]
-[--sweep-board ulx3s-85f] [--sizes 4x4,8x8,16x16] [--seed 1] [--work DIR] [--merge]``
-(``--merge`` keeps the rows of an earlier results file that this run does not redo).
+[--sweep-board ulx3s-85f] [--sizes 4x4,8x8,16x16] [--sweep-mhz F] [--seed 1] [--work DIR]
+[--merge] [--merge-from FILE]`` (``--merge`` keeps the rows of an earlier results file that
+this run does not redo, ``--merge-from`` those of another run's file).
 """
 
 import argparse
@@ -40,12 +41,13 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "board_sweep.json"
 
 
-def _row(kind: str, board: str, config: AcceleratorConfig, report: dict[str, Any] | None,
+def _row(kind: str, board: str, config: AcceleratorConfig, mhz: float, report: dict[str, Any] | None,
          error: str | None, seconds: float) -> dict[str, Any]:
     row: dict[str, Any] = {
         "kind": kind, "board": board, "rows": config.rows, "cols": config.cols,
         "dataflow": config.dataflow, "lut_multipliers": config.array_lut_multipliers,
-        "target_mhz": config.clock_mhz, "config_hash": config.hash_hex, "seconds": round(seconds),
+        "target_mhz": mhz, "config_hash": config.hash_hex, "seconds": round(seconds),
+        "config": config.to_dict(),
     }
     if report is None:
         row["error"] = error
@@ -64,29 +66,33 @@ def _row(kind: str, board: str, config: AcceleratorConfig, report: dict[str, Any
     return row
 
 
-def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: int) -> dict[str, Any]:
-    """Synthesize ``config`` on ``board`` (into ``work``); when only DSP blocks are short, again
-    with that many more PEs multiplying in logic. Returns one table row."""
+def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: int,
+            clock_mhz: float | None = None) -> dict[str, Any]:
+    """Synthesize ``config`` on ``board`` (into ``work``) at ``clock_mhz`` (default: the
+    config's); when only DSP blocks are short, again with that many more PEs multiplying in
+    logic. Returns one table row."""
     started = time.monotonic()
     while True:
+        mhz = config.clock_mhz if clock_mhz is None else clock_mhz
         print(f"{board}: {config.rows}x{config.cols} {config.dataflow}, "
-              f"{config.array_lut_multipliers} logic multipliers, {config.clock_mhz:g} MHz ...",
+              f"{config.array_lut_multipliers} logic multipliers, {mhz:g} MHz ...",
               file=sys.stderr, flush=True)
         try:
-            report = synth(board, config, work / f"{board}-{config.rows}x{config.cols}", seed=seed)
-            return _row(kind, board, config, report, None, time.monotonic() - started)
+            report = synth(board, config, work / f"{board}-{config.rows}x{config.cols}", seed=seed,
+                           clock_mhz=clock_mhz)
+            return _row(kind, board, config, mhz, report, None, time.monotonic() - started)
         except FitError as exc:
             pes = config.rows * config.cols
             if set(exc.over) != {"dsp"} or config.array_lut_multipliers == pes:
-                return _row(kind, board, config, None, str(exc), time.monotonic() - started)
+                return _row(kind, board, config, mhz, None, str(exc), time.monotonic() - started)
             needed, available = exc.over["dsp"]
             more = min(pes, config.array_lut_multipliers + needed - available)
             config = config.replace(array_lut_multipliers=more)
         except BoardError as exc:
-            return _row(kind, board, config, None, str(exc), time.monotonic() - started)
+            return _row(kind, board, config, mhz, None, str(exc), time.monotonic() - started)
         except Exception as exc:            # a tool or the gateware failed: record it, go on
             message = " ".join(f"{type(exc).__name__}: {exc}".split())
-            return _row(kind, board, config, None, message[:500], time.monotonic() - started)
+            return _row(kind, board, config, mhz, None, message[:500], time.monotonic() - started)
 
 
 def _order(row: dict[str, Any]) -> tuple[str, int, str]:
@@ -116,11 +122,17 @@ def main(argv: list[str] | None = None) -> int:
                         "to build ('' for none)")
     parser.add_argument("--sweep-board", default="ulx3s-85f", help="board of the array-size sweep")
     parser.add_argument("--sizes", default="4x4,8x8,16x16", help="comma-separated RxC sizes ('' for none)")
+    parser.add_argument("--sweep-mhz", type=float, default=None,
+                        help="clock the sweep sizes target, MHz (default: the sweep board preset's); "
+                             "a high target makes nextpnr report the highest Fmax it reaches")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
     parser.add_argument("--work", type=Path, default=None, help="keep the build directories here")
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     parser.add_argument("--merge", action="store_true",
                         help="keep the rows of an existing results file that this run does not redo")
+    parser.add_argument("--merge-from", type=Path, action="append", default=[], metavar="FILE",
+                        help="also keep the rows of this results file (of another run) that this run "
+                             "does not redo; repeatable")
     args = parser.parse_args(argv)
 
     # the presets and the sweep sizes, smallest array first; a sweep size equal to the sweep
@@ -135,26 +147,30 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    kept: list[dict[str, Any]] = []
-    if args.merge and args.out.is_file():
-        redo = {(kind, board, config.rows, config.cols) for kind, board, config in jobs}
-        kept = [row for row in json.loads(args.out.read_text())["results"]
-                if (row["kind"], row["board"], row["rows"], row["cols"]) not in redo]
+    kept: dict[tuple[str, str, int, int], dict[str, Any]] = {}
+    redo = {(kind, board, config.rows, config.cols) for kind, board, config in jobs}
+    for source in [*([args.out] if args.merge and args.out.is_file() else []), *args.merge_from]:
+        for row in json.loads(source.read_text())["results"]:
+            key = (row["kind"], row["board"], row["rows"], row["cols"])
+            if key not in redo:
+                kept[key] = row
     with tempfile.TemporaryDirectory(prefix="board-sweep-") as tmp:
         work = args.work or Path(tmp)
         for kind, board, config in jobs:
             twin = next((row for row in rows if row["board"] == board and row["kind"] != kind
-                         and (row["rows"], row["cols"]) == (config.rows, config.cols)), None)
+                         and (row["rows"], row["cols"]) == (config.rows, config.cols)
+                         and args.sweep_mhz is None), None)
             if twin is not None:
                 rows.append({**twin, "kind": kind})
             else:
-                rows.append(run_one(kind, board, config, work / kind, args.seed))
+                rows.append(run_one(kind, board, config, work / kind, args.seed,
+                                    args.sweep_mhz if kind == "sweep" else None))
             # written after every run: a long sweep that is stopped keeps what it measured
-            merged = sorted(kept + rows, key=_order)
+            merged = sorted([*kept.values(), *rows], key=_order)
             args.out.write_text(json.dumps({"seed": args.seed, "results": merged}, indent=1) + "\n")
             print(_table(rows), file=sys.stderr, flush=True)
 
-    rows = sorted(kept + rows, key=_order)
+    rows = sorted([*kept.values(), *rows], key=_order)
     print(_table(rows))
     print(f"results in {args.out}")
     return 0
