@@ -1251,12 +1251,24 @@ def _channel_vector(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | N
     return None
 
 
+def _affine_weights(steps: np.ndarray) -> np.ndarray:
+    """Per channel, the weight magnitude in 64..127 whose multiple of ``steps`` (the channel's
+    offset in input steps) is closest to an integer relative to the weight: the int32 bias then
+    carries the offset with an error of about 1/8000 of an input step instead of up to 1/254 with
+    a fixed weight of 127 (ties go to the larger weight)."""
+    candidates = np.arange(127, 63, -1, dtype=np.float64)
+    product = np.outer(np.nan_to_num(steps), candidates)
+    error = np.abs(np.rint(product) - product) / candidates
+    return candidates[np.argmin(error, axis=1)]
+
+
 def _affine_op(lw: _Lowering, node: Node, xq: str, px: QuantParams, scale: np.ndarray, offset: np.ndarray,
                chain: _Chain) -> str | None:
     """``scale_c * x + offset_c`` per channel on dequantized ``x``, requantized to the chain's
-    output, as a depthwise 1x1 conv with weight 127 * sign(scale_c): the offset then enters the
-    int32 bias with 127 times the resolution of an input step, so the only rounding that matters
-    is the final one (2-D [M, C] tensors are viewed as an NHWC image [1, M, 1, C])."""
+    output, as a depthwise 1x1 conv with weight w_c * sign(scale_c), w_c in 64..127 chosen per
+    channel (:func:`_affine_weights`) so that the offset enters the int32 bias almost exactly:
+    the only rounding that matters is the final one (2-D [M, C] tensors are viewed as an NHWC
+    image [1, M, 1, C])."""
     e = lw.e
     sx, zx = float(px.scale), int(px.zero_point)
     shape = e.tensors[xq].shape
@@ -1264,12 +1276,14 @@ def _affine_op(lw: _Lowering, node: Node, xq: str, px: QuantParams, scale: np.nd
         return f"{node.label}: only 2-D and 4-D tensors run on the accelerator, not {shape}"
     if np.any(scale == 0):
         return f"{node.label}: a channel with factor 0 is constant; it runs on the host"
-    weights = np.where(scale < 0, -127, 127).astype(np.int8).reshape(1, -1)
-    extra = np.rint(127.0 * offset / (np.abs(scale) * sx))
+    steps = offset / (np.abs(scale) * sx)             # the offset in input steps, per channel
+    magnitude = _affine_weights(steps)
+    weights = (np.sign(scale) * magnitude).astype(np.int8).reshape(1, -1)
+    extra = np.rint(magnitude * steps)
     bias = extra - zx * weights[0].astype(np.int64)
     if np.any(np.abs(bias) > 2 ** 31 - 1):
         return f"{node.label}: the per-channel offset does not fit int32 in accumulator units"
-    mult, shift = lw.requant(node, np.abs(scale) * sx / (127.0 * float(chain.params.scale)))
+    mult, shift = lw.requant(node, np.abs(scale) * sx / (magnitude * float(chain.params.scale)))
     n = weights.shape[1]
     if len(shape) == 4:
         x_in = lw.to_nhwc(xq)
@@ -1287,7 +1301,7 @@ def _affine_op(lw: _Lowering, node: Node, xq: str, px: QuantParams, scale: np.nd
     e.add(AccelOp("conv", node.name, x_in, y, bias.astype(np.int32), mult, shift, zx,
                   int(chain.params.zero_point),
                   chain.act, chain.act_lo, chain.act_hi, weights=weights, conv=ConvGeometry((1, 1), group=n),
-                  scales=Scales(sx, float(chain.params.scale), np.abs(scale) / 127.0),
+                  scales=Scales(sx, float(chain.params.scale), np.abs(scale) / magnitude),
                   fused=_fused_names(node, chain)))
     lw.finish([node], chain)
     return None
