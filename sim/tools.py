@@ -31,7 +31,7 @@ from typing import Any
 __all__ = [
     "ToolError", "VERILATOR_WAIVERS", "COCOTB_WAIVERS", "verilator_root", "verilator_bin",
     "tool_env", "to_verilog", "verilator_lint", "yosys_synth", "build_cache_dir", "build_lock", "design_hash",
-    "cocotb_build", "cocotb_test", "waves_enabled", "SYNTH_FAMILIES",
+    "cocotb_build", "cocotb_test", "waves_enabled", "SYNTH_FAMILIES", "strip_build",
 ]
 
 
@@ -384,7 +384,8 @@ def cocotb_build(verilog: str, top: str, key: str, *, build_args: Sequence[str] 
     ``hash`` covers the Verilog text, the build arguments, the waves flag, the Verilator and
     cocotb versions and cocotb's install location (the build links its libraries). Waveform
     tracing is compiled in only when ``waves`` (default:
-    :func:`waves_enabled`). Raises :class:`ToolError` when the build fails."""
+    :func:`waves_enabled`). The cached build keeps the executable, not the intermediates
+    (:func:`strip_build`). Raises :class:`ToolError` when the build fails."""
     from cocotb_tools.runner import get_runner
 
     _check_top(verilog, top)
@@ -395,6 +396,7 @@ def cocotb_build(verilog: str, top: str, key: str, *, build_args: Sequence[str] 
     stamp = build_dir / "build.ok"
     with build_lock(build_dir):
         if stamp.is_file() and (build_dir / top).is_file():
+            strip_build(build_dir)          # a build cached before builds were stripped
             return build_dir
         source = build_dir / f"{top}.v"
         source.write_text(verilog)
@@ -408,8 +410,27 @@ def cocotb_build(verilog: str, top: str, key: str, *, build_args: Sequence[str] 
             tail = log.read_text().strip().splitlines()[-30:] if log.is_file() else []
             raise ToolError(f"cocotb Verilator build of {top!r} failed ({exc}); the log "
                             f"{log} ends:\n" + "\n".join(tail)) from None
+        strip_build(build_dir)
         stamp.write_text(digest + "\n")
     return build_dir
+
+
+#: What a finished Verilator build no longer needs: precompiled headers (about 200 MB per
+#: accelerator build), object files, archives and dependency lists. The executable, the Verilog
+#: source, the generated C++ and the build log stay.
+_BUILD_LEFTOVERS = ("*.gch", "*.o", "*.a", "*.d")
+
+
+def strip_build(build_dir: str | Path) -> int:
+    """Delete the intermediate files of a finished Verilator build in ``build_dir`` (not
+    recursive); returns the bytes freed. A cached build then takes a few megabytes."""
+    freed = 0
+    for pattern in _BUILD_LEFTOVERS:
+        for path in Path(build_dir).glob(pattern):
+            if path.is_file():
+                freed += path.stat().st_size
+                path.unlink(missing_ok=True)
+    return freed
 
 
 def cocotb_test(build_dir: str | Path, top: str, test_module: str, *,

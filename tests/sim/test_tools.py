@@ -200,6 +200,25 @@ def test_cocotb_build_is_cached(counter_build: Path) -> None:
     assert again == counter_build and stamp.stat().st_mtime_ns == before
 
 
+def test_cached_build_keeps_only_what_runs(counter_build: Path) -> None:
+    """A finished build drops its precompiled headers and objects (hundreds of megabytes for
+    an accelerator) and keeps the executable, which still runs (the test below)."""
+    assert (counter_build / "counter").is_file() and (counter_build / "build.log").is_file()
+    assert not [p.name for pattern in ("*.gch", "*.o", "*.a", "*.d") for p in counter_build.glob(pattern)]
+
+
+def test_strip_build_frees_the_intermediates(tmp_path: Path) -> None:
+    for name, size in (("Vtop__pch.h.fast.gch", 1000), ("Vtop__ALL.a", 30), ("verilated.o", 20),
+                       ("verilated.d", 5), ("top", 7), ("top.v", 3), ("Vtop.cpp", 2)):
+        (tmp_path / name).write_bytes(b"x" * size)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "keep.o").write_bytes(b"x")          # not recursive
+    assert tools.strip_build(tmp_path) == 1055
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Vtop.cpp", "results", "top", "top.v"]
+    assert (tmp_path / "results" / "keep.o").is_file()
+    assert tools.strip_build(tmp_path) == 0
+
+
 def test_cocotb_test_passes(counter_build: Path) -> None:
     results = tools.cocotb_test(counter_build, "counter", __name__, testcase="counter_counts",
                                 extra_env={"COUNTER_CYCLES": "37"})
