@@ -12,9 +12,11 @@ both kinds of core:
 
 The arbiter gives the bridge priority (it makes one access per UART character or so) and
 alternates between the AXI read and write engines when both want the port. The read engine keeps
-one burst in progress and the next one's address waiting, and a two-beat output buffer whose
-credit depends only on registered state; with the port free and ``rready`` high it returns one
-beat per cycle, back to back across bursts.
+one burst in progress and the next one's address waiting, and a three-beat output buffer whose
+credit depends only on registered state; the R channel comes from that buffer's registers only
+(the RAM's output never reaches the accelerator in the same cycle, for the clock), so a beat
+arrives two cycles after its address; with the port free and ``rready`` high it returns one beat
+per cycle, back to back across bursts.
 
 AXI4 support: INCR bursts of full-width beats (``size`` = log2 of the bus bytes; other sizes and
 burst types are not decoded), ``wstrb`` byte enables, one write burst at a time. A beat whose
@@ -54,6 +56,8 @@ SPRAM_COUNT = 4
 _SPRAM_WORDS = 16 * 1024
 _MIN_BYTES = 1024
 _MAX_BRAM_BYTES = 1 << 24
+#: Beats the read engine buffers between the RAM and the R channel (see :class:`_ReadEngine`).
+_READ_BUFFER = 3
 
 
 def _is_pow2(value: int) -> bool:
@@ -278,19 +282,21 @@ class _ReadEngine(wiring.Component):
         next_addr = Signal(beat_width)
         next_len = Signal(8)
 
-        # beats issued last cycle (their data is on mem.rdata now) and two buffered beats
+        # beats issued last cycle (their data is on mem.rdata now) and three buffered beats:
+        # the R channel is driven from registers only (no path from the RAM's output through
+        # to the accelerator in one cycle); three entries keep one beat per cycle back to back
         pending = Signal()
         pending_error = Signal()
         pending_last = Signal()
-        count = Signal(range(3))
+        count = Signal(range(_READ_BUFFER + 1))
         beat = ReadDataLayout(len(r.payload.data))
-        entries = [Signal(beat, name=f"entry{i}") for i in range(2)]
-        head = Signal()             # index of the oldest buffered beat
-        tail = Signal()             # index where the next beat is buffered
+        entries = [Signal(beat, name=f"entry{i}") for i in range(_READ_BUFFER)]
+        head = Signal(range(_READ_BUFFER))      # index of the oldest buffered beat
+        tail = Signal(range(_READ_BUFFER))      # index where the next beat is buffered
 
         inside = ~cur_addr[beats_log2]
         room = Signal()
-        m.d.comb += room.eq(count + pending < 2)
+        m.d.comb += room.eq(count + pending < _READ_BUFFER)
         m.d.comb += [
             mem.cmd.valid.eq(cur_valid & room & inside),
             mem.cmd.payload.addr.eq(cur_addr[:beats_log2]),
@@ -329,26 +335,21 @@ class _ReadEngine(wiring.Component):
             incoming.resp.eq(Mux(pending_error, RESP_DECERR, RESP_OKAY)),
             incoming.last.eq(pending_last),
         ]
-        empty = count == 0
-        oldest = Signal(beat)
-        m.d.comb += oldest.eq(Mux(head, entries[1], entries[0]))
-        m.d.comb += [
-            r.valid.eq(~empty | pending),
-            r.payload.eq(Mux(empty, incoming, oldest)),
-        ]
-        fire = r.valid & r.ready
-        push = Signal()
+        with m.Switch(head):
+            for index, entry in enumerate(entries):
+                with m.Case(index):
+                    m.d.comb += r.payload.eq(entry)
+        m.d.comb += r.valid.eq(count != 0)
         pop = Signal()
-        m.d.comb += [push.eq(pending & ~(empty & fire)), pop.eq(fire & ~empty)]
-        with m.If(push):
-            m.d.sync += tail.eq(~tail)
-            with m.If(tail):
-                m.d.sync += entries[1].eq(incoming)
-            with m.Else():
-                m.d.sync += entries[0].eq(incoming)
+        m.d.comb += pop.eq(r.valid & r.ready)
+        with m.If(pending):
+            m.d.sync += tail.eq(Mux(tail == _READ_BUFFER - 1, 0, tail + 1))
+            for index, entry in enumerate(entries):
+                with m.If(tail == index):
+                    m.d.sync += entry.eq(incoming)
         with m.If(pop):
-            m.d.sync += head.eq(~head)
-        m.d.sync += count.eq(count + push - pop)
+            m.d.sync += head.eq(Mux(head == _READ_BUFFER - 1, 0, head + 1))
+        m.d.sync += count.eq(count + pending - pop)
         return m
 
 

@@ -52,6 +52,9 @@ _DOC = {
     "scratchpad_banks": "scratchpad banks (ping-pong halves are made of banks)",
     "accumulator_bytes": "accumulator memory capacity, bytes",
     "requant_table_rows": "rows of the SFU's per-channel bias/multiplier/shift table",
+    "requant_row_words": "memory words per requantize-table row (1 to 64): more make the table's "
+                         "block RAMs narrower and deeper (fewer of them on small FPGAs); a row then "
+                         "takes that many cycles to write or read, and a register holds the row in use",
     "dram_bytes": "size of the DRAM the accelerator addresses (program, weights, activations), bytes",
     "dma_data_bits": "AXI4 data width of the DMA and instruction fetch, bits",
     "dma_max_burst": "longest AXI4 INCR burst, beats",
@@ -64,6 +67,9 @@ _DOC = {
     "sfu_activations": "activations the SFU implements: any of relu, relu6, clip",
     "sfu_pooling": "pooling modes the SFU implements: any of max, avg",
     "sfu_residual": "the SFU can add a residual int tensor on the store path",
+    "sfu_row_cycles": "cycles the SFU takes per accumulator row (a power of two, 1 to cols): its "
+                      "cols / sfu_row_cycles lanes each process that many channels in turn; more "
+                      "cycles share DSP blocks and logic on small FPGAs, at a slower store path",
     "counter_bits": "width of each performance counter, bits (16 to 64; a counter wraps modulo "
                     "2**counter_bits): 32 halves their logic on small FPGAs",
     "clock_mhz": "target clock frequency, MHz",
@@ -91,6 +97,7 @@ class AcceleratorConfig:
     scratchpad_banks: int = 2
     accumulator_bytes: int = 16 * 1024
     requant_table_rows: int = 64
+    requant_row_words: int = 1
     dram_bytes: int = 256 * 1024 * 1024
     dma_data_bits: int = 64
     dma_max_burst: int = 16
@@ -103,6 +110,7 @@ class AcceleratorConfig:
     sfu_activations: tuple[str, ...] = field(default=ACTIVATIONS)
     sfu_pooling: tuple[str, ...] = field(default=POOLINGS)
     sfu_residual: bool = True
+    sfu_row_cycles: int = 1
     counter_bits: int = 64
     clock_mhz: float = 100.0
 
@@ -180,6 +188,9 @@ class AcceleratorConfig:
             raise ConfigError(f"requant_table_rows must be a power of two between 1 and 4096, "
                               f"not {self.requant_table_rows!r}")
 
+        if not 1 <= self.requant_row_words <= 64:
+            raise ConfigError(f"requant_row_words must be between 1 and 64, not {self.requant_row_words!r}")
+
         if not _is_pow2(self.dram_bytes) or not 1 << 12 <= self.dram_bytes <= 1 << 32:
             raise ConfigError(f"dram_bytes must be a power of two between 4096 and 2**32 (the 32-bit "
                               f"DRAM address), not {self.dram_bytes!r}")
@@ -211,6 +222,9 @@ class AcceleratorConfig:
                 raise ConfigError(f"{name} must not repeat an entry, not {list(value)!r}")
             # canonical order, so that equal feature sets hash alike
             object.__setattr__(self, name, tuple(a for a in allowed if a in value))
+        if not (_is_pow2(self.sfu_row_cycles) and self.sfu_row_cycles <= self.cols):
+            raise ConfigError(f"sfu_row_cycles must be a power of two between 1 and cols ({self.cols}), "
+                              f"not {self.sfu_row_cycles!r}")
         if not 16 <= self.counter_bits <= 64:
             raise ConfigError(f"counter_bits must be between 16 and 64, not {self.counter_bits!r}")
         if not 1.0 <= self.clock_mhz <= 1000.0:
@@ -334,12 +348,23 @@ class AcceleratorConfig:
         """One channel's requantize entry in DRAM: int32 bias, int32 multiplier, int32 shift."""
         return 12
 
+    @property
+    def sfu_lanes(self) -> int:
+        """Channels the SFU processes per cycle: ``cols // sfu_row_cycles``."""
+        return self.cols // self.sfu_row_cycles
+
     # -- bus ------------------------------------------------------------------------------------
 
     @property
     def dma_bytes(self) -> int:
         """Bytes per AXI4 beat."""
         return self.dma_data_bits // 8
+
+    @property
+    def pc_bits(self) -> int:
+        """Width of an instruction index (program counter) and of an instruction count in the
+        hardware: a program lies in DRAM, so it has at most ``dram_bytes / 64`` instructions."""
+        return (self.dram_bytes // 64).bit_length()
 
     @property
     def peak_macs_per_cycle(self) -> int:

@@ -1,11 +1,13 @@
 """Instruction fetch, dispatch, dependency tokens and per-queue sequencing.
 
 * :class:`Fetcher` reads ``prog_len`` instruction words from DRAM at ``prog_addr`` in AXI4 bursts,
-  ahead of the dispatcher, into a small FIFO.
-* :class:`Dispatcher` checks each word (opcode, reserved bits, dependency flags legal for its queue),
-  hands it to the queue FIFO of its unit in program order, and executes FINISH: once every queue is
-  empty and every unit idle it raises ``done``. An illegal word stops dispatch with an error code and
-  the program counter of the word.
+  ahead of the dispatcher, into a FIFO of bus beats, and hands them out one beat per cycle.
+* :class:`Dispatcher` checks each word as its beats pass (opcode, dependency flags legal for its
+  queue, reserved bits), writes the beats straight into the :class:`InstructionQueue` of the
+  word's queue (no whole word is ever assembled in between), commits the entry with the last beat,
+  and executes FINISH: once every queue is empty and every unit idle it raises ``done``. An illegal
+  word stops dispatch with an error code and the program counter of the word.
+* :class:`InstructionQueue` holds a queue's instructions, keeping only the bits its units read.
 * :class:`TokenChannel` counts dependency tokens from one queue to a neighbour.
 * :class:`Sequencer` runs one queue: pops the tokens an instruction asks for, issues it to its unit,
   and pushes its tokens once the unit reports it complete — without holding back the next
@@ -14,16 +16,19 @@
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import ResetInserter
 from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .axi import RESP_OKAY, AddressLayout, ReadDataLayout
 from .config import AcceleratorConfig
 from .isa import HEADER_LAYOUT, INSTR_BITS, INSTR_BYTES, LAYOUTS, QUEUE_OF, Opcode, Queue
 
-__all__ = ["InstructionLayout", "Fetcher", "Dispatcher", "TokenChannel", "Sequencer", "queue_word_bits",
-           "ERR_ILLEGAL", "ERR_SLVERR", "ERR_DECERR", "ERR_FLAGS", "ERR_NO_FINISH"]
+__all__ = ["InstructionLayout", "BeatLayout", "Fetcher", "InstructionQueue", "Dispatcher", "TokenChannel",
+           "Sequencer", "queue_kept_ranges", "ERR_ILLEGAL", "ERR_SLVERR", "ERR_DECERR", "ERR_FLAGS",
+           "ERR_NO_FINISH"]
 
 ERR_ILLEGAL, ERR_SLVERR, ERR_DECERR, ERR_FLAGS, ERR_NO_FINISH = 1, 2, 3, 4, 5
 
@@ -35,21 +40,41 @@ class InstructionLayout(data.StructLayout):
         super().__init__({"word": INSTR_BITS, "pc": 32})
 
 
+def _beats_per_instr(config: AcceleratorConfig) -> int:
+    """Bus beats of one instruction word."""
+    return INSTR_BYTES // config.dma_bytes
+
+
+class BeatLayout(data.StructLayout):
+    """One bus beat of an instruction word: ``data`` (beat ``index`` holds word bits
+    ``[index * dma_data_bits, (index + 1) * dma_data_bits)``) and the word's program counter."""
+
+    def __init__(self, config: AcceleratorConfig):
+        super().__init__({"data": config.dma_data_bits, "index": range(_beats_per_instr(config)),
+                          "pc": config.pc_bits})
+
+
 def _words_per_burst(config: AcceleratorConfig) -> int:
     """Instruction words the Fetcher asks for in one burst: as many as ``dma_max_burst`` beats
     hold, at most 2 (so that two bursts in flight fit a small FIFO)."""
-    return max(1, min(2, config.dma_max_burst // (INSTR_BYTES // config.dma_bytes)))
+    return max(1, min(2, config.dma_max_burst // _beats_per_instr(config)))
 
 
 class Fetcher(wiring.Component):
-    """Reads the program into ``instr``; ``error`` is an AXI error response code (SLVERR/DECERR).
+    """Reads the program and hands its words out on ``beats``, one bus beat per cycle; ``error``
+    is an AXI error response code (SLVERR/DECERR) of a beat of the program.
 
-    The bus beats of ``depth`` words (default: two bursts' worth, 2 or 4 words) are fetched ahead
-    of the dispatcher into a FIFO of beats (block RAM, not flip-flops); a word is assembled from
-    its beats as the dispatcher asks for it, one beat per cycle, in a shift register of all but its
-    last beat. A burst is only asked for when the FIFO has room for all its beats, so the read
-    channel never waits for the fetcher (other managers' data behind it would wait too).
-    :attr:`max_bursts` bursts are at most in flight.
+    The beats of ``depth`` words (default: two bursts' worth, 2 or 4 words) are fetched ahead of
+    the dispatcher into a FIFO of beats (block RAM, not flip-flops). A burst is only asked for
+    when the FIFO has room for all its beats, so the read channel never waits for the fetcher
+    (other managers' data behind it would wait too); :attr:`max_bursts` bursts are at most in
+    flight. The address request is a register: once offered, it stays until it is taken.
+
+    ``start`` begins a program whatever came before (one finished, halted, or never started):
+    it empties the FIFO, takes ``prog_len`` (at most ``dram_bytes / 64`` words) and ``prog_addr``,
+    and drops the beats of earlier bursts still in flight; the new program's first burst is asked
+    for once they have all arrived. ``abort`` stops fetching. Later writes of ``prog_len`` do not
+    change a running program.
     """
 
     def __init__(self, config: AcceleratorConfig, *, depth: int | None = None):
@@ -65,7 +90,7 @@ class Fetcher(wiring.Component):
             "prog_len": In(32),
             "ar": Out(stream.Signature(AddressLayout(32))),
             "r": In(stream.Signature(ReadDataLayout(config.dma_data_bits))),
-            "instr": Out(stream.Signature(InstructionLayout())),
+            "beats": Out(stream.Signature(BeatLayout(config))),
             "error": Out(2),
             "exhausted": Out(1),      # every instruction of the program was handed out
         })
@@ -79,82 +104,491 @@ class Fetcher(wiring.Component):
         m = Module()
         cfg = self.config
         BB = cfg.dma_bytes
-        beats_per_instr = INSTR_BYTES // BB
-        # a burst fetches whole instructions, at most dma_max_burst beats
-        instrs_per_burst = _words_per_burst(cfg)
+        beats_per_instr = _beats_per_instr(cfg)
+        instrs_per_burst = _words_per_burst(cfg)   # a burst fetches whole words
+        capacity = self.depth * beats_per_instr    # beats
+        max_words = cfg.dram_bytes // INSTR_BYTES
 
-        capacity = self.depth * beats_per_instr        # beats
-        m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=8 * BB, depth=capacity)
+        # start empties the FIFO (its pointers and level; the stale entries are never read)
+        beats = fifo.SyncFIFOBuffered(width=8 * BB, depth=capacity)
+        m.submodules.beats = ResetInserter(self.start)(beats)
 
         active = Signal()
-        requested = Signal(32)     # instructions requested on AR
-        received = Signal(32)      # instructions handed out
-        reserved = Signal(range(capacity + 1))   # FIFO entries promised to requested beats
+        remaining = Signal(cfg.pc_bits)            # words not yet asked for
+        received = Signal(cfg.pc_bits)            # words handed out: the pc of the next one
+        reserved = Signal(range(capacity + 1))    # FIFO entries promised to this program's beats
+        stale = Signal(range(capacity + 1))       # beats of an earlier program still to arrive
         next_addr = Signal(32)
+        index = Signal(range(beats_per_instr))    # beat of the current word handed out next
 
-        remaining = Signal(32)
-        m.d.comb += remaining.eq(self.prog_len - requested)
+        # -- address requests: one registered request at a time -------------------------------
+        # The next burst's size and whether the FIFO has room for it are registers, computed
+        # from the cycle before: `settled` holds requests off for the cycle after a request or
+        # a start, whose new counts they do not reflect yet. Room only grows otherwise (the
+        # FIFO's reader frees entries, arriving beats move from `reserved` to the FIFO), so a
+        # cycle-old answer is safe.
         wanted = Signal(range(instrs_per_burst + 1))
         m.d.comb += wanted.eq(Mux(remaining > instrs_per_burst, instrs_per_burst, remaining))
         # a burst must not cross a 4 KiB boundary (instruction words are 64-byte aligned)
         to_boundary = Signal(range(4096 // INSTR_BYTES + 1))
         m.d.comb += to_boundary.eq((4096 - next_addr[:12]) // INSTR_BYTES)
         count = Signal(range(instrs_per_burst + 1))
-        m.d.comb += count.eq(Mux(to_boundary < wanted, to_boundary, wanted))
-
         free = Signal(range(capacity + 1))
+        room = Signal()
+        settled = Signal()
         m.d.comb += free.eq(capacity - beats.level - reserved)
-        m.d.comb += [
-            self.ar.valid.eq(active & (remaining != 0) & (free >= count * beats_per_instr) & (count != 0)),
-            self.ar.payload.addr.eq(next_addr),
-            self.ar.payload.len.eq(count * beats_per_instr - 1),
-            self.ar.payload.size.eq((BB - 1).bit_length()),
+        m.d.sync += [
+            count.eq(Mux(to_boundary < wanted, to_boundary, wanted)),
+            room.eq(free >= Mux(to_boundary < wanted, to_boundary, wanted) * beats_per_instr),
+            settled.eq(1),
         ]
-        ar_fire = self.ar.valid & self.ar.ready
+        issue = Signal()
+        m.d.comb += issue.eq(active & settled & ~self.start & ~self.abort & ~self.ar.valid &
+                             (stale == 0) & (count != 0) & room)
+        with m.If(self.ar.valid & self.ar.ready):
+            m.d.sync += self.ar.valid.eq(0)
+        with m.If(issue):
+            m.d.sync += [
+                self.ar.valid.eq(1),
+                self.ar.payload.addr.eq(next_addr),
+                self.ar.payload.len.eq(count * beats_per_instr - 1),
+                remaining.eq(remaining - count),
+                next_addr.eq(next_addr + count * INSTR_BYTES),
+                settled.eq(0),
+            ]
+        m.d.comb += self.ar.payload.size.eq((BB - 1).bit_length())
 
-        # beats into the FIFO (while a program runs)
+        # -- data beats: an earlier program's first, then this program's into the FIFO ---------
+        arriving = self.r.valid
+        dropping = Signal()
         m.d.comb += [
+            dropping.eq(stale != 0),
             self.r.ready.eq(1),
             beats.w_data.eq(self.r.payload.data),
-            beats.w_en.eq(self.r.valid & active),
+            beats.w_en.eq(arriving & ~dropping & active),
         ]
-        with m.If(self.r.valid & (self.r.payload.resp != RESP_OKAY)):
+        with m.If(arriving & ~dropping & active & (self.r.payload.resp != RESP_OKAY)):
             m.d.sync += self.error.eq(self.r.payload.resp)
-        m.d.sync += reserved.eq(reserved + Mux(ar_fire, count * beats_per_instr, 0) - (self.r.valid & active))
-        with m.If(ar_fire):
-            m.d.sync += [requested.eq(requested + count), next_addr.eq(next_addr + count * INSTR_BYTES)]
-
-        # words out of the FIFO: the first beats into the shift register, the last one with them
-        beat = Signal(range(beats_per_instr))      # beats of the current word shifted in
-        last_beat = Signal()
-        m.d.comb += last_beat.eq(beat == beats_per_instr - 1)
-        if beats_per_instr > 1:
-            shift = Signal(INSTR_BITS - 8 * BB)
-            word = Cat(shift, beats.r_data)
-        else:
-            word = beats.r_data
-        m.d.comb += [
-            self.instr.valid.eq(active & beats.r_rdy & last_beat),
-            self.instr.payload.word.eq(word),
-            self.instr.payload.pc.eq(received),
-            beats.r_en.eq(~active | ~last_beat | self.instr.ready),
-            self.exhausted.eq(active & (received == self.prog_len)),
+        m.d.sync += [
+            reserved.eq(reserved + Mux(issue, count * beats_per_instr, 0) - (arriving & ~dropping)),
+            stale.eq(stale - (arriving & dropping)),
         ]
-        with m.If(active & beats.r_rdy & beats.r_en):
-            with m.If(last_beat):
-                m.d.sync += beat.eq(0)
+
+        # -- beats out ------------------------------------------------------------------------
+        m.d.comb += [
+            self.beats.valid.eq(active & beats.r_rdy),
+            self.beats.payload.data.eq(beats.r_data),
+            self.beats.payload.index.eq(index),
+            self.beats.payload.pc.eq(received),
+            beats.r_en.eq(self.beats.ready),
+            self.exhausted.eq(active & (remaining == 0) & ~self.ar.valid & (reserved == 0) &
+                              (beats.level == 0)),
+        ]
+        with m.If(self.beats.valid & self.beats.ready):
+            with m.If(index == beats_per_instr - 1):
+                m.d.sync += [index.eq(0), received.eq(received + 1)]
             with m.Else():
-                m.d.sync += beat.eq(beat + 1)
-                if beats_per_instr > 1:
-                    m.d.sync += shift.eq(Cat(shift[8 * BB:], beats.r_data))
-        with m.If(self.instr.valid & self.instr.ready):
-            m.d.sync += received.eq(received + 1)
+                m.d.sync += index.eq(index + 1)
 
         with m.If(self.start):
-            m.d.sync += [active.eq(1), requested.eq(0), received.eq(0), next_addr.eq(self.prog_addr),
-                         self.error.eq(0), beat.eq(0)]
+            # every beat still to arrive (this cycle's excepted) belongs to an earlier program
+            m.d.sync += [
+                active.eq(1), received.eq(0), index.eq(0), reserved.eq(0), self.error.eq(0), settled.eq(0),
+                stale.eq(stale + reserved - arriving),
+                remaining.eq(Mux(self.prog_len > max_words, max_words, self.prog_len)),
+                next_addr.eq(self.prog_addr),
+            ]
         with m.Elif(self.abort):
             m.d.sync += active.eq(0)
+        return m
+
+
+_LEGAL_FLAGS = {
+    # queue: (pop_prev, pop_next, push_prev, push_next) allowed
+    Queue.LOAD: (0, 1, 0, 1),
+    Queue.COMPUTE: (1, 1, 1, 1),
+    Queue.STORE: (1, 0, 1, 0),
+}
+
+
+def _used_bits(op: Opcode) -> int:
+    return max(f.offset + f.width for name, f in LAYOUTS[op] if name != "_reserved")
+
+
+#: Opcodes each queue executes (SYNC on any).
+_QUEUE_OPS = {q: [op for op, queue in QUEUE_OF.items() if queue is q] + [Opcode.SYNC] for q in Queue}
+
+_POOL_FIELDS = ("pool", "pool_h", "pool_w", "stride_h", "stride_w", "pad_top", "pad_left")
+
+
+def _kept_widths(config: AcceleratorConfig, op: Opcode) -> dict[str, int]:
+    """Low bits of each field of ``op`` that the units of ``config`` read, for every program the
+    ISA allows: row addresses need no more bits than their memory has rows (a row past it is an
+    error), the fields of SFU features the config lacks are unused (a STORE asking for one is an
+    error, a CONFIG's value for it is never read), and a SYNC's queue is spent at dispatch."""
+    widths = {name: f.width for name, f in LAYOUTS[op] if name != "_reserved"}
+
+    def cut(name: str, bits: int) -> None:
+        widths[name] = min(widths[name], bits)
+
+    acts, pools = config.sfu_activations, config.sfu_pooling
+    if op is Opcode.LOAD:
+        cut("dst_addr", max(config.spad_addr_bits, config.acc_addr_bits, config.requant_addr_bits))
+    elif op is Opcode.COMPUTE:
+        cut("a_addr", config.spad_addr_bits)
+        cut("b_addr", config.spad_addr_bits)
+        cut("acc_addr", config.acc_addr_bits)
+    elif op is Opcode.STORE:
+        cut("acc_addr", config.acc_addr_bits)
+        cut("qrow", config.requant_addr_bits)
+        if not config.sfu_residual:
+            cut("residual", 0)
+            cut("res_addr", 0)
+        if not pools:
+            for name in _POOL_FIELDS:
+                cut(name, 0)
+        if not acts:
+            cut("act", 0)
+    elif op is Opcode.CONFIG:
+        if "clip" not in acts:
+            cut("act_lo", 0)
+        if "relu6" not in acts and "clip" not in acts:
+            cut("act_hi", 0)
+        if "avg" not in pools:
+            for name in ("avg_mult", "avg_shift", "avg_tie_out"):
+                cut(name, 0)
+        if not config.sfu_residual:
+            cut("res_zp", 0)
+            cut("res_mult", 0)
+    elif op is Opcode.SYNC:
+        cut("queue", 0)
+    return widths
+
+
+def queue_kept_ranges(config: AcceleratorConfig, queue: Queue) -> list[tuple[int, int]]:
+    """Bit ranges ``[start, stop)`` of an instruction word that :class:`InstructionQueue` keeps
+    for ``queue``: every bit an opcode executed by the queue has its units read
+    (:func:`_kept_widths`); the other bits reach the units as zeros."""
+    kept = set()
+    for op in _QUEUE_OPS[queue]:
+        for name, f in LAYOUTS[op]:
+            if name != "_reserved":
+                kept.update(range(f.offset, f.offset + _kept_widths(config, op).get(name, f.width)))
+    ranges: list[tuple[int, int]] = []
+    for bit in sorted(kept):
+        if ranges and ranges[-1][1] == bit:
+            ranges[-1] = (ranges[-1][0], bit + 1)
+        else:
+            ranges.append((bit, bit + 1))
+    return ranges
+
+
+class InstructionQueue(wiring.Component):
+    """The ``depth`` instructions of one queue, written beat by beat.
+
+    ``w`` takes the beats of a word in order (``w.ready`` when an entry is free; it stays high
+    until the word is done); ``commit`` with the last beat makes the entry visible on ``r``,
+    without it the entry is dropped (an illegal word) and the next word overwrites it. Only the
+    bits of :func:`queue_kept_ranges` are stored, the others read zero. ``depth`` 1 is a single
+    entry of flip-flops; otherwise an output entry and ``depth - 1`` entries of storage
+    (flip-flops for one, memories for more: distributed RAM on ECP5), one memory per beat.
+    """
+
+    def __init__(self, config: AcceleratorConfig, queue: Queue, depth: int):
+        if not isinstance(depth, int) or not 1 <= depth <= 256:
+            raise ValueError(f"depth must be an integer between 1 and 256, not {depth!r}")
+        self.config = config
+        self.queue = queue
+        self.depth = depth
+        super().__init__({
+            "w": In(stream.Signature(BeatLayout(config))),
+            "commit": In(1),
+            "r": Out(stream.Signature(InstructionLayout())),
+            "empty": Out(1),
+        })
+
+    def _lanes(self) -> list[tuple[int, list[tuple[int, int]]]]:
+        """Per beat holding kept bits: (beat index, its kept word ranges)."""
+        width = self.config.dma_data_bits
+        lanes = []
+        for beat in range(_beats_per_instr(self.config)):
+            lo, hi = beat * width, (beat + 1) * width
+            parts = [(max(a, lo), min(b, hi)) for a, b in queue_kept_ranges(self.config, self.queue)
+                     if a < hi and b > lo]
+            if parts:
+                lanes.append((beat, parts))
+        return lanes
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        width = cfg.dma_data_bits
+        lanes = self._lanes()
+        # lane 0 (beat 0 always holds the header) carries the pc too
+        widths = [sum(b - a for a, b in parts) + (cfg.pc_bits if beat == 0 else 0) for beat, parts in lanes]
+        beat_in = self.w.payload
+
+        def lane_data(beat, parts):
+            bits = [beat_in.data[a - beat * width:b - beat * width] for a, b in parts]
+            return Cat(*bits, beat_in.pc) if beat == 0 else Cat(*bits)
+
+        writing = self.w.valid & self.w.ready
+        head = [Signal(w, name=f"head_{beat}") for w, (beat, _) in zip(widths, lanes, strict=True)]
+        pop = self.r.valid & self.r.ready
+
+        if self.depth == 1:
+            full = Signal()
+            m.d.comb += [self.w.ready.eq(~full), self.r.valid.eq(full), self.empty.eq(~full)]
+            for reg, (beat, parts) in zip(head, lanes, strict=True):
+                with m.If(writing & (beat_in.index == beat)):
+                    m.d.sync += reg.eq(lane_data(beat, parts))
+            with m.If(writing & self.commit):
+                m.d.sync += full.eq(1)
+            with m.Elif(pop):
+                m.d.sync += full.eq(0)
+        else:
+            inner = self.depth - 1
+            inner_level = Signal(range(inner + 1))
+            inner_read = Signal()
+            m.d.comb += [
+                self.w.ready.eq(inner_level != inner),
+                inner_read.eq((inner_level != 0) & (~self.r.valid | self.r.ready)),
+                self.empty.eq((inner_level == 0) & ~self.r.valid),
+            ]
+            if inner == 1:
+                for reg, (beat, parts), w in zip(head, lanes, widths, strict=True):
+                    slot = Signal(w, name=f"slot_{beat}")
+                    with m.If(writing & (beat_in.index == beat)):
+                        m.d.sync += slot.eq(lane_data(beat, parts))
+                    with m.If(inner_read):
+                        m.d.sync += reg.eq(slot)
+            else:
+                produce = Signal(range(inner))
+                consume = Signal(range(inner))
+                for reg, (beat, parts), w in zip(head, lanes, widths, strict=True):
+                    mem = Memory(shape=w, depth=inner, init=[])
+                    m.submodules[f"lane_{beat}"] = mem
+                    wp = mem.write_port()
+                    rp = mem.read_port()
+                    m.d.comb += [
+                        wp.addr.eq(produce), wp.data.eq(lane_data(beat, parts)),
+                        wp.en.eq(writing & (beat_in.index == beat)),
+                        rp.addr.eq(consume), rp.en.eq(inner_read), reg.eq(rp.data),
+                    ]
+                with m.If(writing & self.commit):
+                    m.d.sync += produce.eq(Mux(produce == inner - 1, 0, produce + 1))
+                with m.If(inner_read):
+                    m.d.sync += consume.eq(Mux(consume == inner - 1, 0, consume + 1))
+            m.d.sync += inner_level.eq(inner_level + (writing & self.commit) - inner_read)
+            with m.If(inner_read):
+                m.d.sync += self.r.valid.eq(1)
+            with m.Elif(self.r.ready):
+                m.d.sync += self.r.valid.eq(0)
+
+        # the word: kept bits where they belong, zeros elsewhere
+        pieces = []
+        for reg, (_, parts) in zip(head, lanes, strict=True):
+            offset = 0
+            for a, b in parts:
+                pieces.append((a, reg[offset:offset + b - a]))
+                offset += b - a
+        word = []
+        at = 0
+        for a, value in sorted(pieces, key=lambda piece: piece[0]):
+            if a > at:
+                word.append(Const(0, a - at))
+            word.append(value)
+            at = a + len(value)
+        m.d.comb += [self.r.payload.word.eq(Cat(*word)), self.r.payload.pc.eq(head[0][-cfg.pc_bits:])]
+        return m
+
+
+class Dispatcher(wiring.Component):
+    """Checks instructions and hands them to the three queues; executes FINISH.
+
+    Takes the program's words on ``beats``, one bus beat per cycle, and writes each beat into the
+    queue of its word as it passes; beat 0 (opcode, flags, a SYNC's queue) decides the queue and
+    waits until it has a free entry, every beat is checked for reserved bits, and the last one
+    commits the word (or stops dispatch with its error). ``queues[q]`` are the queue outputs
+    (``Queue`` order: load, compute, store). ``idle`` must be high when no unit or sequencer holds
+    work. ``done`` rises after FINISH (or an error) once everything is idle.
+    """
+
+    def __init__(self, config: AcceleratorConfig):
+        self.config = config
+        super().__init__({
+            "beats": In(stream.Signature(BeatLayout(config))),
+            "queues": Out(stream.Signature(InstructionLayout())).array(3),
+            "exhausted": In(1),
+            "idle": In(1),
+            "start": In(1),
+            "fetch_error": In(2),
+            "unit_error": In(4),
+            "unit_error_pc": In(32),
+            "halt": Out(1),
+            "done": Out(1),
+            "error": Out(4),
+            "error_pc": Out(32),
+            "stall_dispatch": Out(1),
+            "stall_fetch": Out(1),
+            "dispatched": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        width = cfg.dma_data_bits
+        last_index = _beats_per_instr(cfg) - 1
+        depths = (cfg.load_queue_depth, cfg.compute_queue_depth, cfg.store_queue_depth)
+        beat = self.beats.payload
+        queues = []
+        for q, depth in enumerate(depths):
+            queue = InstructionQueue(cfg, Queue(q), depth)
+            m.submodules[f"queue_{Queue(q).name.lower()}"] = queue
+            queues.append(queue)
+            m.d.comb += [
+                queue.w.payload.eq(beat),
+                self.queues[q].valid.eq(queue.r.valid & ~self.halt),
+                self.queues[q].payload.eq(queue.r.payload),
+                queue.r.ready.eq(self.queues[q].ready | self.halt),
+            ]
+
+        # -- beat 0: opcode, queue, flags (kept for the word's other beats) ---------------------
+        first = beat.index == 0
+        header = data.View(HEADER_LAYOUT, beat.data[:8])
+        opcode = header.opcode.as_value()
+        head_target = Signal(range(3))
+        head_known = Signal()          # an opcode of the ISA, and a SYNC names a queue
+        head_queued = Signal()         # it goes to a queue (all but FINISH)
+        head_flags_ok = Signal()
+        with m.Switch(opcode):
+            for op in Opcode:
+                with m.Case(op.value):
+                    m.d.comb += head_known.eq(1)
+                    if op is Opcode.FINISH:
+                        m.d.comb += head_flags_ok.eq(beat.data[4:8] == 0)
+                        continue
+                    m.d.comb += head_queued.eq(1)
+                    if op is Opcode.SYNC:
+                        queue = dict(LAYOUTS[op])["queue"]
+                        queue_field = beat.data[queue.offset:queue.offset + queue.width]
+                        m.d.comb += head_target.eq(queue_field)
+                        with m.If(queue_field == 3):
+                            m.d.comb += [head_known.eq(0), head_queued.eq(0)]
+                    else:
+                        m.d.comb += head_target.eq(QUEUE_OF[op].value)
+                    with m.Switch(head_target):
+                        for q, allowed in _LEGAL_FLAGS.items():
+                            with m.Case(q.value):
+                                bad = 0
+                                bits = (header.pop_prev, header.pop_next, header.push_prev, header.push_next)
+                                for bit, ok in zip(bits, allowed, strict=True):
+                                    if not ok:
+                                        bad = bad | bit
+                                m.d.comb += head_flags_ok.eq(~bad)
+        # head_known stays 0 for opcodes outside Opcode
+
+        word_is = Signal(len(Opcode))      # the word's opcode, one-hot in Opcode order
+        word_target = Signal(range(3))
+        word_queued = Signal()
+        word_illegal = Signal()        # unknown opcode or a reserved bit set, so far
+        word_flags_bad = Signal()
+        target = Mux(first, head_target, word_target)
+        queued = Mux(first, head_queued, word_queued)
+
+        # reserved bits in this beat: those at or above the end of the opcode's fields. Beat 0
+        # decodes its opcode (only the shortest instructions end in it); the later beats use the
+        # word's opcode, one-hot from beat 0 (a short path: timing)
+        reserved_set = Signal()
+        beat_any = beat.data.any()
+        partial = {}
+
+        def reserved_in_beat(code: Opcode):
+            k, r = divmod(_used_bits(code), width)
+            if r not in partial:
+                partial[r] = beat.data[r:].any()
+            return Mux(beat.index > k, beat_any, Mux(beat.index == k, partial[r], 0))
+
+        first_reserved = []
+        later_reserved = []
+        for i, code in enumerate(Opcode):
+            if _used_bits(code) < width:
+                first_reserved.append((opcode == code.value) & beat.data[_used_bits(code):].any())
+            later_reserved.append(word_is[i] & reserved_in_beat(code))
+        m.d.comb += reserved_set.eq(Mux(first, Cat(*first_reserved).any(), Cat(*later_reserved).any()))
+        illegal = Signal()
+        flags_bad = Signal()
+        m.d.comb += [
+            illegal.eq(Mux(first, ~head_known, word_illegal) | reserved_set),
+            flags_bad.eq(Mux(first, ~head_flags_ok, word_flags_bad)),
+        ]
+
+        # a beat is taken in RUN only (the fetcher is drained in HALT, into no queue)
+        dispatching = Signal()
+        accept = Signal()
+        m.d.comb += accept.eq(self.beats.valid & self.beats.ready & dispatching)
+        with m.If(accept):
+            m.d.sync += [word_illegal.eq(illegal), word_flags_bad.eq(flags_bad)]
+            with m.If(first):
+                m.d.sync += [word_is.eq(Cat(*(opcode == code.value for code in Opcode))),
+                             word_target.eq(head_target), word_queued.eq(head_queued)]
+        last = accept & (beat.index == last_index)
+        room = Signal()
+        m.d.comb += room.eq(Cat(*(queue.w.ready for queue in queues)).bit_select(target, 1))
+        for q, queue in enumerate(queues):
+            m.d.comb += [queue.w.valid.eq(accept & queued & (target == q)),
+                         queue.commit.eq(last & ~illegal & ~flags_bad)]
+
+        emptied = Signal()
+        m.d.comb += emptied.eq(queues[0].empty & queues[1].empty & queues[2].empty)
+        word_error = Signal(4)
+        word_error_pc = Signal(cfg.pc_bits)
+        with m.FSM(name="dispatch"):
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    m.d.sync += [self.done.eq(0), self.error.eq(0), self.error_pc.eq(0)]
+                    m.next = "RUN"
+            with m.State("RUN"):
+                with m.If(word_error != 0):          # the word before was illegal
+                    m.d.sync += [self.error.eq(word_error), self.error_pc.eq(word_error_pc), word_error.eq(0)]
+                    m.next = "HALT"
+                with m.Elif(self.fetch_error != 0):
+                    m.d.sync += [self.error.eq(self.fetch_error), self.error_pc.eq(beat.pc)]
+                    m.next = "HALT"
+                with m.Elif(self.unit_error != 0):
+                    m.d.sync += [self.error.eq(self.unit_error), self.error_pc.eq(self.unit_error_pc)]
+                    m.next = "HALT"
+                with m.Elif(self.beats.valid):
+                    # a word's first beat waits for room in its queue; the rest follow
+                    m.d.comb += [dispatching.eq(1), self.beats.ready.eq(~first | ~queued | room),
+                                 self.stall_dispatch.eq(first & queued & ~room)]
+                    # an illegal word halts dispatch in the next cycle (a short path: timing)
+                    with m.If(last):
+                        m.d.sync += word_error_pc.eq(beat.pc)
+                    with m.If(last & (illegal | flags_bad)):
+                        m.d.sync += word_error.eq(Mux(illegal, ERR_ILLEGAL, ERR_FLAGS))
+                    with m.Elif(last):
+                        m.d.comb += self.dispatched.eq(1)
+                        with m.If(~queued):
+                            m.next = "FINISH"
+                with m.Elif(self.exhausted):
+                    m.d.sync += [self.error.eq(ERR_NO_FINISH), self.error_pc.eq(beat.pc)]
+                    m.next = "HALT"
+                with m.Else():
+                    m.d.comb += self.stall_fetch.eq(1)
+            with m.State("FINISH"):
+                with m.If(self.unit_error != 0):
+                    m.d.sync += [self.error.eq(self.unit_error), self.error_pc.eq(self.unit_error_pc)]
+                    m.next = "HALT"
+                with m.Elif(self.idle & emptied):
+                    m.d.sync += self.done.eq(1)
+                    m.next = "IDLE"
+            with m.State("HALT"):
+                m.d.comb += self.halt.eq(1)
+                m.d.comb += self.beats.ready.eq(1)      # drain the fetcher
+                with m.If(self.idle & emptied):     # no stale entry for the next program
+                    m.d.sync += self.done.eq(1)
+                    m.next = "IDLE"
         return m
 
 
@@ -176,171 +610,6 @@ class TokenChannel(wiring.Component):
         m.d.sync += count.eq(count + self.push - self.pop)
         with m.If(self.clear):
             m.d.sync += count.eq(0)
-        return m
-
-
-_LEGAL_FLAGS = {
-    # queue: (pop_prev, pop_next, push_prev, push_next) allowed
-    Queue.LOAD: (0, 1, 0, 1),
-    Queue.COMPUTE: (1, 1, 1, 1),
-    Queue.STORE: (1, 0, 1, 0),
-}
-
-
-def _used_bits(op: Opcode) -> int:
-    return max(f.offset + f.width for name, f in LAYOUTS[op] if name != "_reserved")
-
-
-#: Opcodes each queue executes (SYNC on any).
-_QUEUE_OPS = {q: [op for op, queue in QUEUE_OF.items() if queue is q] + [Opcode.SYNC] for q in Queue}
-
-
-def queue_word_bits(queue: Queue) -> int:
-    """Low bits of an instruction word that the queue FIFO of ``queue`` stores: every field of
-    the opcodes it executes (the bits above them are zero once the dispatcher has checked them)."""
-    return max(_used_bits(op) for op in _QUEUE_OPS[queue])
-
-
-class Dispatcher(wiring.Component):
-    """Checks instructions and hands them to the three queues; executes FINISH.
-
-    ``queues[q]`` are the queue outputs (``Queue`` order: load, compute, store). ``idle`` must be
-    high when no unit or sequencer holds work. ``done`` rises after FINISH (or an error) once
-    everything is idle.
-    """
-
-    def __init__(self, config: AcceleratorConfig):
-        self.config = config
-        super().__init__({
-            "instr": In(stream.Signature(InstructionLayout())),
-            "queues": Out(stream.Signature(InstructionLayout())).array(3),
-            "exhausted": In(1),
-            "idle": In(1),
-            "start": In(1),
-            "fetch_error": In(2),
-            "unit_error": In(4),
-            "unit_error_pc": In(32),
-            "halt": Out(1),
-            "done": Out(1),
-            "error": Out(4),
-            "error_pc": Out(32),
-            "stall_dispatch": Out(1),
-            "stall_fetch": Out(1),
-            "dispatched": Out(1),
-        })
-
-    def elaborate(self, platform):
-        m = Module()
-        cfg = self.config
-        depths = (cfg.load_queue_depth, cfg.compute_queue_depth, cfg.store_queue_depth)
-        word = self.instr.payload.word
-        pc = self.instr.payload.pc
-        # each queue FIFO stores the fields of its opcodes and the pc; the reserved bits above
-        # them are zero (checked below), so the queue outputs give them back as constants
-        fifos = []
-        for q, depth in enumerate(depths):
-            bits = queue_word_bits(Queue(q))
-            f = fifo.SyncFIFOBuffered(width=bits + len(pc), depth=depth)
-            m.submodules[f"queue_{Queue(q).name.lower()}"] = f
-            fifos.append(f)
-            m.d.comb += [
-                f.w_data.eq(Cat(word[:bits], pc)),
-                self.queues[q].valid.eq(f.r_rdy & ~self.halt),
-                self.queues[q].payload.word.eq(f.r_data[:bits]),
-                self.queues[q].payload.pc.eq(f.r_data[bits:]),
-                f.r_en.eq(self.queues[q].ready | self.halt),
-            ]
-
-        header = data.View(HEADER_LAYOUT, word[:8])
-        opcode = header.opcode.as_value()
-        target = Signal(range(3))
-        legal = Signal()
-        flags_ok = Signal()
-        is_finish = Signal()
-        # reserved bits: the word is cut at every opcode's end of fields; each piece is tested
-        # for zero once, and an opcode's check ORs the pieces above its fields
-        ends = sorted({_used_bits(op) for op in Opcode} | {INSTR_BITS})
-        nonzero = {start: word[start:end].any() for start, end in zip(ends, ends[1:], strict=False)}
-
-        def reserved_zero(op: Opcode):
-            pieces = [flag for start, flag in nonzero.items() if start >= _used_bits(op)]
-            return ~Cat(*pieces).any()
-
-        with m.Switch(opcode):
-            for op in Opcode:
-                with m.Case(op.value):
-                    m.d.comb += legal.eq(reserved_zero(op))
-                    if op is Opcode.FINISH:
-                        m.d.comb += [is_finish.eq(1), flags_ok.eq(word[4:8] == 0)]
-                        continue
-                    if op is Opcode.SYNC:
-                        queue_field = data.View(LAYOUTS[op], word).queue.as_value()
-                        m.d.comb += target.eq(queue_field)
-                        with m.If(queue_field == 3):
-                            m.d.comb += legal.eq(0)
-                    else:
-                        m.d.comb += target.eq(QUEUE_OF[op].value)
-                    with m.Switch(target):
-                        for q, allowed in _LEGAL_FLAGS.items():
-                            with m.Case(q.value):
-                                bad = 0
-                                bits = (header.pop_prev, header.pop_next, header.push_prev, header.push_next)
-                                for bit, ok in zip(bits, allowed, strict=True):
-                                    if not ok:
-                                        bad = bad | bit
-                                m.d.comb += flags_ok.eq(~bad)
-        # legal stays 0 for opcodes outside Opcode
-
-        with m.FSM(name="dispatch"):
-            with m.State("IDLE"):
-                with m.If(self.start):
-                    m.d.sync += [self.done.eq(0), self.error.eq(0), self.error_pc.eq(0)]
-                    m.next = "RUN"
-            with m.State("RUN"):
-                with m.If(self.fetch_error != 0):
-                    m.d.sync += [self.error.eq(self.fetch_error), self.error_pc.eq(self.instr.payload.pc)]
-                    m.next = "HALT"
-                with m.Elif(self.unit_error != 0):
-                    m.d.sync += [self.error.eq(self.unit_error), self.error_pc.eq(self.unit_error_pc)]
-                    m.next = "HALT"
-                with m.Elif(self.instr.valid):
-                    with m.If(~legal):
-                        m.d.sync += [self.error.eq(ERR_ILLEGAL), self.error_pc.eq(self.instr.payload.pc)]
-                        m.next = "HALT"
-                    with m.Elif(~flags_ok):
-                        m.d.sync += [self.error.eq(ERR_FLAGS), self.error_pc.eq(self.instr.payload.pc)]
-                        m.next = "HALT"
-                    with m.Elif(is_finish):
-                        m.d.comb += [self.instr.ready.eq(1), self.dispatched.eq(1)]
-                        m.next = "FINISH"
-                    with m.Else():
-                        with m.Switch(target):
-                            for q in range(3):
-                                with m.Case(q):
-                                    m.d.comb += [
-                                        fifos[q].w_en.eq(1),
-                                        self.instr.ready.eq(fifos[q].w_rdy),
-                                        self.dispatched.eq(fifos[q].w_rdy),
-                                        self.stall_dispatch.eq(~fifos[q].w_rdy),
-                                    ]
-                with m.Elif(self.exhausted):
-                    m.d.sync += [self.error.eq(ERR_NO_FINISH), self.error_pc.eq(self.instr.payload.pc)]
-                    m.next = "HALT"
-                with m.Else():
-                    m.d.comb += self.stall_fetch.eq(1)
-            with m.State("FINISH"):
-                with m.If(self.unit_error != 0):
-                    m.d.sync += [self.error.eq(self.unit_error), self.error_pc.eq(self.unit_error_pc)]
-                    m.next = "HALT"
-                with m.Elif(self.idle & ~fifos[0].r_rdy & ~fifos[1].r_rdy & ~fifos[2].r_rdy):
-                    m.d.sync += self.done.eq(1)
-                    m.next = "IDLE"
-            with m.State("HALT"):
-                m.d.comb += self.halt.eq(1)
-                m.d.comb += self.instr.ready.eq(1)      # drain the fetcher
-                with m.If(self.idle):
-                    m.d.sync += self.done.eq(1)
-                    m.next = "IDLE"
         return m
 
 

@@ -5,15 +5,17 @@ and the RTL runner and host drivers read it from there. All registers are 32 bit
 two registers, low word first, whatever its width (``config.counter_bits``, 16 to 64: the bits
 above it read 0). Reading the low word of a counter latches its high word, so a 64-bit read is
 consistent; the counters share one latch, so a counter's high word must be read right after its
-low word (with no other counter's low word read in between).
+low word (with no other counter's low word read in between). The counters are kept in a memory
+(:class:`CSRBank`): exact once STATUS.done is set, a few cycles behind while a program runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from amaranth import Module, Mux, Signal
+from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .axi import RESP_OKAY, RESP_SLVERR, AXI4LiteSignature
@@ -43,7 +45,7 @@ COUNTERS = (
     ("stall_compute_token", "cycles the compute queue head waited for a token"),
     ("stall_store_token", "cycles the store queue head waited for a token"),
     ("stall_dispatch", "cycles the dispatcher waited for a full queue"),
-    ("stall_fetch", "cycles the dispatcher waited for an instruction from DRAM"),
+    ("stall_fetch", "cycles the dispatcher waited for an instruction word's next beat from DRAM"),
     ("dram_read_bytes", "bus bytes (beats x bus width) read by LOADs and residual reads, fetch excluded"),
     ("dram_write_bytes", "bus bytes (beats x bus width) written by STOREs"),
     ("instructions", "instructions dispatched"),
@@ -70,7 +72,8 @@ def _registers() -> tuple[Register, ...]:
         Register("config_hash_lo", 0x14, "ro", "config hash, low 32 bits"),
         Register("config_hash_hi", 0x18, "ro", "config hash, high 32 bits"),
         Register("pc", 0x1C, "ro", "index of the next instruction to dispatch"),
-        Register("prog_len", 0x20, "rw", "instructions in the program (the fetcher reads no further)"),
+        Register("prog_len", 0x20, "rw", "instructions in the program (the fetcher reads no further; taken "
+                                         "at start, at most dram_bytes / 64)"),
     ]
     offset = 0x40
     for name, doc in COUNTERS:
@@ -92,20 +95,44 @@ def register_map() -> dict[str, dict[str, object]]:
 
 
 class CSRBank(wiring.Component):
-    """AXI4-Lite register file of the accelerator.
+    """AXI4-Lite register file of the accelerator, with the performance counters.
 
     Ports toward the core: ``start``/``soft_reset`` pulses, ``prog_addr``, ``dram_base``,
-    ``busy``/``done``/``error``/``error_pc``/``pc`` status inputs, one ``counter_bits``-bit input
-    per counter (``counter_<name>``), and the constant config hash. Unknown addresses answer
-    SLVERR. The high word of the counter whose low word was read last is latched (one latch of
-    ``counter_bits`` - 32 flip-flops for all of them); with ``counter_bits`` <= 32 it reads 0.
+    ``busy``/``done``/``error``/``error_pc``/``pc`` status inputs, and per counter its increment in
+    this cycle (``increment_<name>``, ``increment_bits[name]`` bits, 1 by default). Unknown
+    addresses answer SLVERR.
+
+    The counters (``counter_bits`` wide, wrapping) live in a memory of one word per counter (block
+    RAM on iCE40, distributed RAM on ECP5), not in flip-flops, so that neither their adders nor the
+    read multiplexer grow with their number: each counter gathers its increments in a short
+    *pending* counter, and an update pipeline visits the counters in turn, one per cycle, adding
+    the pending count to the memory word (the low and the high 32 bits in two cycles, so no carry
+    chain is longer than 32 bits). ``settled`` is high when every increment so far is in the
+    memory: it takes at most ``2 * len(COUNTERS) + 4`` cycles after the increments stop, so
+    ``done`` should reach the host only with ``settled`` (the top level does that). ``start``
+    and ``soft_reset`` clear the counters (each reads 0 until the pipeline's next visit writes it).
+
+    A counter's low word is read from the memory (the host's read takes the pipeline's turn for
+    that cycle, and answers a cycle later than other registers); its high word is latched at the
+    same time: one latch of ``counter_bits`` - 32 flip-flops for all counters, none with
+    ``counter_bits`` <= 32 (the high words read 0).
     """
 
-    def __init__(self, config_hash: int, *, counter_bits: int = 64):
+    def __init__(self, config_hash: int, *, counter_bits: int = 64,
+                 increment_bits: dict[str, int] | None = None):
         if not isinstance(counter_bits, int) or not 1 <= counter_bits <= 64:
             raise ValueError(f"counter_bits must be an integer between 1 and 64, not {counter_bits!r}")
+        increment_bits = dict(increment_bits or {})
+        for name, bits in increment_bits.items():
+            if name not in _COUNTER_NAMES:
+                raise ValueError(f"increment_bits names counters ({', '.join(n for n, _ in COUNTERS)}), "
+                                 f"not {name!r}")
+            if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 32:
+                raise ValueError(f"increment_bits[{name!r}] must be an integer between 1 and 32, "
+                                 f"not {bits!r}")
         self.config_hash = config_hash
         self.counter_bits = counter_bits
+        self.increment_bits = {name: increment_bits.get(name, 1) for name, _ in COUNTERS}
         members = {
             "bus": In(AXI4LiteSignature(addr_width=CSR_ADDR_BITS)),
             "start": Out(1),
@@ -118,42 +145,134 @@ class CSRBank(wiring.Component):
             "error": In(4),
             "error_pc": In(32),
             "pc": In(32),
+            "settled": Out(1),
         }
         for name, _ in COUNTERS:
-            members[f"counter_{name}"] = In(counter_bits)
+            members[f"increment_{name}"] = In(self.increment_bits[name])
         super().__init__(members)
+
+    @staticmethod
+    def pending_bits(increment_bits: int) -> int:
+        """Width of a counter's pending count: the increments of the longest gap between two
+        visits of the update pipeline (``2 * len(COUNTERS) + 2`` cycles: host reads of counters
+        take at most every other turn)."""
+        return (((1 << increment_bits) - 1) * (2 * len(COUNTERS) + 2)).bit_length()
 
     def elaborate(self, platform):
         m = Module()
         bus = self.bus
+        bits = self.counter_bits
+        count = len(COUNTERS)
+        clear = Signal()
+        m.d.comb += clear.eq(self.start | self.soft_reset)
 
-        # reads: one outstanding, answered the cycle after the address
-        high_bits = max(0, self.counter_bits - 32)
-        latched_hi = Signal(high_bits)
+        # -- counters: pending counts, memory, update pipeline ----------------------------------
+        m.submodules.counters = counters = Memory(shape=bits, depth=count, init=[])
+        rp = counters.read_port()
+        wp = counters.write_port()
+        slot = Signal(range(count))          # the counter the pipeline visits this cycle
+        host_read = Signal()                 # the host reads a counter's low word: it has the port
+        host_index = Signal(range(count))
+        advance = Signal()
+        m.d.comb += [advance.eq(~host_read), rp.addr.eq(Mux(host_read, host_index, slot))]
+        with m.If(advance):
+            m.d.sync += slot.eq(Mux(slot == count - 1, 0, slot + 1))
+
+        # a counter is stale from a clear until the pipeline writes it: it reads as 0
+        stale = Signal(count, init=(1 << count) - 1)
+        pending = []
+        for index, (name, _) in enumerate(COUNTERS):
+            increment = getattr(self, f"increment_{name}")
+            p = Signal(self.pending_bits(len(increment)), name=f"pending_{name}")
+            pending.append(p)
+            with m.If(clear):
+                m.d.sync += p.eq(0)
+            with m.Elif(advance & (slot == index)):
+                m.d.sync += p.eq(increment)          # the visit takes what came before
+            with m.Else():
+                m.d.sync += p.eq(p + increment)
+        delta = Signal(max(len(p) for p in pending))
+        with m.Switch(slot):
+            for index, p in enumerate(pending):
+                with m.Case(index):
+                    m.d.comb += delta.eq(p)
+
+        # stage 1: the memory word arrives; low half + pending count
+        valid1, valid2 = Signal(), Signal()
+        addr1, addr2 = Signal(range(count)), Signal(range(count))
+        delta1 = Signal(len(delta))
+        stale1 = Signal()
+        m.d.sync += [valid1.eq(advance & ~clear), addr1.eq(slot), delta1.eq(delta),
+                     stale1.eq(stale.bit_select(slot, 1))]
+        base = Signal(bits)
+        m.d.comb += base.eq(Mux(stale1, 0, rp.data))
+        lo_bits = min(32, bits)
+        lo_sum = Signal(lo_bits + 1)
+        m.d.comb += lo_sum.eq(base[:lo_bits] + delta1[:lo_bits])
+        # stage 2: high half + carry, write back
+        lo2 = Signal(lo_bits)
+        m.d.sync += [valid2.eq(valid1 & ~clear), addr2.eq(addr1), lo2.eq(lo_sum[:lo_bits])]
+        if bits > lo_bits:
+            hi2 = Signal(bits - lo_bits)
+            carry2 = Signal()
+            hi_delta = delta1[lo_bits:] if len(delta1) > lo_bits else 0
+            m.d.sync += [hi2.eq(base[lo_bits:] + hi_delta), carry2.eq(lo_sum[lo_bits])]
+            word = Cat(lo2, hi2 + carry2)
+        else:
+            word = lo2
+        m.d.comb += [wp.addr.eq(addr2), wp.data.eq(word), wp.en.eq(valid2 & ~clear)]
+        with m.If(clear):
+            m.d.sync += stale.eq((1 << count) - 1)
+        with m.Elif(valid2):
+            m.d.sync += stale.bit_select(addr2, 1).eq(0)
+        # the pipeline runs all the time; a turn changes a word only if it adds a count (or
+        # clears a stale word, which keeps `stale` nonzero until its write)
+        moving1, moving2 = Signal(), Signal()
+        m.d.comb += moving1.eq(valid1 & (delta1 != 0))
+        m.d.sync += moving2.eq(moving1 & ~clear)
+        m.d.comb += self.settled.eq(~Cat(*pending).any() & ~moving1 & ~moving2 & (stale == 0))
+
+        # -- reads: one outstanding; answered the cycle after the address, a counter's low word
+        # (from the memory) one cycle later
+        high_bits = max(0, bits - 32)
+        # no latch at all for counters of 32 bits or less (their high words read 0)
+        latched_hi = Signal(high_bits) if high_bits else None
         read_value = Signal(32)
         read_resp = Signal(2)
+        counter_read = Signal()              # a counter's low word comes from the memory next cycle
+        counter_stale = Signal()
         with m.If(bus.r.valid & bus.r.ready):
             m.d.sync += bus.r.valid.eq(0)
-        m.d.comb += bus.ar.ready.eq(~bus.r.valid)
-        with m.If(bus.ar.valid & bus.ar.ready):
-            m.d.sync += [bus.r.valid.eq(1), bus.r.payload.data.eq(read_value),
-                         bus.r.payload.resp.eq(read_resp)]
+        m.d.comb += bus.ar.ready.eq(~bus.r.valid & ~counter_read)
+        m.d.sync += counter_read.eq(0)
+        with m.If(counter_read):
+            m.d.sync += [bus.r.valid.eq(1),
+                         bus.r.payload.data.eq(Mux(counter_stale, 0, rp.data[:32]))]
+            if latched_hi is not None:
+                m.d.sync += latched_hi.eq(Mux(counter_stale, 0, rp.data[32:]))
+        fire = bus.ar.valid & bus.ar.ready
         m.d.comb += read_resp.eq(RESP_OKAY)
+        is_counter = Signal()
         word = bus.ar.payload.addr[2:]
         with m.Switch(word):
             for reg in REGISTERS:
                 with m.Case(reg.offset >> 2):
-                    m.d.comb += read_value.eq(self._read_source(reg, latched_hi))
-                    if high_bits and reg.name.endswith("_lo") and reg.name[:-3] in _COUNTER_NAMES:
-                        name = reg.name[:-3]
-                        with m.If(bus.ar.valid & bus.ar.ready):
-                            m.d.sync += latched_hi.eq(getattr(self, f"counter_{name}")[32:])
-                    if reg.access == "wo":
-                        m.d.comb += read_value.eq(0)
+                    if reg.name.endswith("_lo") and reg.name[:-3] in _COUNTER_NAMES:
+                        index = [name for name, _ in COUNTERS].index(reg.name[:-3])
+                        m.d.comb += [is_counter.eq(1), host_index.eq(index)]
+                    elif reg.access != "wo":
+                        m.d.comb += read_value.eq(self._read_source(reg, latched_hi))
             with m.Default():
                 m.d.comb += read_resp.eq(RESP_SLVERR)
         with m.If(bus.ar.payload.addr[:2] != 0):
             m.d.comb += read_resp.eq(RESP_SLVERR)
+        m.d.comb += host_read.eq(fire & is_counter & (read_resp == RESP_OKAY))
+        with m.If(fire):
+            m.d.sync += bus.r.payload.resp.eq(read_resp)
+            with m.If(host_read):
+                m.d.sync += [counter_read.eq(1), counter_stale.eq(stale.bit_select(host_index, 1))]
+            with m.Else():
+                m.d.sync += [bus.r.valid.eq(1), bus.r.payload.data.eq(read_value)]
 
         # writes: address and data may arrive in any order; both are held until the response
         aw_addr = Signal(CSR_ADDR_BITS)
@@ -189,7 +308,7 @@ class CSRBank(wiring.Component):
             m.d.sync += bus.b.payload.resp.eq(Mux(ok, RESP_OKAY, RESP_SLVERR))
         return m
 
-    def _read_source(self, reg: Register, latched_hi: Signal):
+    def _read_source(self, reg: Register, latched_hi: Signal | None):
         name = reg.name
         if name == "status":
             return self.busy | (self.done << 1) | (self.error << 4)
@@ -203,10 +322,6 @@ class CSRBank(wiring.Component):
             return self.config_hash & 0xFFFF_FFFF
         if name == "config_hash_hi":
             return self.config_hash >> 32
-        if name == "ctrl":
-            return 0
-        base = name[:-3]
-        if name.endswith("_lo"):
-            return getattr(self, f"counter_{base}")[:32]
-        return latched_hi
+        # a counter's high word (the low words come from the counter memory)
+        return 0 if latched_hi is None else latched_hi
 

@@ -10,11 +10,17 @@ to back in DRAM, one run covers as many of them as lie on the same side of the i
 edge (an im2col row of several taps of few channels, an NCHW row cut by the padding). Four blocks,
 decoupled by FIFOs so that many bursts are in flight:
 
-* the *setup* stage computes the next command's coordinate steps (five multiply-adds) while the
-  generator still walks the current one, so consecutive commands follow without a gap;
-* the *generator* walks the loops (one run per cycle) and queues runs, and for each read run the
-  bus beats it still needs: a run whose first beat is the previous read run's last beat reuses it
-  (the aligner keeps the last beat), so consecutive rows or elements sharing a beat fetch it once;
+* the *setup* stage computes the next command's coordinate steps (five multiply-adds) and its
+  segment and row sizes while the generator still walks the current one, so consecutive commands
+  follow without a gap;
+* the *generator* is a pipeline that queues one run per cycle, and for each read run the bus
+  beats it still needs: a run whose first beat is the previous read run's last beat reuses it (the
+  aligner keeps the last beat), so consecutive rows or elements sharing a beat fetch it once. Its
+  *walker* steps through the loops one *stretch* per cycle (a row, a segment or an element: the
+  largest unit the command keeps contiguous in DRAM), with only loop counters and one adder per
+  coordinate on its loop; the next stage cuts the stretch at the image edges into at most three
+  pieces (padding, bytes read, padding), counted in units, the one after multiplies them into
+  bytes, and the *emitter* sends the pieces as runs, one per cycle;
 * the *burst issuer* merges the beat ranges of consecutive runs that are contiguous in DRAM into
   AXI4 INCR bursts (at most ``dma_max_burst`` beats, never across a 4 KiB boundary) and keeps at
   most ``dma_outstanding`` bursts in flight. A burst leaves as soon as the address channel is free
@@ -22,12 +28,18 @@ decoupled by FIFOs so that many bursts are in flight:
   full or the next range is not contiguous;
 * the *aligner* rotates each returned beat (and the kept previous beat) into place in a row buffer
   of bytes and hands out a finished destination row (row index, bytes, byte mask) per ``rows``
-  transfer, one row per cycle when a row needs at most one new beat.
+  transfer, one row per cycle when a row needs at most one new beat. A run is decoded (the row
+  bytes it covers, its rotation, the slot of its next beat) in a register stage before it
+  becomes the current run, so only the rotation and a byte select lie between the bus and the
+  row buffer.
 
 :class:`ScatterWriter` turns each output pixel into runs (the pixel's elements, or each element
 alone when they are not consecutive in DRAM), packs consecutive runs into bus beats (runs that meet
 in one beat share it) and contiguous beats into bursts; address, data and responses are pipelined,
-so the next burst's address goes out while the current one's data flows.
+so the next burst's address goes out while the current one's data flows. Its stages (the pixel
+being split into runs, the run being cut into beats, the beat being filled) are registers with
+handshakes that read only registered state and FIFO room, so the beat arithmetic never lies on a
+ready path.
 
 Element sizes (bytes) are given per command, so one engine serves the scratchpad, the accumulator
 and the requantize table; the consumer converts the bytes of a row into its memory's format.
@@ -154,18 +166,24 @@ class RowWriteLayout(data.StructLayout):
         })
 
 
+def _row_bits(config: AcceleratorConfig) -> int:
+    """Width of a destination row index inside the reader: the widest destination memory's row
+    address (every consumer takes its own memory's low bits of ``RowWriteLayout.row``; rows past a
+    memory wrap around, docs/arch-system.md)."""
+    return max(config.spad_addr_bits, config.acc_addr_bits, config.requant_addr_bits)
+
+
 class _RunLayout(data.StructLayout):
-    def __init__(self, row_bytes: int, beat_bytes: int):
+    def __init__(self, row_bytes: int, beat_bytes: int, row_bits: int):
         pos_bits = (row_bytes - 1).bit_length() + 1
         super().__init__({
             "read": unsigned(1),             # 1: bytes from DRAM, 0: padding
-            "row": unsigned(16),
+            "row": unsigned(row_bits),
             "row_end": unsigned(1),          # the last run of its destination row
             "last": unsigned(1),             # the last run of its command
             "pos": unsigned(pos_bits),       # first byte in the row buffer
             "nbytes": unsigned(pos_bits),
             "offset": unsigned(max(1, (beat_bytes - 1).bit_length())),  # address mod beat size
-            "beats": unsigned(pos_bits + 1), # bus beats the run's bytes lie in
             "share": unsigned(1),            # its first beat is the previous read run's last one
             "pad": signed(16),               # padding: the pad element
             "pad_mask": unsigned(2),         # padding: (element bytes - 1) mod 4
@@ -173,10 +191,11 @@ class _RunLayout(data.StructLayout):
 
 
 class _RangeLayout(data.StructLayout):
-    """Beats a read run needs from the bus: ``beats`` from beat index ``beat`` (address / beat size)."""
+    """Beats a read run needs from the bus: ``beats`` from beat index ``beat + skip`` (address /
+    beat size; ``skip``: the run's first beat is the previous run's last, already read)."""
 
     def __init__(self, row_bytes: int, beat_bits: int):
-        super().__init__({"beat": unsigned(_ADDR - beat_bits),
+        super().__init__({"beat": unsigned(_ADDR - beat_bits), "skip": unsigned(1),
                           "beats": unsigned((row_bytes - 1).bit_length() + 2)})
 
 
@@ -215,7 +234,9 @@ class GatherReader(wiring.Component):
         RB, BB = self.row_bytes, self.beat_bytes
         BBL = max(1, (BB - 1).bit_length())
         BIX = _ADDR - BBL                 # bits of a beat index
-        run_layout = _RunLayout(RB, BB)
+        RW = _row_bits(cfg)
+        run_layout = _RunLayout(RB, BB, RW)
+        beats_shape = unsigned((RB - 1).bit_length() + 2)   # beats a run spans
         range_layout = _RangeLayout(RB, BBL)
         pos_shape = run_layout.members["pos"]
 
@@ -234,10 +255,11 @@ class GatherReader(wiring.Component):
         # each, three of them < 2**32 together for every legal LOAD, as docs/isa.md bounds the
         # bytes a row reads), the start address only matters modulo 2**32.
         p = self.cmd.payload
-        names = ("start", "outer", "inner", "seg", "elem")
-        operands = [(p.y0, p.x0, 0), (p.outer_dy, p.outer_dx, p.outer_dc),
-                    (p.inner_dy, p.inner_dx, p.inner_dc), (p.seg_dy, p.seg_dx, p.seg_dc),
-                    (p.elem_dy, p.elem_dx, p.elem_dc)]
+        # (the element and segment steps first: the flags below need them)
+        names = ("elem", "seg", "start", "outer", "inner")
+        operands = [(p.elem_dy, p.elem_dx, p.elem_dc), (p.seg_dy, p.seg_dx, p.seg_dc),
+                    (p.y0, p.x0, 0), (p.outer_dy, p.outer_dx, p.outer_dc),
+                    (p.inner_dy, p.inner_dx, p.inner_dc)]
         pitches = (p.pitch_y, p.pitch_x, p.pitch_c)
         nstep = {name: Signal(_ADDR, name=f"next_step_{name}") for name in names}
         vector = Signal(range(len(names) + 1))    # the vector being computed; 5: all done
@@ -254,13 +276,21 @@ class GatherReader(wiring.Component):
             addends += [Mux(mul[0], pitch, 0) ^ negative.replicate(_ADDR), negative]
             left.append(Mux(negative, 0, mul >> 1))
         m.d.comb += total_next.eq(sum(addends))
+
+        def done_after(values):
+            """Nothing is left of the multipliers ``values`` after one more step."""
+            rest = [Mux(v == -1, 0, v >> 1) for v in values]
+            return ~Cat(*(r.any() for r in rest)).any()
+
+        # the current step is the vector's last: registered, computed a step ahead (it enables
+        # every setup register)
         finished = Signal()
-        m.d.comb += finished.eq(~Cat(*(value.any() for value in left)).any())
 
         def load(index):
-            stmts = [total.eq(p.dram_addr if index == 0 else 0)]
-            for mul, pitch, d, source in zip(multiplier, multiplicand, operands[index], pitches,
-                                             strict=True):
+            values = [Const(d, signed(8)) if isinstance(d, int) else d for d in operands[index]]
+            stmts = [total.eq(p.dram_addr if names[index] == "start" else 0),
+                     finished.eq(done_after(values))]
+            for mul, pitch, d, source in zip(multiplier, multiplicand, values, pitches, strict=True):
                 stmts += [mul.eq(d), pitch.eq(source)]
             return stmts
 
@@ -279,123 +309,152 @@ class GatherReader(wiring.Component):
                                 m.d.sync += load(index + 1)
                 m.d.sync += vector.eq(vector + 1)
             with m.Else():
-                m.d.sync += total.eq(total_next)
+                m.d.sync += [total.eq(total_next), finished.eq(done_after(left))]
                 for mul, pitch, value in zip(multiplier, multiplicand, left, strict=True):
                     m.d.sync += [mul.eq(value), pitch.eq(pitch << 1)]
 
-        # -- generator --------------------------------------------------------------------------
-        c = Signal(LoadCommandLayout())   # the command being generated (its unused fields are
-        active = Signal()                 # optimized away)
-        eb = c.elem_bytes
-        step = {name: Signal(_ADDR, name=f"step_{name}") for name in names[1:]}   # modulo 2**32
-        fast = Signal()
-        merge = Signal()                  # a run covers several consecutive units (see below)
-        seg_bytes = Signal(range(RB + 1)) # bytes of a segment
-        first_pos = Signal(pos_shape)     # row byte of element dst_col
+        # Meanwhile, one cycle each once the element and segment steps are known, what the
+        # generator needs of the command besides its fields (so that no product or wide
+        # comparison lies between the offered command and the generator): the sizes of a
+        # segment and of a row, the first row byte and the path (fast: a segment is consecutive
+        # in DRAM and shares one bounds test; merge: the units of a stretch are back to back in
+        # DRAM, see the walker).
+        seg_bytes_full = Signal(12)       # seg_len * elem_bytes, exact (compared with a step)
+        n_first_pos = Signal(pos_shape)
+        n_fast = Signal()
+        n_merge = Signal()
+        n_row_bytes = Signal(pos_shape)
+        flagged = Signal(2)               # flag cycles done
+        with m.If(~self.cmd.valid | accept):
+            m.d.sync += flagged.eq(0)
+        with m.Elif(loaded & (vector > names.index("seg"))):
+            with m.Switch(flagged):
+                with m.Case(0):
+                    m.d.sync += [
+                        seg_bytes_full.eq(_times(p.seg_len, p.elem_bytes)),
+                        n_first_pos.eq(_times(p.dst_col, p.elem_bytes)),
+                        n_fast.eq((nstep["elem"] == p.elem_bytes) &
+                                  (~p.bounded | ((p.elem_dy == 0) & (p.elem_dx == 0)))),
+                        flagged.eq(1),
+                    ]
+                with m.Case(1):
+                    m.d.sync += [
+                        n_row_bytes.eq(_times(p.segs, seg_bytes_full[:pos_shape.width])),
+                        n_merge.eq(Mux(
+                            n_fast,
+                            # segments back to back in DRAM, sharing y and stepping x by 0 or 1
+                            # (a segment longer than a row never is: the command is not legal)
+                            (nstep["seg"] == seg_bytes_full) &
+                            (~p.bounded | ((p.seg_dy == 0) & ((p.seg_dx == 0) | (p.seg_dx == 1)))),
+                            # elements back to back in DRAM along x (a bounded transposing walk)
+                            (nstep["elem"] == p.elem_bytes) & (p.elem_dy == 0) & (p.elem_dx == 1))),
+                        flagged.eq(2),
+                    ]
+        set_up = Signal()                 # (registered: off the accept path)
+        m.d.sync += set_up.eq(self.cmd.valid & ~accept & (vector == len(names)) & (flagged == 2))
 
-        # units left in the current row (fast) or segment, and rows left, counting the current one
-        o_left = Signal(16)
-        i_left = Signal(16)
-        s_left = Signal(9)
-        e_left = Signal(9)
-        # (y, x, address) at the start of the current outer row, row, segment and element
+        # -- generator: walker ------------------------------------------------------------------
+        # The walker steps through the LOAD's loops one *stretch* per cycle: a stretch is a whole
+        # destination row (fast path, segments merged: granularity ROW), one segment (fast path
+        # alone, or the elements of a segment merged: SEG) or one element (EL). A merged
+        # stretch's units (segments or elements) are back to back in DRAM and step x by
+        # `stretch_dx` (0 or 1) and y by 0, so a bounded stretch is at most three runs: padding
+        # left of the image, the bytes inside it, padding right of it. Only loop counters and
+        # one adder per coordinate lie on the walker's own loop; the split into runs happens in
+        # the stages after it.
+        GRAN_ROW, GRAN_SEG, GRAN_EL = 0, 1, 2
+        c = Signal(LoadCommandLayout())   # the command being walked (unused fields are optimized
+        active = Signal()                 # away)
+        eb = c.elem_bytes
+        step = {name: Signal(_ADDR, name=f"step_{name}") for name in names if name != "start"}
+        gran = Signal(2)
+        seg_bytes = Signal(pos_shape)     # bytes of a segment
+        first_pos = Signal(pos_shape)     # row byte of element dst_col
+        count = Signal(9)                 # units per stretch
+        unit_bytes = Signal(pos_shape)    # bytes per unit
+        stretch_bytes = Signal(pos_shape) # bytes per stretch
+        stretch_dx = Signal()             # the units of a stretch step x by 1 (else by 0)
+
+        # what is left of each loop, counting the current iteration, and whether it is the last
+        o_left, i_left = Signal(16), Signal(16)
+        s_left, e_left = Signal(8), Signal(8)
+        o_last, i_last, s_last, e_last = Signal(), Signal(), Signal(), Signal()
+        s_first_last, e_first_last = Signal(), Signal()   # a loop of one iteration
+        # (y, x, address) at the start of the current outer row, row, segment and element; the
+        # element level's is the current stretch's (every level below an advanced one moves too)
         lv = {}
         for level in ("out", "row", "seg", "el"):
             lv[level] = (Signal(signed(_COORD), name=f"{level}_y"), Signal(signed(_COORD), name=f"{level}_x"),
                          Signal(_ADDR, name=f"{level}_addr"))
         seg_pos = Signal(pos_shape)       # row byte of the current segment's first element
-        el_pos = Signal(pos_shape)        # ... of the current element
+        el_pos = Signal(pos_shape)        # ... of the current stretch
+        row_idx = Signal(RW)              # destination row of the current stretch
 
-        # Coordinates of what the generator emits now: the element level's, which equal the
-        # segment level's on the fast path (no element steps there).
+        # The first stage after the walker classifies the stretch against the image (registered
+        # comparisons only); the one after cuts it into (up to) three pieces, in units
+        # [0, a) padding, [a, b) read, [b, count) padding, and in bytes.
+        MODE_READ, MODE_PAD, MODE_SPLIT = 0, 1, 2
+        q_valid = Signal()
+        q_layout = data.StructLayout({
+            "addr": _ADDR, "pos": pos_shape, "row": RW, "row_end": 1, "last": 1,
+            "count": 9, "unit_bytes": pos_shape, "total": pos_shape,
+            "pad": signed(16), "pad_mask": 2,
+            "mode": 2,
+            # MODE_SPLIT: a = 0 if l_zero, count if l_full, else l_raw; b likewise from r_*
+            "l_zero": 1, "l_full": 1, "l_raw": 9, "r_zero": 1, "r_full": 1, "r_raw": 9,
+        })
+        q = Signal(q_layout)
+        go = Signal()                     # the walker hands its stretch on and advances
+        q_take = Signal()                 # the stage after q takes q's stretch
+
         y_now, x_now, addr_now = lv["el"]
-        inside = Signal()
         y_in = Signal()
-        m.d.comb += [
-            y_in.eq(~c.bounded | ((y_now >= 0) & (y_now < c.height))),
-            inside.eq(y_in & (~c.bounded | ((x_now >= 0) & (x_now < c.width)))),
-        ]
-
-        # A run is one *unit* (a segment on the fast path, an element otherwise) or, with `merge`,
-        # as many consecutive units of the segment (fast: of the row) as are consecutive in DRAM
-        # and all inside or all outside the image: units step x by 0 or 1 (and y by 0), so the
-        # stretch ends at the image's left or right edge.
-        rem = Signal(9)                   # units left in the row (fast) or the segment
-        m.d.comb += rem.eq(Mux(fast, s_left, e_left))
-        to_right = Signal(signed(_COORD + 1))
-        to_left = Signal(signed(_COORD + 1))
-        m.d.comb += [to_right.eq(c.width - x_now), to_left.eq(-x_now)]
-        steps_x = Signal()
-        m.d.comb += steps_x.eq(Mux(fast, c.seg_dx != 0, c.elem_dx != 0))
-        units = Signal(9)
-        with m.If(~merge):
-            m.d.comb += units.eq(1)
-        with m.Elif(~c.bounded | ~steps_x):
-            m.d.comb += units.eq(rem)
-        with m.Elif(inside):
-            m.d.comb += units.eq(Mux(to_right < rem, to_right, rem))
-        with m.Elif(y_in & (x_now < 0)):
-            m.d.comb += units.eq(Mux(to_left < rem, to_left, rem))
+        m.d.comb += y_in.eq((y_now >= 0) & (y_now < c.height))
+        to_left = Signal(signed(_COORD + 1))      # units left of the image (if positive)
+        to_right = Signal(signed(_COORD + 1))     # units left of the right edge
+        m.d.comb += [to_left.eq(-x_now), to_right.eq(c.width - x_now)]
+        mode = Signal(2)
+        with m.If(~c.bounded):
+            m.d.comb += mode.eq(MODE_READ)
+        with m.Elif(~y_in):
+            m.d.comb += mode.eq(MODE_PAD)
+        with m.Elif(stretch_dx):
+            m.d.comb += mode.eq(MODE_SPLIT)
+        with m.Elif((to_left <= 0) & (to_right > 0)):
+            m.d.comb += mode.eq(MODE_READ)
         with m.Else():
-            m.d.comb += units.eq(rem)
-        # a run's bytes fit the row (units <= RB): its size is a short product
-        run_bytes = Signal(range(RB + 1))
-        m.d.comb += run_bytes.eq(_times(units[:(RB + 1).bit_length()], Mux(fast, seg_bytes, eb)))
-        row_idx = Signal(16)              # destination row of the current position
-        pos_now = el_pos                  # (seg_pos on the fast path, the same value)
+            m.d.comb += mode.eq(MODE_PAD)
+        walk_last = Signal()              # the current stretch is the command's last
+        row_last = Signal()               # ... the last of its destination row
+        m.d.comb += [row_last.eq(e_last & s_last), walk_last.eq(row_last & i_last & o_last)]
+        with m.If(go):
+            m.d.sync += [
+                q_valid.eq(1),
+                q.addr.eq(addr_now), q.pos.eq(el_pos), q.row.eq(row_idx),
+                q.row_end.eq(row_last), q.last.eq(walk_last),
+                q.count.eq(count), q.unit_bytes.eq(unit_bytes), q.total.eq(stretch_bytes),
+                q.pad.eq(c.pad_value), q.pad_mask.eq((eb - 1)[:2]),
+                q.mode.eq(mode),
+                q.l_zero.eq(to_left <= 0), q.l_full.eq(to_left >= count), q.l_raw.eq(to_left),
+                q.r_zero.eq(to_right <= 0), q.r_full.eq(to_right >= count), q.r_raw.eq(to_right),
+            ]
+        with m.Elif(q_take):
+            m.d.sync += q_valid.eq(0)
+        m.d.comb += go.eq(active & (~q_valid | q_take))
 
-        # beat reuse: the last beat of the previous read run of this command
-        last_beat = Signal(BIX)
-        have_last = Signal()
-        first_beat = Signal(BIX)
-        end_beat = Signal(BIX)
-        m.d.comb += [first_beat.eq(addr_now[BBL:_ADDR]),
-                     end_beat.eq((addr_now + run_bytes - 1)[BBL:_ADDR])]
-
-        run = Signal(run_layout)
-        seg_units = Signal(9)             # segments this run finishes
-        m.d.comb += seg_units.eq(Mux(fast, units, 1))
-        last_elem = Signal()
-        last_seg = Signal()
-        last_row_inner = Signal()
-        last_outer = Signal()
-        m.d.comb += [
-            last_elem.eq(fast | (e_left == units)),
-            last_seg.eq(s_left == seg_units),
-            last_row_inner.eq(i_left == 1),
-            last_outer.eq(o_left == 1),
-            run.read.eq(inside),
-            run.row.eq(row_idx),
-            run.row_end.eq(last_elem & last_seg),
-            run.last.eq(last_elem & last_seg & last_row_inner & last_outer),
-            run.pos.eq(pos_now),
-            run.nbytes.eq(run_bytes),
-            run.offset.eq(addr_now[:BBL]),
-            run.beats.eq((addr_now[:BBL] + run_bytes + BB - 1) >> BBL),
-            run.share.eq(inside & have_last & (first_beat == last_beat)),
-            run.pad.eq(c.pad_value),
-            run.pad_mask.eq((eb - 1)[:2]),
-        ]
-        new_range = Signal(range_layout)
-        m.d.comb += [new_range.beat.eq(first_beat + run.share), new_range.beats.eq(run.beats - run.share)]
-        wants_range = Signal()
-        m.d.comb += wants_range.eq(inside & (new_range.beats != 0))
-
-        emit = Signal()
-        m.d.comb += emit.eq(active & runs.w_rdy & (~wants_range | ranges.w_rdy))
         # Advancing a loop level moves that level and every level below it to the level's
-        # position plus its step; the command's start loads every level (step 0). One adder
-        # per coordinate does all of it. Merged units step x by 1 (or 0) each and y by 0, and
-        # are run_bytes long together.
+        # position plus its step: one adder per coordinate, its operands chosen by the loops'
+        # last flags alone; `go` only enables the registers, and the command's start loads
+        # every level past the adder.
         levels = ("el", "seg", "row", "out")
-        advance = Signal(len(levels) + 1)   # one-hot: element, segment, row, outer row, start
+        advance = Signal(len(levels))     # one-hot: element, segment, row, outer row
+        m.d.comb += advance.eq(Mux(~e_last, 0b0001, Mux(~s_last, 0b0010, Mux(~i_last, 0b0100, 0b1000))))
         base, delta, moved = ([Signal.like(value, name=f"{kind}_{axis}")
                                for axis, value in zip("yxa", lv["el"], strict=True)]
                               for kind in ("base", "delta", "moved"))
         deltas = [
-            (c.elem_dy, Mux(merge, units, c.elem_dx), Mux(merge, run_bytes, step["elem"])),
-            (c.seg_dy, Mux(merge & fast, Mux(c.seg_dx == 0, 0, units), c.seg_dx),
-             Mux(merge & fast, run_bytes, step["seg"])),
+            (c.elem_dy, c.elem_dx, step["elem"]),
+            (c.seg_dy, c.seg_dx, step["seg"]),
             (c.inner_dy, c.inner_dx, step["inner"]),
             (c.outer_dy, c.outer_dx, step["outer"]),
         ]
@@ -404,68 +463,178 @@ class GatherReader(wiring.Component):
                 with m.Case(1 << index):
                     m.d.comb += [b.eq(v) for b, v in zip(base, lv[level], strict=True)]
                     m.d.comb += [d.eq(v) for d, v in zip(delta, deltas[index], strict=True)]
-            with m.Default():           # the start: (y0, x0, start address), nothing added
-                m.d.comb += [base[0].eq(p.y0), base[1].eq(p.x0), base[2].eq(nstep["start"])]
         m.d.comb += [n.eq(b + d) for n, b, d in zip(moved, base, delta, strict=True)]
         for index, level in enumerate(levels):
-            with m.If(advance[index:].any()):
+            with m.If(accept):            # the start: (y0, x0, start address)
+                m.d.sync += [v.eq(n) for v, n in zip(lv[level], (p.y0, p.x0, nstep["start"]),
+                                                     strict=True)]
+            with m.Elif(go & advance[index:].any()):
                 m.d.sync += [v.eq(n) for v, n in zip(lv[level], moved, strict=True)]
 
-        with m.If(emit):
-            with m.If(inside):
-                m.d.sync += [last_beat.eq(end_beat), have_last.eq(1)]
-            # advance the loops
-            with m.If(~last_elem):
-                m.d.comb += advance.eq(0b00001)
-                m.d.sync += [e_left.eq(e_left - units), el_pos.eq(el_pos + run_bytes)]
-            with m.Elif(~last_seg):
-                m.d.comb += advance.eq(0b00010)
-                npos = seg_pos + Mux(fast, run_bytes, seg_bytes)
-                m.d.sync += [e_left.eq(c.seg_len), s_left.eq(s_left - seg_units),
-                             seg_pos.eq(npos), el_pos.eq(npos)]
-            with m.Elif(~last_row_inner):
-                m.d.comb += advance.eq(0b00100)
-                m.d.sync += [e_left.eq(c.seg_len), s_left.eq(c.segs), i_left.eq(i_left - 1),
-                             row_idx.eq(row_idx + 1), seg_pos.eq(first_pos), el_pos.eq(first_pos)]
-            with m.Elif(~last_outer):
-                m.d.comb += advance.eq(0b01000)
-                m.d.sync += [e_left.eq(c.seg_len), s_left.eq(c.segs), i_left.eq(c.rows_inner),
-                             o_left.eq(o_left - 1),
-                             row_idx.eq(row_idx + 1), seg_pos.eq(first_pos), el_pos.eq(first_pos)]
+        e_count = Signal(8)               # iterations of the element and segment loops
+        s_count = Signal(8)
+        m.d.comb += [e_count.eq(Mux(gran == GRAN_EL, c.seg_len, 1)),
+                     s_count.eq(Mux(gran == GRAN_ROW, 1, c.segs))]
+        with m.If(go):
+            with m.If(~e_last):
+                m.d.sync += [e_left.eq(e_left - 1), e_last.eq(e_left == 2),
+                             el_pos.eq(el_pos + eb)]
+            with m.Elif(~s_last):
+                m.d.sync += [e_left.eq(e_count), e_last.eq(e_first_last),
+                             s_left.eq(s_left - 1), s_last.eq(s_left == 2),
+                             seg_pos.eq(seg_pos + seg_bytes), el_pos.eq(seg_pos + seg_bytes)]
             with m.Else():
-                m.d.sync += active.eq(0)
+                m.d.sync += [e_left.eq(e_count), e_last.eq(e_first_last),
+                             s_left.eq(s_count), s_last.eq(s_first_last),
+                             row_idx.eq(row_idx + 1), seg_pos.eq(first_pos), el_pos.eq(first_pos)]
+                with m.If(~i_last):
+                    m.d.sync += [i_left.eq(i_left - 1), i_last.eq(i_left == 2)]
+                with m.Elif(~o_last):
+                    m.d.sync += [i_left.eq(c.rows_inner), i_last.eq(c.rows_inner == 1),
+                                 o_left.eq(o_left - 1), o_last.eq(o_left == 2)]
+                with m.Else():
+                    m.d.sync += active.eq(0)
 
-        # take the offered command once set up, in the cycle the current one emits its last run
+        # take the offered command once set up, in the cycle the walker leaves the current one
         m.d.comb += [
-            accept.eq(self.cmd.valid & (vector == len(names)) & (~active | (emit & run.last))),
+            accept.eq(self.cmd.valid & set_up & (~active | (go & walk_last))),
             self.cmd.ready.eq(accept),
         ]
-        next_fast = Signal()
-        m.d.comb += next_fast.eq((nstep["elem"] == p.elem_bytes) &
-                                 (~p.bounded | ((p.elem_dy == 0) & (p.elem_dx == 0))))
-        next_seg_bytes = Signal(range(RB + 1))
-        m.d.comb += next_seg_bytes.eq(_times(p.seg_len, p.elem_bytes))
-        next_merge = Signal()
-        m.d.comb += next_merge.eq(Mux(
-            next_fast,
-            # segments back to back in DRAM, sharing y and stepping x by 0 or 1 (a segment
-            # longer than a row never is: the command is not legal)
-            (nstep["seg"] == _times(p.seg_len, p.elem_bytes)) &
-            (~p.bounded | ((p.seg_dy == 0) & ((p.seg_dx == 0) | (p.seg_dx == 1)))),
-            # elements back to back in DRAM along x (a bounded transposing walk)
-            (nstep["elem"] == p.elem_bytes) & (p.elem_dy == 0) & (p.elem_dx == 1)))
         with m.If(accept):
+            n_gran = Mux(n_fast & n_merge, GRAN_ROW, Mux(n_fast | n_merge, GRAN_SEG, GRAN_EL))
+            n_e_count = Mux(~n_fast & ~n_merge, p.seg_len, 1)
+            n_s_count = Mux(n_fast & n_merge, 1, p.segs)
             m.d.sync += [
-                c.eq(p), active.eq(1), have_last.eq(0),
-                fast.eq(next_fast), merge.eq(next_merge), seg_bytes.eq(next_seg_bytes),
-                o_left.eq(p.rows_outer), i_left.eq(p.rows_inner), s_left.eq(p.segs),
-                e_left.eq(p.seg_len),
+                c.eq(p), active.eq(1),
+                gran.eq(n_gran),
+                seg_bytes.eq(seg_bytes_full), first_pos.eq(n_first_pos),
+                count.eq(Mux(n_fast & n_merge, p.segs, Mux(~n_fast & n_merge, p.seg_len, 1))),
+                unit_bytes.eq(Mux(n_fast, seg_bytes_full, p.elem_bytes)),
+                stretch_bytes.eq(Mux(n_fast & n_merge, n_row_bytes,
+                                     Mux(n_fast | n_merge, seg_bytes_full, p.elem_bytes))),
+                stretch_dx.eq(Mux(n_fast, p.seg_dx == 1, 1) & n_merge),
+                o_left.eq(p.rows_outer), o_last.eq(p.rows_outer == 1),
+                i_left.eq(p.rows_inner), i_last.eq(p.rows_inner == 1),
+                s_left.eq(n_s_count), s_last.eq(n_s_count == 1), s_first_last.eq(n_s_count == 1),
+                e_left.eq(n_e_count), e_last.eq(n_e_count == 1), e_first_last.eq(n_e_count == 1),
                 row_idx.eq(p.dst_addr),
-                seg_pos.eq(_times(p.dst_col, p.elem_bytes)), el_pos.eq(_times(p.dst_col, p.elem_bytes)),
-                first_pos.eq(_times(p.dst_col, p.elem_bytes)),
+                seg_pos.eq(n_first_pos), el_pos.eq(n_first_pos),
             ]
-            m.d.sync += [step[name].eq(nstep[name]) for name in names[1:]]
-            m.d.comb += advance.eq(0b10000)     # every level to the start
+            m.d.sync += [value.eq(nstep[name]) for name, value in step.items()]
+
+        # -- generator: pieces in bytes ---------------------------------------------------------
+        r_valid = Signal()
+        r_layout = data.StructLayout({
+            "addr": _ADDR, "pos": pos_shape, "row": RW, "row_end": 1, "last": 1,
+            "a_bytes": pos_shape, "b_bytes": pos_shape, "todo": 3, "total": pos_shape,
+            "pad": signed(16), "pad_mask": 2,
+            "left": 1,                    # the stretch starts with padding (a > 0)
+        })
+        r = Signal(r_layout)
+        r_take = Signal()                 # the emitter finishes r's stretch
+        m.d.comb += q_take.eq(q_valid & (~r_valid | r_take))
+
+        def units(zero, full, raw):
+            """(units, bytes) of a cut: 0, the whole stretch, or ``raw`` units."""
+            n = Signal(9)
+            nbytes = Signal(pos_shape)
+            m.d.comb += [n.eq(Mux(zero, 0, Mux(full, q.count, raw))),
+                         # raw < count, and the stretch fits the row: a short product
+                         nbytes.eq(Mux(zero, 0, Mux(full, q.total, _times(raw, q.unit_bytes))))]
+            return n, nbytes
+
+        a_cut, a_cut_bytes = units(q.l_zero, q.l_full, q.l_raw)
+        b_cut, b_cut_bytes = units(q.r_zero, q.r_full, q.r_raw)
+        a_now, b_now = Signal(9), Signal(9)
+        a_bytes, b_bytes = Signal(pos_shape), Signal(pos_shape)
+        with m.Switch(q.mode):
+            with m.Case(MODE_READ):
+                m.d.comb += [a_now.eq(0), b_now.eq(q.count), a_bytes.eq(0), b_bytes.eq(q.total)]
+            with m.Case(MODE_PAD):
+                m.d.comb += [a_now.eq(q.count), b_now.eq(q.count), a_bytes.eq(q.total),
+                             b_bytes.eq(q.total)]
+            with m.Default():
+                m.d.comb += [a_now.eq(a_cut), b_now.eq(b_cut), a_bytes.eq(a_cut_bytes),
+                             b_bytes.eq(b_cut_bytes)]
+        todo_now = Signal(3)
+        m.d.comb += todo_now.eq(Cat(a_now != 0, b_now != a_now, b_now != q.count))
+        with m.If(q_take):
+            m.d.sync += [
+                r_valid.eq(1),
+                r.addr.eq(q.addr), r.pos.eq(q.pos), r.row.eq(q.row), r.row_end.eq(q.row_end),
+                r.last.eq(q.last), r.total.eq(q.total), r.pad.eq(q.pad), r.pad_mask.eq(q.pad_mask),
+                r.a_bytes.eq(a_bytes), r.b_bytes.eq(b_bytes),
+                # a stretch of no unit (not a legal LOAD) still ends its row
+                r.todo.eq(Mux(todo_now == 0, 0b010, todo_now)), r.left.eq(todo_now[0]),
+            ]
+        with m.Elif(r_take):
+            m.d.sync += r_valid.eq(0)
+
+        # -- generator: emitter, one run per cycle ------------------------------------------------
+        # beat reuse: the last beat of the previous read run of this command
+        last_beat = Signal(BIX)
+        have_last = Signal()
+        piece = Signal(3)                 # one-hot: the lowest piece still to emit
+        m.d.comb += piece.eq(r.todo & -r.todo)
+        final = Signal()                  # ... is the stretch's last
+        m.d.comb += final.eq((r.todo & ~piece) == 0)
+        read = piece[1]
+        start = Signal(pos_shape)
+        stop = Signal(pos_shape)
+        with m.Switch(piece):
+            with m.Case(0b001):
+                m.d.comb += [start.eq(0), stop.eq(r.a_bytes)]
+            with m.Case(0b010):
+                m.d.comb += [start.eq(r.a_bytes), stop.eq(r.b_bytes)]
+            with m.Default():
+                m.d.comb += [start.eq(r.b_bytes), stop.eq(r.total)]
+        # The read piece's first byte: the stretch's, or, after a padding piece, the address
+        # registered while that piece left (no adder on the emitter's path).
+        read_addr = Signal(_ADDR)
+        after_pad = Signal(_ADDR)
+        m.d.comb += read_addr.eq(Mux(r.left, after_pad, r.addr))
+        read_end = Signal(_ADDR)          # ... and its last byte
+        m.d.comb += read_end.eq(read_addr + (r.b_bytes - r.a_bytes) - 1)
+        first_beat = Signal(BIX)
+        m.d.comb += first_beat.eq(read_addr[BBL:])
+
+        run = Signal(run_layout)
+        m.d.comb += [
+            run.read.eq(read),
+            run.row.eq(r.row),
+            run.row_end.eq(r.row_end & final),
+            run.last.eq(r.last & final),
+            run.pos.eq(r.pos + start),
+            run.nbytes.eq(stop - start),
+            run.offset.eq(read_addr[:BBL]),
+            run.share.eq(read & have_last & (first_beat == last_beat)),
+            run.pad.eq(r.pad),
+            run.pad_mask.eq(r.pad_mask),
+        ]
+        run_beats = Signal(beats_shape)   # bus beats the read piece's bytes lie in
+        m.d.comb += run_beats.eq((read_addr[:BBL] + (r.b_bytes - r.a_bytes) + BB - 1) >> BBL)
+        new_range = Signal(range_layout)
+        m.d.comb += [new_range.beat.eq(first_beat), new_range.skip.eq(run.share),
+                     new_range.beats.eq(run_beats - run.share)]
+        wants_range = Signal()
+        m.d.comb += wants_range.eq(read & ~(run.share & (run_beats == 1)))
+
+        # (the range FIFO's room is asked of every run, so that the emitter's handshake does not
+        # wait for the beat comparison)
+        emit = Signal()
+        # room in both FIFOs, from their levels one cycle earlier (at most one write since)
+        room = Signal()
+        m.d.sync += room.eq((runs.level < runs.depth - 2) & (ranges.level < ranges.depth - 2))
+        m.d.comb += [emit.eq(r_valid & room), r_take.eq(emit & final)]
+        with m.If(emit & piece[0]):
+            m.d.sync += after_pad.eq(r.addr + r.a_bytes)
+        with m.If(emit):
+            with m.If(~final):            # (a final piece leaves r to the next stretch)
+                m.d.sync += r.todo.eq(r.todo & ~piece)
+            with m.If(run.last):
+                m.d.sync += have_last.eq(0)     # each command reads its own beats
+            with m.Elif(read):
+                m.d.sync += [last_beat.eq(read_end[BBL:]), have_last.eq(1)]
         m.d.comb += [
             runs.w_data.eq(run),
             runs.w_en.eq(emit),
@@ -475,19 +644,26 @@ class GatherReader(wiring.Component):
 
         # -- burst issuer -----------------------------------------------------------------------
         N, MB = cfg.dma_outstanding, cfg.dma_max_burst
+        # the range being issued, taken from the FIFO into registers (what is left of it), so that
+        # no adder lies before the contiguity test
         head = Signal(range_layout)
         m.d.comb += head.eq(ranges.r_data)
-        have_head = ranges.r_rdy
-        issued = Signal(range_layout.members["beats"])      # beats of the head range already taken
+        beats_shape_r = range_layout.members["beats"]
+        per_page = _PAGE // BB
+        have_head = Signal()
         head_beat = Signal(BIX)
-        head_left = Signal(range_layout.members["beats"])
-        m.d.comb += [head_beat.eq(head.beat + issued), head_left.eq(head.beats - issued)]
+        head_left = Signal(beats_shape_r)
+        head_dist = Signal(range(per_page + 1))    # beats from head_beat to the next 4 KiB boundary
 
+        # The burst being merged keeps how far it may still grow (`p_room`: up to dma_max_burst
+        # beats, never across 4 KiB) and where it ends, so that every decision below is a short
+        # comparison of registers.
         len_shape = range(MB + 1)
-        p_valid = Signal()                # the burst being merged
+        p_valid = Signal()
         p_beat = Signal(BIX)
         p_len = Signal(len_shape)
-        p_cap = Signal(len_shape)
+        p_room = Signal(len_shape)
+        p_end = Signal(BIX)               # p_beat + p_len
         o_valid = Signal()                # the burst offered on AR
         o_beat = Signal(BIX)
         o_len = Signal(len_shape)
@@ -502,45 +678,59 @@ class GatherReader(wiring.Component):
         hungry = flight_beats < cfg.dram_latency + 4
 
         contiguous = Signal()
-        m.d.comb += contiguous.eq(p_valid & have_head & (head_beat == p_beat + p_len) & (p_len != p_cap))
-        grown = Signal(len_shape)
-        m.d.comb += grown.eq(p_len + _min(head_left, p_cap - p_len))
+        m.d.comb += contiguous.eq(p_valid & have_head & (head_beat == p_end) & (p_room != 0))
+        head_fits = Signal()              # the rest of the head range fits the burst's room
+        m.d.comb += head_fits.eq(head_left <= p_room)
+        grow = Signal(len_shape)
+        m.d.comb += grow.eq(Mux(head_fits, head_left, p_room))
         new_cap = Signal(len_shape)
-        m.d.comb += new_cap.eq(_cap(head_beat, BB, MB))
+        m.d.comb += new_cap.eq(Mux(head_dist < MB, head_dist, MB))
+        new_fits = Signal()
+        m.d.comb += new_fits.eq(head_left <= new_cap)
         new_len = Signal(len_shape)
-        m.d.comb += new_len.eq(_min(head_left, new_cap))
+        m.d.comb += new_len.eq(Mux(new_fits, head_left, new_cap))
 
-        take = Signal(range_layout.members["beats"])        # beats taken from the head range
+        take = Signal(beats_shape_r)      # beats taken from the head range
+        take_new = Signal()               # a new burst starts with the head range
         load_o = Signal()
         load_beat = Signal(BIX)
         load_len = Signal(len_shape)
         with m.If(contiguous):
-            m.d.comb += take.eq(grown - p_len)
-            with m.If(out_free & ((grown == p_cap) | hungry)):
-                m.d.comb += [load_o.eq(1), load_beat.eq(p_beat), load_len.eq(grown)]
+            m.d.comb += take.eq(grow)
+            with m.If(out_free & (~head_fits | (head_left == p_room) | hungry)):
+                m.d.comb += [load_o.eq(1), load_beat.eq(p_beat), load_len.eq(p_len + grow)]
                 m.d.sync += p_valid.eq(0)
             with m.Else():
-                m.d.sync += p_len.eq(grown)
+                m.d.sync += [p_len.eq(p_len + grow), p_room.eq(p_room - grow), p_end.eq(p_end + grow)]
         with m.Elif(p_valid):
             # not extendable (full, a gap, or nothing queued): send it, start the next one
             with m.If(out_free):
                 m.d.comb += [load_o.eq(1), load_beat.eq(p_beat), load_len.eq(p_len)]
                 m.d.sync += p_valid.eq(have_head)
                 with m.If(have_head):
-                    m.d.comb += take.eq(new_len)
-                    m.d.sync += [p_beat.eq(head_beat), p_len.eq(new_len), p_cap.eq(new_cap)]
+                    m.d.comb += [take.eq(new_len), take_new.eq(1)]
+                    m.d.sync += [p_beat.eq(head_beat), p_len.eq(new_len), p_room.eq(new_cap - new_len),
+                                 p_end.eq(head_beat + new_len)]
         with m.Elif(have_head):
-            m.d.comb += take.eq(new_len)
-            with m.If(out_free & ((new_len == new_cap) | hungry)):
+            m.d.comb += [take.eq(new_len), take_new.eq(1)]
+            with m.If(out_free & (~new_fits | (head_left == new_cap) | hungry)):
                 m.d.comb += [load_o.eq(1), load_beat.eq(head_beat), load_len.eq(new_len)]
             with m.Else():
-                m.d.sync += [p_valid.eq(1), p_beat.eq(head_beat), p_len.eq(new_len), p_cap.eq(new_cap)]
-        with m.If(take != 0):
-            with m.If(take == head_left):
-                m.d.comb += ranges.r_en.eq(1)
-                m.d.sync += issued.eq(0)
-            with m.Else():
-                m.d.sync += issued.eq(issued + take)
+                m.d.sync += [p_valid.eq(1), p_beat.eq(head_beat), p_len.eq(new_len),
+                             p_room.eq(new_cap - new_len), p_end.eq(head_beat + new_len)]
+        head_done = Signal()              # the head range is taken whole now
+        m.d.comb += head_done.eq((contiguous & head_fits) | (take_new & new_fits))
+        with m.If(head_done):
+            m.d.sync += have_head.eq(0)
+        with m.Elif(take != 0):
+            dist_next = head_dist - take
+            m.d.sync += [head_beat.eq(head_beat + take), head_left.eq(head_left - take),
+                         head_dist.eq(Mux(dist_next == 0, per_page, dist_next))]
+        m.d.comb += ranges.r_en.eq(~have_head | head_done)
+        with m.If(ranges.r_en & ranges.r_rdy):
+            first = head.beat + head.skip
+            m.d.sync += [have_head.eq(1), head_beat.eq(first), head_left.eq(head.beats),
+                         head_dist.eq(per_page - first[:(per_page - 1).bit_length()])]
 
         with m.If(load_o):
             m.d.sync += [o_valid.eq(1), o_beat.eq(load_beat), o_len.eq(load_len)]
@@ -562,9 +752,7 @@ class GatherReader(wiring.Component):
         # -- aligner ----------------------------------------------------------------------------
         # The row buffer is the output: a finished row waits in it (rows.valid) and the next
         # row's first write goes in when it is taken. Row byte q = k * BB + l (slot k, lane l).
-        pops_done = Signal(run_layout.members["beats"])    # new beats taken for the current run
-        pops = Signal(run_layout.members["beats"])
-        m.d.comb += pops.eq(cur.beats - cur.share)
+        pops_left = Signal(beats_shape)   # new beats the current run still needs
         kept = Signal(8 * BB)             # the last beat taken from the bus
         buf = Signal(data.ArrayLayout(8, RB))
         mask = Signal(RB)
@@ -584,26 +772,38 @@ class GatherReader(wiring.Component):
         from_new = Signal()               # a new beat is placed this cycle
         resp_now = Signal(2)
 
-        # Which row bytes the run covers: q >= pos and q < pos + nbytes, from slot and lane flags.
+        # What the current run covers and where its beats go, decoded when the run is taken from
+        # the FIFO (registers: nothing but the beat's own rotation and a byte select lies between
+        # the bus and the row buffer). Row byte q of a read run comes from the run's beat
+        # floor((q - pos + offset) / BB): the beat taken now starts at row byte lo = pos - offset
+        # + (share + beats taken) * BB, in slot lo // BB at lane `shift` = lo mod BB; the kept beat
+        # is the one before.
         slots = -(-RB // BB)
-        end = Signal(len(cur.pos) + 1)
-        m.d.comb += end.eq(cur.pos + cur.nbytes)
-        pos_eq, pos_gt = _slot_flags(m, cur.pos[BBL:], slots, "pos_slot")
-        end_eq, end_gt = _slot_flags(m, end[BBL:], slots, "end_slot")
-        pos_lane = _lanes_at_least(m, cur.pos[:BBL], BB, "pos_lane")
-        end_lane = _lanes_at_least(m, end[:BBL], BB, "end_lane")
+        # (the FIFO's output is a block RAM's on ECP5: one plain register stage first)
+        head_run = Signal(run_layout)     # the next run, decoded into the current one's state
+        head_valid = Signal()
+        head_end = Signal(len(head_run.pos) + 1)
+        m.d.comb += head_end.eq(head_run.pos + head_run.nbytes)
+        pos_eq, pos_gt = _slot_flags(m, head_run.pos[BBL:], slots, "pos_slot")
+        end_eq, end_gt = _slot_flags(m, head_end[BBL:], slots, "end_slot")
+        pos_lane = _lanes_at_least(m, head_run.pos[:BBL], BB, "pos_lane")
+        end_lane = _lanes_at_least(m, head_end[:BBL], BB, "end_lane")
+        head_in_run = Signal(RB)          # q >= pos and q < pos + nbytes
+        for q in range(RB):
+            k, lane = divmod(q, BB)
+            m.d.comb += head_in_run[q].eq(((~pos_gt[k] & ~pos_eq[k]) | (pos_eq[k] & pos_lane[lane])) &
+                                          (end_gt[k] | (end_eq[k] & ~end_lane[lane])))
+        head_base = Signal(signed(len(head_run.pos) + 1))
+        m.d.comb += head_base.eq(head_run.pos - head_run.offset)
+        head_lo = Signal(len(pops_left) + 1)        # lo // BB + 1 (>= 0) of the first new beat
+        m.d.comb += head_lo.eq((head_base >> BBL) + 1 + head_run.share)
+        head_at_lo, _ = _slot_flags(m, head_lo, slots + 2, "lo_slot")
+        head_shift_lane = _lanes_at_least(m, head_base[:BBL], BB, "shift_lane")
 
-        # Row byte q of a read run comes from the run's beat floor((q - pos + offset) / BB): the
-        # beat taken now starts at row byte lo = pos - offset + (share + pops_done) * BB, in slot
-        # lo // BB at lane `shift` = lo mod BB; the kept beat is the one before.
+        in_run = Signal(RB)
         shift = Signal(BBL)
-        m.d.comb += shift.eq(cur.pos - cur.offset)
-        base = Signal(signed(len(cur.pos) + 1))
-        m.d.comb += base.eq(cur.pos - cur.offset)
-        lo_slot = Signal(len(cur.beats) + 1)             # lo // BB + 1 (>= 0)
-        m.d.comb += lo_slot.eq((base >> BBL) + 1 + cur.share + pops_done)
-        at_lo, _ = _slot_flags(m, lo_slot, slots + 2, "lo_slot")
-        shift_lane = _lanes_at_least(m, shift, BB, "shift_lane")
+        shift_lane = Signal(BB)
+        at_lo = Signal(slots + 2)         # one-hot: lo // BB + 1 of the beat taken now
 
         def rotate(beat):
             """The beat rotated so that its byte for row byte q sits at q mod BB."""
@@ -617,13 +817,11 @@ class GatherReader(wiring.Component):
         new_mask = Signal(RB)
         for q in range(RB):
             k, lane = divmod(q, BB)
-            in_run = ((~pos_gt[k] & ~pos_eq[k]) | (pos_eq[k] & pos_lane[lane])) & \
-                     (end_gt[k] | (end_eq[k] & ~end_lane[lane]))
             # lo // BB == k is at_lo[k + 1]
             in_new = (at_lo[k + 1] & shift_lane[lane]) | (at_lo[k] & ~shift_lane[lane])
             in_kept = (at_lo[k + 2] & shift_lane[lane]) | (at_lo[k + 1] & ~shift_lane[lane])
             write = Signal(name=f"write_{q}")
-            m.d.comb += write.eq(wrote & in_run & (~cur.read | in_kept | (from_new & in_new)))
+            m.d.comb += write.eq(wrote & in_run[q] & (~cur.read | in_kept | (from_new & in_new)))
             # padding: row byte q gets byte (q mod elem_bytes) of the pad element
             pad_byte = pad32.word_select(Const(lane % 4, 2) & cur.pad_mask, 8)
             byte = Mux(cur.read & in_kept, rot_kept.word_select(lane, 8),
@@ -635,7 +833,7 @@ class GatherReader(wiring.Component):
         with m.If(cur_valid & out_free_rows):
             with m.If(~cur.read):
                 m.d.comb += [wrote.eq(1), finish_run.eq(1)]
-            with m.Elif(pops == 0):
+            with m.Elif(pops_left == 0):
                 # the whole run lies in the kept beat
                 m.d.comb += [wrote.eq(1), finish_run.eq(1)]
             with m.Else():
@@ -644,8 +842,9 @@ class GatherReader(wiring.Component):
                     m.d.comb += [from_new.eq(1), resp_now.eq(self.r.payload.resp)]
                     with m.If(self.r.payload.resp != RESP_OKAY):
                         m.d.sync += self.error.eq(self.r.payload.resp)
-                    m.d.sync += [pops_done.eq(pops_done + 1), kept.eq(self.r.payload.data)]
-                    m.d.comb += [wrote.eq(1), finish_run.eq(pops_done == pops - 1)]
+                    m.d.sync += [pops_left.eq(pops_left - 1), at_lo.eq(at_lo << 1),
+                                 kept.eq(self.r.payload.data)]
+                    m.d.comb += [wrote.eq(1), finish_run.eq(pops_left == 1)]
         row_resp_next = Signal(2)
         m.d.comb += row_resp_next.eq(Mux(row_resp != RESP_OKAY, row_resp, resp_now))
         with m.If(wrote):
@@ -662,15 +861,26 @@ class GatherReader(wiring.Component):
             with m.Else():
                 m.d.sync += [fresh.eq(0), row_resp.eq(row_resp_next)]
 
-        m.d.comb += runs.r_en.eq(~cur_valid | finish_run)
+
+        # (after the beat bookkeeping: a run taken now replaces the finished one's state)
+        take_run = Signal()
+        m.d.comb += [take_run.eq(~cur_valid | finish_run),
+                     runs.r_en.eq(~head_valid | take_run)]
         with m.If(runs.r_en):
-            m.d.sync += [cur.eq(runs.r_data), cur_valid.eq(runs.r_rdy), pops_done.eq(0)]
+            m.d.sync += [head_run.eq(runs.r_data), head_valid.eq(runs.r_rdy)]
+        with m.If(take_run):
+            m.d.sync += [cur.eq(head_run), cur_valid.eq(head_valid),
+                         pops_left.eq(((head_run.offset + head_run.nbytes + BB - 1) >> BBL) -
+                                      head_run.share),
+                         in_run.eq(head_in_run), shift.eq(head_base[:BBL]),
+                         shift_lane.eq(head_shift_lane), at_lo.eq(head_at_lo)]
 
         with m.If(self.clear_error):
             m.d.sync += self.error.eq(0)
         # runs.level counts a run from the edge that writes it, so there is no gap between the
         # generator's last run and the aligner
-        m.d.comb += self.busy.eq(active | (runs.level != 0) | cur_valid | self.rows.valid)
+        m.d.comb += self.busy.eq(active | q_valid | r_valid | (runs.level != 0) | head_valid |
+                                 cur_valid | self.rows.valid)
         return m
 
 
@@ -730,6 +940,7 @@ class ScatterWriter(wiring.Component):
         BIX = _ADDR - BBL
         WB = max(RB + BB, 2 * BB)         # bytes of a run placed at its offset in its first beat
         MB = write_burst_beats(cfg)
+        span_shape = range(-(-WB // BB) + 1)    # beats a run spans
 
         beat_layout = data.StructLayout({"data": 8 * BB, "strb": BB})
         burst_layout = data.StructLayout({"beat": BIX, "len": 8})     # len: beats - 1
@@ -776,77 +987,112 @@ class ScatterWriter(wiring.Component):
             with m.Else():
                 m.d.sync += sent.eq(sent + 1)
 
-        # -- pixels -> runs -----------------------------------------------------------------------
+        # Three stages, each a register the next one takes from, so that no handshake runs
+        # through the beat arithmetic: the pixel being split into runs, the run being cut into
+        # beats, the beat being filled (and the burst being assembled).
         c = Signal(StoreCommandLayout())
         eb = c.elem_bytes
         fast = Signal()
-        pix_bytes = Signal(range(RB + 1))  # bytes of a pixel's run on the fast path
-        more = Signal()                    # pixels still to come
-        oy = Signal(16)
-        ox = Signal(16)
-        row_addr = Signal(_ADDR)           # address of (oy, 0, 0) of the next pixel
-        pix_addr = Signal(_ADDR)           # address of the next pixel
-        held = Signal()                    # a pixel is being split into runs
-        pix = Signal(8 * RB)               # its remaining elements, from byte 0
-        el = Signal(8)
-        run_addr = Signal(_ADDR)
+        run_bytes = Signal(range(RB + 1)) # bytes of a run: a pixel's on the fast path, else one element
+        run_mask = Signal(RB)             # its byte mask from byte 0
+        more = Signal()                   # pixels still to come
+        ox_left = Signal(16)              # output columns and rows left, counting the current one
+        oy_left = Signal(16)
+        row_addr = Signal(_ADDR)          # address of (oy, 0, 0) of the next pixel
+        pix_addr = Signal(_ADDR)          # address of the next pixel
+        n_left = Signal(8)                # elements of a pixel (the last one's run ends it)
+        idle = Signal()
 
-        a_bytes = Signal(range(RB + 1))
-        m.d.comb += a_bytes.eq(Mux(fast, pix_bytes, eb))
-        a_last = Signal()
-        m.d.comb += a_last.eq(fast | (el == c.n - 1))
-        a_data = Signal(8 * WB)
-        a_mask = Signal(WB)
-        offset = run_addr[:BBL]
-        m.d.comb += [
-            a_data.eq(pix << (offset * 8)),
-            a_mask.eq(((Const(1, RB + 1) << a_bytes) - 1) << offset),
-        ]
+        # -- pixels -> runs -----------------------------------------------------------------------
+        p_valid = Signal()                # a pixel is being split into runs
+        p_data = Signal(8 * RB)           # its remaining elements, from byte 0
+        p_addr = Signal(_ADDR)            # address of its next run
+        p_left = Signal(8)                # runs left of it, counting the next one
+        p_final = Signal()                # the next run is its last
+        last_beat = Signal(BIX)           # the last beat of the previous run of this command
+        have_last = Signal()
 
-        # a run that spans more than the beats one step takes continues from here
-        src_valid = Signal()
-        src_data = Signal(8 * WB)
-        src_mask = Signal(WB)
-        src_beat = Signal(BIX)
-        s_data = Signal(8 * WB)
-        s_mask = Signal(WB)
-        s_beat = Signal(BIX)
-        s_valid = Signal()
-        m.d.comb += [
-            s_data.eq(Mux(src_valid, src_data, a_data)),
-            s_mask.eq(Mux(src_valid, src_mask, a_mask)),
-            s_beat.eq(Mux(src_valid, src_beat, run_addr[BBL:])),
-            s_valid.eq(src_valid | held),
-        ]
+        r_valid = Signal()                # the run being cut into beats, placed at its offset
+        r_data = Signal(8 * WB)
+        r_mask = Signal(WB)
+        r_beat = Signal(BIX)              # its first beat not yet taken
+        r_span = Signal(span_shape)       # beats of it not yet taken
+        r_share = Signal()                # its first beat is the previous run's last one
+        r_final = Signal()                # the packer's next step takes its last beat
+        r_done = Signal()                 # the packer takes its last beat now
+        r_free = Signal()
+        m.d.comb += r_free.eq(~r_valid | r_done)
+
+        offset = p_addr[:BBL]
+        end_addr = Signal(_ADDR)
+        m.d.comb += end_addr.eq(p_addr + run_bytes - 1)
+        p_take = Signal()                 # a run of the pixel moves on to the packer
+        m.d.comb += p_take.eq(p_valid & r_free)
+        p_done = Signal()
+        m.d.comb += p_done.eq(p_take & p_final)
+        span = Signal(span_shape)
+        share = Signal()
+        m.d.comb += [span.eq((offset + run_bytes + BB - 1) >> BBL),
+                     share.eq(have_last & (p_addr[BBL:] == last_beat))]
+        with m.If(p_take):
+            m.d.sync += [
+                r_data.eq(p_data << (offset * 8)),
+                r_mask.eq(run_mask << offset),
+                r_beat.eq(p_addr[BBL:]),
+                r_span.eq(span),
+                r_share.eq(share),
+                # a shared first beat is merged in the step that takes the second one
+                r_final.eq(span <= Mux(share, 2, 1)),
+                last_beat.eq(end_addr[BBL:]),
+                have_last.eq(1),
+                p_addr.eq(p_addr + c.pitch_c),
+                p_data.eq(p_data >> (eb * 8)),
+                p_left.eq(p_left - 1),
+                p_final.eq(p_left == 2),
+            ]
+
+        accept = Signal()
+        m.d.comb += [self.pixels.ready.eq(more & (~p_valid | p_done)),
+                     accept.eq(self.pixels.valid & self.pixels.ready)]
+        with m.If(accept):
+            m.d.sync += [p_data.eq(self.pixels.payload), p_addr.eq(pix_addr),
+                         p_left.eq(n_left), p_final.eq(fast | (n_left == 1))]
+            with m.If(ox_left != 1):
+                m.d.sync += [ox_left.eq(ox_left - 1), pix_addr.eq(pix_addr + c.pitch_x)]
+            with m.Elif(oy_left != 1):
+                m.d.sync += [oy_left.eq(oy_left - 1), ox_left.eq(c.out_w),
+                             row_addr.eq(row_addr + c.pitch_y), pix_addr.eq(row_addr + c.pitch_y)]
+            with m.Else():
+                m.d.sync += more.eq(0)
+        with m.If(accept):
+            m.d.sync += p_valid.eq(1)
+        with m.Elif(p_done):
+            m.d.sync += p_valid.eq(0)
 
         # -- runs -> beats --------------------------------------------------------------------------
-        cur_valid = Signal()               # the beat being filled
+        cur_valid = Signal()              # the beat being filled
         cur_beat = Signal(BIX)
         cur_data = Signal(8 * BB)
         cur_strb = Signal(BB)
-        slot0, mask0 = s_data[:8 * BB], s_mask[:BB]
-        slot1, mask1 = s_data[8 * BB:16 * BB], s_mask[BB:2 * BB]
+        slot0, mask0 = r_data[:8 * BB], r_mask[:BB]
+        slot1, mask1 = r_data[8 * BB:16 * BB], r_mask[BB:2 * BB]
         merged = Signal(8 * BB)
         for b in range(BB):
             m.d.comb += merged.word_select(b, 8).eq(
                 Mux(mask0[b], slot0.word_select(b, 8), cur_data.word_select(b, 8)))
-        match = Signal()                   # the run starts in the beat being filled
-        two = Signal()                     # ... and continues into the next: send the merged beat
-        m.d.comb += [match.eq(cur_valid & (cur_beat == s_beat)), two.eq(match & (mask1 != 0))]
 
-        # the beat that leaves now (to the beat FIFO), and burst bookkeeping
-        e_valid = Signal()
-        e_data = Signal(8 * BB)
-        e_strb = Signal(BB)
-        b_open = Signal()                  # the burst being assembled
+        # the burst being assembled: it grows by the beat that leaves when that beat follows it
+        b_open = Signal()
         b_beat = Signal(BIX)
+        b_next = Signal(BIX)              # b_beat + b_len
         b_len = Signal(range(MB + 1))
         b_cap = Signal(range(MB + 1))
+        e_valid = Signal()                # the beat that leaves now (to the beat FIFO)
+        e_data = Signal(8 * BB)
+        e_strb = Signal(BB)
         extends = Signal()
-        m.d.comb += extends.eq(b_open & (cur_beat == b_beat + b_len) & (b_len != b_cap))
-        close = Signal()                   # push the open burst (to AW and W length FIFOs)
-        room = Signal()
-        m.d.comb += room.eq((~e_valid | beats.w_rdy) & (~close | (bursts.w_rdy & lengths.w_rdy)))
+        m.d.comb += extends.eq(b_open & (cur_beat == b_next) & (b_len != b_cap))
+        close = Signal()                  # push the open burst (to AW and W length FIFOs)
         burst_out = Signal(burst_layout)
         m.d.comb += [
             burst_out.beat.eq(b_beat), burst_out.len.eq(b_len - 1),
@@ -854,77 +1100,84 @@ class ScatterWriter(wiring.Component):
         ]
         beat_in = Signal(beat_layout)
         m.d.comb += [beat_in.data.eq(e_data), beat_in.strb.eq(e_strb), beats.w_data.eq(beat_in)]
-        go = Signal()                      # the step (or flush) happens this cycle
+        # room for whatever a step may push (asked of every step, so that the handshake does not
+        # wait for the beat comparisons; the FIFOs drain on their own: a burst holds at most half
+        # of the beat FIFO)
+        room = Signal()
+        m.d.comb += room.eq(beats.w_rdy & bursts.w_rdy & lengths.w_rdy)
+        go = Signal()                     # the step (or flush) happens this cycle
         with m.If(go):
             m.d.comb += [beats.w_en.eq(e_valid), bursts.w_en.eq(close), lengths.w_en.eq(close)]
             with m.If(e_valid):
                 with m.If(extends):
-                    m.d.sync += b_len.eq(b_len + 1)
+                    m.d.sync += [b_len.eq(b_len + 1), b_next.eq(b_next + 1)]
                 with m.Else():
-                    m.d.sync += [b_open.eq(1), b_beat.eq(cur_beat), b_len.eq(1),
-                                 b_cap.eq(_cap(cur_beat, BB, MB))]
+                    m.d.sync += [b_open.eq(1), b_beat.eq(cur_beat), b_next.eq(cur_beat + 1),
+                                 b_len.eq(1), b_cap.eq(_cap(cur_beat, BB, MB))]
             with m.Elif(close):
                 m.d.sync += b_open.eq(0)
 
+        # The packer's step. A run that starts in the beat being filled (`r_share`: the previous
+        # run, already stepped, ended in that beat) merges its first beat into it.
+        taken = Signal(2)                 # beats of the run this step takes: 1 or 2
         step = Signal()
-        accept = Signal()
-        m.d.comb += accept.eq(self.pixels.valid & self.pixels.ready)
+        m.d.comb += [
+            step.eq(r_valid & room),
+            go.eq(step),
+            taken.eq(Mux(r_share & (r_span > 1), 2, 1)),
+            r_done.eq(step & r_final),
+            e_valid.eq(Mux(r_share, r_span > 1, cur_valid)),
+            e_data.eq(Mux(r_share, merged, cur_data)),
+            e_strb.eq(Mux(r_share, cur_strb | mask0, cur_strb)),
+            close.eq(e_valid & b_open & ~extends),
+        ]
+        with m.If(step):
+            with m.If(r_share & (r_span == 1)):
+                m.d.sync += [cur_data.eq(merged), cur_strb.eq(cur_strb | mask0)]
+            with m.Elif(r_share):
+                m.d.sync += [cur_beat.eq(r_beat + 1), cur_data.eq(slot1), cur_strb.eq(mask1)]
+            with m.Else():
+                m.d.sync += [cur_valid.eq(1), cur_beat.eq(r_beat), cur_data.eq(slot0),
+                             cur_strb.eq(mask0)]
+        with m.If(step & ~r_final):       # (a finished run leaves r to the next one)
+            m.d.sync += [
+                r_data.eq(Mux(taken == 2, r_data >> (16 * BB), r_data >> (8 * BB))),
+                r_mask.eq(Mux(taken == 2, r_mask >> (2 * BB), r_mask >> BB)),
+                r_beat.eq(r_beat + taken),
+                r_span.eq(r_span - taken),
+                r_share.eq(0),
+                r_final.eq(r_span - taken <= 1),
+            ]
+        with m.If(p_take):
+            m.d.sync += r_valid.eq(1)
+        with m.Elif(r_done):
+            m.d.sync += r_valid.eq(0)
+
         with m.FSM(name="store"):
             with m.State("IDLE"):
-                m.d.comb += self.cmd.ready.eq(1)
+                m.d.comb += [self.cmd.ready.eq(1), idle.eq(1)]
                 with m.If(self.cmd.valid):
-                    p = self.cmd.payload
+                    cmd = self.cmd.payload
                     m.d.sync += [
-                        c.eq(p), oy.eq(0), ox.eq(0), more.eq(1), held.eq(0), src_valid.eq(0),
-                        cur_valid.eq(0), b_open.eq(0),
-                        row_addr.eq(p.dram_addr), pix_addr.eq(p.dram_addr),
-                        fast.eq(p.pitch_c == p.elem_bytes), pix_bytes.eq(_times(p.n, p.elem_bytes)),
+                        c.eq(cmd), ox_left.eq(cmd.out_w), oy_left.eq(cmd.out_h),
+                        p_valid.eq(0), r_valid.eq(0), cur_valid.eq(0), b_open.eq(0),
+                        have_last.eq(0),
+                        row_addr.eq(cmd.dram_addr), pix_addr.eq(cmd.dram_addr),
+                        fast.eq(cmd.pitch_c == cmd.elem_bytes),
+                        run_bytes.eq(_times(cmd.n, cmd.elem_bytes)),
                     ]
-                    m.next = "RUN"
-            with m.State("RUN"):
-                m.d.comb += [
-                    e_valid.eq(Mux(match, two, cur_valid)),
-                    e_data.eq(Mux(match, merged, cur_data)),
-                    e_strb.eq(Mux(match, cur_strb | mask0, cur_strb)),
-                    close.eq(e_valid & b_open & ~extends),
-                    step.eq(s_valid & room),
-                    go.eq(step),
-                    self.pixels.ready.eq(more & (~held | (step & ~src_valid & a_last))),
+                    m.next = "SETUP"
+            with m.State("SETUP"):
+                # the run size and mask from the registered command (no product on the command's
+                # path)
+                n_bytes = Mux(fast, run_bytes, eb)
+                m.d.sync += [
+                    more.eq(1), n_left.eq(Mux(fast, 1, c.n)), run_bytes.eq(n_bytes),
+                    run_mask.eq((Const(1, RB + 1) << n_bytes) - 1),
                 ]
-                with m.If(step):
-                    taken = Signal(2)      # beats of the run this step takes: 1 or 2
-                    m.d.comb += taken.eq(Mux(two, 2, 1))
-                    with m.If(two):
-                        m.d.sync += [cur_beat.eq(s_beat + 1), cur_data.eq(slot1), cur_strb.eq(mask1)]
-                    with m.Elif(match):
-                        m.d.sync += [cur_data.eq(merged), cur_strb.eq(cur_strb | mask0)]
-                    with m.Else():
-                        m.d.sync += [cur_valid.eq(1), cur_beat.eq(s_beat), cur_data.eq(slot0),
-                                     cur_strb.eq(mask0)]
-                    rest_mask = Mux(two, s_mask >> (2 * BB), s_mask >> BB)
-                    m.d.sync += [
-                        src_valid.eq(rest_mask != 0),
-                        src_data.eq(Mux(two, s_data >> (16 * BB), s_data >> (8 * BB))),
-                        src_mask.eq(rest_mask),
-                        src_beat.eq(s_beat + taken),
-                    ]
-                    with m.If(~src_valid):
-                        # the held pixel's run moved on: its next element, or the pixel is done
-                        with m.If(a_last):
-                            m.d.sync += held.eq(0)
-                        with m.Else():
-                            m.d.sync += [el.eq(el + 1), run_addr.eq(run_addr + c.pitch_c),
-                                         pix.eq(pix >> (eb * 8))]
-                with m.If(accept):
-                    m.d.sync += [held.eq(1), pix.eq(self.pixels.payload), el.eq(0), run_addr.eq(pix_addr)]
-                    with m.If(ox != c.out_w - 1):
-                        m.d.sync += [ox.eq(ox + 1), pix_addr.eq(pix_addr + c.pitch_x)]
-                    with m.Elif(oy != c.out_h - 1):
-                        m.d.sync += [oy.eq(oy + 1), ox.eq(0), row_addr.eq(row_addr + c.pitch_y),
-                                     pix_addr.eq(row_addr + c.pitch_y)]
-                    with m.Else():
-                        m.d.sync += more.eq(0)
-                with m.If(~more & ~held & ~src_valid):
+                m.next = "RUN"
+            with m.State("RUN"):
+                with m.If(~more & ~p_valid & ~r_valid):
                     m.next = "FLUSH"
             with m.State("FLUSH"):
                 # send the last beat, then close the last burst
@@ -940,5 +1193,5 @@ class ScatterWriter(wiring.Component):
             with m.State("WAIT"):
                 with m.If((bursts.level == 0) & (lengths.level == 0) & (outstanding == 0)):
                     m.next = "IDLE"
-        m.d.comb += self.busy.eq(~self.cmd.ready)
+        m.d.comb += self.busy.eq(~idle)
         return m

@@ -3,22 +3,32 @@
 ``config.requant_table_rows`` rows of ``config.cols`` entries; entry ``c`` of a row serves output
 channel ``c`` of a STORE whose ``qrow`` names the row (docs/isa.md, STORE). The DMA writes entries
 (LOAD ``dst=table``, with an element mask); the store unit reads one row at the start of a STORE and
-keeps the response pending (``resp.valid`` high, ``resp.ready`` low) while the SFU uses it, so the
-row stays on ``resp.payload`` without any extra register.
+keeps the response pending (``resp.valid`` high, ``resp.ready`` low) while the SFU uses it.
+
+A row is ``config.requant_row_words`` memory words of :func:`requant_word_bits` bits (the row's
+bits in order, the last word padded). With one word per row the row stays on the memory's read
+data while pending, without any extra register. With W > 1 words, narrower and deeper block RAMs
+(on iCE40 a 16 x 70-bit-entry x 2-channel table is one 256 x 16 RAM instead of nine) cost W cycles
+per row written or read and a register for the row's first W - 1 words.
 
 Ports (see docs/arch-memory-sfu.md):
 
-* ``write`` — stream of (row address, C entries, C-bit element mask). Always ready: the table has
-  its own write port, nothing competes with it. Written entries are readable from the next cycle.
+* ``write`` — stream of (row address, C entries, C-bit element mask). The table has its own write
+  port, nothing competes with it: a row is accepted in the cycle it writes its last word (every
+  cycle with one word per row; otherwise after W - 1 cycles writing the earlier words, the payload
+  held as the stream requires). Written entries are readable from the next cycle.
 * ``read`` — a :func:`~systolic.hw.scratchpad.read_port_signature` port: ``req`` carries a row
   address, ``resp`` returns the row exactly :data:`READ_LATENCY` cycle after ``req`` is accepted.
-  ``req`` is accepted whenever no response is pending or the pending one is taken in the same cycle.
-  A read sees a write of the same cycle (transparent); a pending response does not change.
+  ``req`` is accepted whenever no response is pending or the pending one is taken in the same cycle
+  (with W words: in the cycle it reads the last word, the W - 1 earlier words read in the cycles
+  before, from the first cycle it could have been accepted). A read sees a write of the same cycle
+  (transparent) word by word; a pending response does not change.
 """
 
 from __future__ import annotations
 
-from amaranth import Module, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Shape, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In
@@ -27,7 +37,7 @@ from ..sim.arith import MAX_SHIFT, MULT_BITS
 from .config import AcceleratorConfig
 from .scratchpad import READ_LATENCY, drive_read_response, read_port_signature
 
-__all__ = ["REQUANT_ENTRY", "RequantTable", "requant_row_layout", "requant_write_layout"]
+__all__ = ["REQUANT_ENTRY", "RequantTable", "requant_row_layout", "requant_word_bits", "requant_write_layout"]
 
 #: One channel's requantize entry: int32 bias, int32 multiplier, shift 0..62 (6 bits).
 REQUANT_ENTRY = data.StructLayout({
@@ -40,6 +50,12 @@ REQUANT_ENTRY = data.StructLayout({
 def requant_row_layout(config: AcceleratorConfig) -> data.ArrayLayout:
     """One table row: ``config.cols`` entries of :data:`REQUANT_ENTRY` (70 bits each)."""
     return data.ArrayLayout(REQUANT_ENTRY, config.cols)
+
+
+def requant_word_bits(config: AcceleratorConfig) -> int:
+    """Width of one memory word of the table: a row's bits over ``config.requant_row_words``
+    words, rounded up, bits."""
+    return -(-Shape.cast(requant_row_layout(config)).width // config.requant_row_words)
 
 
 def _table_depth(config: AcceleratorConfig) -> int:
@@ -89,28 +105,88 @@ class RequantTable(wiring.Component):
     def elaborate(self, platform: object) -> Module:
         cfg = self._config
         m = Module()
-
-        m.submodules.memory = memory = Memory(shape=requant_row_layout(cfg), depth=_table_depth(cfg),
-                                              init=[])
+        words = cfg.requant_row_words
+        if words == 1:
+            memory = Memory(shape=requant_row_layout(cfg), depth=_table_depth(cfg), init=[])
+        else:
+            # word k of row r at address r * 2**word_index_bits + k: no multiplier for the address
+            memory = Memory(shape=requant_word_bits(cfg), depth=_table_depth(cfg) << (words - 1).bit_length(),
+                            init=[])
+        m.submodules.memory = memory
         write_port = memory.write_port(granularity=1)
         read_port = memory.read_port(transparent_for=(write_port,))   # cheapest collision rule
+        free = ~self.read.resp.valid | self.read.resp.ready
+        if words == 1:
+            m.d.comb += [
+                write_port.addr.eq(self.write.payload.addr),
+                write_port.data.eq(self.write.payload.data),
+                self.write.ready.eq(1),
+            ]
+            with m.If(self.write.valid):
+                m.d.comb += write_port.en.eq(self.write.payload.mask)
 
+            # The only reader: the port's data register keeps the row while no new read is enabled,
+            # so a pending response needs no hold register.
+            granted = self.read.req.valid & free
+            m.d.comb += [
+                self.read.req.ready.eq(granted),
+                read_port.addr.eq(self.read.req.payload.addr),
+                read_port.en.eq(granted),
+            ]
+            drive_read_response(m, self.read.resp, granted, read_port.data, hold=False)
+            return m
+
+        width = requant_word_bits(cfg)
+        entry_bits = Shape.cast(REQUANT_ENTRY).width
+        padded = words * width
+
+        def word_of(row: Value, index: Value) -> Value:
+            """Word ``index`` of a row's bits (zero-padded)."""
+            bits = Cat(row, Const(0, padded - len(row)))
+            return bits.word_select(index, width)
+
+        # -- write: one word per cycle while the row is offered, accepted with its last word
+        write_word = Signal(range(words))
+        last_write = write_word == words - 1
+        # bit b of the row is written when its entry's mask bit is set
+        mask = self.write.payload.mask
+        enables = Cat(*(mask[c].replicate(entry_bits) for c in range(cfg.cols)),
+                      Const(0, padded - cfg.cols * entry_bits))
         m.d.comb += [
-            write_port.addr.eq(self.write.payload.addr),
-            write_port.data.eq(self.write.payload.data),
-            self.write.ready.eq(1),
+            write_port.addr.eq(Cat(write_word, self.write.payload.addr)),
+            write_port.data.eq(word_of(self.write.payload.data.as_value(), write_word)),
+            self.write.ready.eq(last_write),
         ]
         with m.If(self.write.valid):
-            m.d.comb += write_port.en.eq(self.write.payload.mask)
+            m.d.comb += write_port.en.eq(enables.word_select(write_word, width))
+            m.d.sync += write_word.eq(Mux(last_write, 0, write_word + 1))
+        with m.Else():
+            m.d.sync += write_word.eq(0)
 
-        # The only reader: the port's data register keeps the row while no new read is enabled,
-        # so a pending response needs no hold register.
-        free = ~self.read.resp.valid | self.read.resp.ready
-        granted = self.read.req.valid & free
+        # -- read: words 0 .. W-2 into registers, the last one stays on the port's data while the
+        # response is pending (the port is not enabled then: a read starts only when free, and
+        # then no response is valid until it ends)
+        read_word = Signal(range(words))
+        last_read = read_word == words - 1
+        reading = self.read.req.valid & free
+        granted = reading & last_read
         m.d.comb += [
             self.read.req.ready.eq(granted),
-            read_port.addr.eq(self.read.req.payload.addr),
-            read_port.en.eq(granted),
+            read_port.addr.eq(Cat(read_word, self.read.req.payload.addr)),
+            read_port.en.eq(reading),
         ]
-        drive_read_response(m, self.read.resp, granted, read_port.data, hold=False)
+        with m.If(reading):
+            m.d.sync += read_word.eq(Mux(last_read, 0, read_word + 1))
+        with m.Else():
+            m.d.sync += read_word.eq(0)
+        was_reading = Signal()
+        previous = Signal(range(words))          # the word read last cycle, if was_reading
+        m.d.sync += [was_reading.eq(reading), previous.eq(read_word)]
+        earlier = [Signal(width, name=f"row_word{k}") for k in range(words - 1)]
+        for k, register in enumerate(earlier):
+            with m.If(was_reading & (previous == k)):
+                m.d.sync += register.eq(read_port.data)
+        row = Signal(requant_row_layout(cfg))
+        m.d.comb += row.eq(Cat(*earlier, read_port.data)[:len(row.as_value())])
+        drive_read_response(m, self.read.resp, granted, row, hold=False)
         return m

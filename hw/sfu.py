@@ -5,8 +5,11 @@ vector of C accumulator values (plus C residual elements), and goes through
 :func:`~systolic.sim.arith.sfu_pointwise`; with pooling, the pointwise values of a window are
 combined (max over non-pad pixels, or sum with pad pixels counting as ``zp_out``) and an average
 window ends with :func:`~systolic.sim.arith.avg_pool_finish`. The pipeline accepts one beat per
-cycle and emits one vector per output pixel. Its stages run freely (no enable, for clock speed);
-outputs queue in a FIFO and ``i.ready`` (a register) drops once every FIFO entry is promised.
+cycle (one per ``config.sfu_row_cycles`` cycles: its ``config.sfu_lanes`` lanes then take a row's
+channels in that many lane groups) and emits one vector per output pixel. Its stages run freely
+(no enable, for clock speed); outputs queue in a FIFO and ``i.ready`` (a register, and with lane
+groups also low while the input stage holds groups of a beat) drops once every FIFO entry is
+promised.
 
 Ports (see docs/arch-memory-sfu.md for the stage diagram):
 
@@ -30,9 +33,10 @@ Modes the config leaves out cost no logic: an ``act`` or ``pool`` code missing f
 ``config.sfu_residual`` there is no residual input or datapath. ``out_type=raw`` ignores ``act``,
 ``pool`` and ``residual`` (the ISA forbids combining them).
 
-Every 32x32 multiply is split into 18x18 signed partial products (one DSP each on ECP5) with
-registers before and after, then summed over the next two stages; all 64-bit arithmetic wraps
-modulo 2**64 exactly like the numpy int64 reference.
+Every 32x32 multiply is split into four partial products of 16-bit halves (the low half unsigned:
+one 18x18 DSP each on ECP5, one 16x16 SB_MAC16 each on iCE40) with registers before and after,
+then summed over the next two stages; all 64-bit arithmetic wraps modulo 2**64 exactly like the
+numpy int64 reference.
 
 Rounding is half to even (:func:`~systolic.sim.arith.rounding_shift_even`): the shifter rounds
 half up, a tie is recognized from the bits it shifts out (the low ``shift`` bits of ``x + half``
@@ -42,6 +46,8 @@ rounding, so that an Add is rounded once.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.hdl import Shape, Value
@@ -76,7 +82,7 @@ SFU_SETTINGS = data.StructLayout({
 })
 
 _WORD = 64          # width of the reference's int64 arithmetic
-_CHUNK = 17         # low chunk of a split operand: 17 bits unsigned fit an 18-bit signed DSP input
+_LOW_CHUNK = 16     # narrowest low chunk of a split operand (unsigned; up to 17 bits fit 18 signed)
 _DSP_WIDTH = 18     # operands up to this many bits (signed) are not split
 _NARROW = 19        # requantized values are clamped to 19 bits signed before the activation
 _SUM_BITS = 34      # average window sum: up to 65535 elements of at most 17 bits signed
@@ -166,11 +172,14 @@ def _clear_lsb(value: Value, clear: Value) -> Value:
 
 def _chunks(value: Value, width: int) -> list[tuple[Value, int]]:
     """Split a signed ``width``-bit value into (chunk, weight) pairs that each fit an 18-bit
-    signed multiplier input: value = sum(chunk << weight)."""
+    signed multiplier input (ECP5): value = sum(chunk << weight). The low chunk is unsigned and
+    at least 16 bits wide, so that a 32-bit operand splits into two 16-bit halves, each of which
+    also fits one 16 x 16 iCE40 SB_MAC16."""
     if width <= _DSP_WIDTH:
         return [(value, 0)]
-    assert width <= _CHUNK + _DSP_WIDTH, width
-    return [(value[:_CHUNK], 0), (value[_CHUNK:width].as_signed(), _CHUNK)]
+    low = max(_LOW_CHUNK, width - _DSP_WIDTH)
+    assert low <= _DSP_WIDTH - 1, width
+    return [(value[:low], 0), (value[low:width].as_signed(), low)]
 
 
 class _Multiplier:
@@ -189,37 +198,54 @@ class _Multiplier:
             for j, (b_chunk, b_weight) in enumerate(_chunks(b, b_width)):
                 partials.append((register(f"pp{i}{j}", a_chunk * b_chunk), a_weight + b_weight))
         if len(partials) == 4:
-            # lo*lo is unsigned and below 2**(2*_CHUNK): hi*hi << 2*_CHUNK concatenates onto it.
-            (ll, _), (lh, _), (hl, _), (hh, _) = partials
-            base, middle = Cat(ll, hh).as_signed(), lh + hl
+            # lo*lo is unsigned and below 2**(weight of hi*hi): hi*hi concatenates onto it.
+            (ll, _), (lh, lh_weight), (hl, hl_weight), (hh, hh_weight) = partials
+            assert hh_weight == len(ll), (hh_weight, len(ll))
+            step = min(lh_weight, hl_weight)
+            base = Cat(ll, hh).as_signed()
+            middle = (lh << (lh_weight - step)) + (hl << (hl_weight - step))
         elif len(partials) == 2:
-            (base, _), (middle, _) = partials
+            (base, _), (middle, step) = partials
         else:
-            (base, _), middle = partials[0], Const(0)
+            (base, _), middle, step = partials[0], Const(0), 0
         base, middle = register("base", base), register("middle", middle)
-        total = base + (middle << _CHUNK)
+        total = base + (middle << step)
         self.product = register("product", _wrap(total, wrap) if wrap is not None else total)
 
 
 def sfu_latency(config: AcceleratorConfig, *, avg: bool = False) -> int:
     """Cycles from the SFU accepting a beat to its output being valid, without stalls, when the
     beat ends its window (or without pooling): input, bias, 3 multiply, [residual], round,
-    2 shift, zero point, narrow, 2 activation, [pooling]. ``avg``: for the last beat of an
-    average-pooling window, which adds centre, 3 multiply, round, 2 shift, zero point, narrow and
-    2 activation stages."""
-    latency = 12 + int(config.sfu_residual) + int(bool(config.sfu_pooling)) + _FIFO_LATENCY
+    2 shift, zero point, narrow, 2 activation, [pooling], plus ``sfu_row_cycles - 1`` for the
+    row's later lane groups. ``avg``: for the last beat of an average-pooling window, which adds
+    centre, 3 multiply, round, 2 shift, zero point, narrow and 2 activation stages."""
+    latency = (12 + int(config.sfu_residual) + int(bool(config.sfu_pooling)) + _FIFO_LATENCY
+               + config.sfu_row_cycles - 1)
     return latency + 11 if avg else latency
 
 
+def _pick(options: list[Value], index: Value) -> Value:
+    """``options[index]`` as a tree of 2-to-1 multiplexers (``len(options)`` is
+    ``2 ** len(index)``)."""
+    level = list(options)
+    for bit in range(len(index)):
+        level = [Mux(index[bit], level[2 * k + 1], level[2 * k]) for k in range(len(level) // 2)]
+    assert len(level) == 1, (len(options), len(index))
+    return level[0]
+
+
 class SpecialFunctionUnit(wiring.Component):
-    """The SFU: C lanes of bias add, requantize, residual add, activation and saturation, then
-    max or average pooling over windows of beats, then an output FIFO.
+    """The SFU: ``config.sfu_lanes`` lanes of bias add, requantize, residual add, activation and
+    saturation, then max or average pooling over windows of beats, then an output FIFO. With
+    ``config.sfu_row_cycles`` = 1 there is a lane per column; with more, each lane takes the
+    channels ``k * sfu_lanes + lane`` in turn (k = 0, 1, ...: the row's *lane groups*, one per
+    cycle), so a beat is accepted every ``sfu_row_cycles`` cycles.
 
     Parameters
     ----------
     config : AcceleratorConfig
-        Uses ``cols``, the accumulator and output element types, ``sfu_activations``,
-        ``sfu_pooling`` and ``sfu_residual``.
+        Uses ``cols``, ``sfu_row_cycles``, the accumulator and output element types,
+        ``sfu_activations``, ``sfu_pooling`` and ``sfu_residual``.
     """
 
     def __init__(self, config: AcceleratorConfig) -> None:
@@ -240,11 +266,13 @@ class SpecialFunctionUnit(wiring.Component):
         return self._config
 
     @property
-    def _fifo_depth(self) -> int:
-        # Enough entries for every output the pipeline can hold when the consumer stops, so that
-        # full throughput never waits for the registered credit.
+    def _fifo_rows(self) -> int:
+        # Enough rows for every output the pipeline can hold when the consumer stops, so that
+        # full throughput never waits for the registered credit (a row enters every
+        # sfu_row_cycles cycles).
         longest = self.avg_latency if "avg" in self._config.sfu_pooling else self.latency
-        return 1 << (longest + 3 - 1).bit_length()
+        per_row = self._config.sfu_row_cycles
+        return 1 << ((longest + per_row - 1) // per_row + 3 - 1).bit_length()
 
     @property
     def latency(self) -> int:
@@ -259,7 +287,10 @@ class SpecialFunctionUnit(wiring.Component):
     def elaborate(self, platform: object) -> Module:
         cfg = self._config
         m = Module()
-        cols = cfg.cols
+        lanes = cfg.sfu_lanes
+        each_lane = range(lanes)
+        groups = cfg.sfu_row_cycles             # lane groups per row, one per cycle
+        group_bits = (groups - 1).bit_length()
         has_residual = cfg.sfu_residual
         has_max = "max" in cfg.sfu_pooling
         has_avg = "avg" in cfg.sfu_pooling
@@ -268,17 +299,15 @@ class SpecialFunctionUnit(wiring.Component):
         value_width = max(acc_width, _NARROW)                  # int results and raw elements
         regs, settings = self.regs, self.settings
 
+        def channels(lane: int) -> list[int]:
+            """The channels a lane takes, one per lane group."""
+            return [k * lanes + lane for k in range(groups)]
+
         # -- settings stage: effective parameters, registered; stable during a STORE -------------
         raw = Signal()
         zp = Signal(signed(16))
         clamp_lo = Signal(signed(17))      # the activation and the saturation as one clamp
         clamp_hi = Signal(signed(17))
-        bias = [Signal(signed(32), name=f"bias{c}") for c in range(cols)]
-        mult = [Signal(signed(32), name=f"mult{c}") for c in range(cols)]
-        shift = [Signal(6, name=f"shift{c}") for c in range(cols)]
-        half = [Signal(_WORD - 1, name=f"half{c}") for c in range(cols)]    # rounding terms
-        mask = [Signal(_WORD - 1, name=f"mask{c}") for c in range(cols)]    # bits shifted out
-        rounds = [Signal(name=f"rounds{c}") for c in range(cols)]           # shift > 0
         tie_out = Signal()
         is_raw = settings.out_type == OutType.RAW
         m.d.sync += [
@@ -286,16 +315,10 @@ class SpecialFunctionUnit(wiring.Component):
             zp.eq(Mux(is_raw, 0, regs.zp_out)),
             tie_out.eq(regs.tie_out),
         ]
-        for c in range(cols):
-            entry = self.params[c]
-            m.d.sync += [
-                bias[c].eq(Mux(is_raw, 0, entry.bias)),
-                mult[c].eq(Mux(is_raw, 1, entry.mult)),
-                shift[c].eq(Mux(is_raw, 0, entry.shift)),
-                half[c].eq(Mux(is_raw, 0, _half(entry.shift))),
-                mask[c].eq(_low_mask(entry.shift)),
-                rounds[c].eq(~is_raw & (entry.shift != 0)),
-            ]
+        # the requantize table entries as the datapath uses them (raw: identity)
+        entry_bias = [Mux(is_raw, 0, self.params[c].bias) for c in range(cfg.cols)]
+        entry_mult = [Mux(is_raw, 1, self.params[c].mult) for c in range(cfg.cols)]
+        entry_shift = [Mux(is_raw, 0, self.params[c].shift) for c in range(cfg.cols)]
         # clamp(sat(act(q))) = min(max(q, sat(L)), sat(U)) for the activation's bounds [L, U]
         act = settings.act
         lower: Value = Const(out_lo, signed(17))
@@ -308,11 +331,17 @@ class SpecialFunctionUnit(wiring.Component):
         if "clip" in cfg.sfu_activations:
             lower = Mux(act == Activation.CLIP, regs.act_lo, lower)
             upper = Mux(act == Activation.CLIP, regs.act_hi, upper)
-        lower_sat = Signal(signed(17))
-        upper_sat = Signal(signed(17))
+        # A setting used in a later stage may take more than one cycle: the activation's bounds,
+        # their saturation and their comparison (used from the act compare stage on) are one
+        # register stage each.
+        act_lower = Signal(signed(17))
+        act_upper = Signal(signed(17))
         clamp_empty = Signal()
-        m.d.comb += [lower_sat.eq(_clamp(lower, out_lo, out_hi)), upper_sat.eq(_clamp(upper, out_lo, out_hi))]
-        m.d.sync += [clamp_lo.eq(lower_sat), clamp_hi.eq(upper_sat), clamp_empty.eq(lower_sat > upper_sat)]
+        m.d.sync += [
+            act_lower.eq(lower), act_upper.eq(upper),
+            clamp_lo.eq(_clamp(act_lower, out_lo, out_hi)), clamp_hi.eq(_clamp(act_upper, out_lo, out_hi)),
+            clamp_empty.eq(clamp_lo > clamp_hi),
+        ]
         if has_residual:
             residual_on = Signal()
             res_zp = Signal(signed(16))
@@ -336,7 +365,9 @@ class SpecialFunctionUnit(wiring.Component):
             avg_mask = Signal(_WORD - 1)
             avg_rounds = Signal()
             avg_tie_out = Signal()
-            count_zp = Signal(signed(33))
+            count_zp = Signal(signed(33))      # used from the centre stage on: two cycles
+            pool_count = Signal(16)
+            count_zp_out = Signal(signed(16))
             m.d.sync += [
                 avg_mult.eq(regs.avg_mult),
                 avg_shift.eq(regs.avg_shift),
@@ -344,7 +375,9 @@ class SpecialFunctionUnit(wiring.Component):
                 avg_mask.eq(_low_mask(regs.avg_shift)),
                 avg_rounds.eq(regs.avg_shift != 0),
                 avg_tie_out.eq(regs.avg_tie_out),
-                count_zp.eq(settings.pool_count * regs.zp_out),
+                pool_count.eq(settings.pool_count),
+                count_zp_out.eq(regs.zp_out),
+                count_zp.eq(pool_count * count_zp_out),
             ]
 
         # -- pipeline control: the stages move every cycle (no enable to fan out); the outputs
@@ -362,161 +395,230 @@ class SpecialFunctionUnit(wiring.Component):
             m.d.sync += reg.eq(value)
             return reg
 
-        m.submodules.output_fifo = fifo = SyncFIFOBuffered(width=Shape.cast(sfu_output_layout(cfg)).width,
-                                                           depth=self._fifo_depth)
-        pending = Signal(range(self._fifo_depth + 1))   # outputs owed: in the pipeline or the FIFO
-        room = Signal(init=1)                            # pending < FIFO depth, registered
+        rows = self._fifo_rows
+        elem_width = Shape.cast(acc_elem_shape(cfg)).width
+        m.submodules.output_fifo = fifo = SyncFIFOBuffered(width=cfg.cols * elem_width, depth=rows)
+        pending = Signal(range(rows + 1))   # output rows owed: in the pipeline or the FIFO
+        room = Signal(init=1)               # pending < rows, registered
         accepted = self.i.valid & self.i.ready
         # a beat produces an output unless it is a pooling window's non-last beat
         produces = self.i.payload.last | ~(pool_max | pool_avg) if has_max or has_avg else Const(1)
         taken = self.o.valid & self.o.ready
         pending_next = pending + (accepted & produces) - taken
-        m.d.sync += [pending.eq(pending_next), room.eq(pending_next < self._fifo_depth)]
-        m.d.comb += self.i.ready.eq(room)
+        m.d.sync += [pending.eq(pending_next), room.eq(pending_next < rows)]
 
         # S0: the input beat is registered as it is, so that the producer's path (e.g. from a block
-        # RAM) ends here
-        valid = stage_valid("input", accepted)
-        beat = register("beat", self.i.payload.as_value(), sfu_input_layout(cfg))
-        flags = Cat(beat.first, beat.last, beat.pad)
+        # RAM) ends here; with several lane groups it stays for as many cycles, one group each.
+        beat = Signal(sfu_input_layout(cfg), name="beat")
+        if groups == 1:
+            valid = stage_valid("input", accepted)
+            m.d.sync += beat.eq(self.i.payload)
+            group = Const(0, 0)
+            group_next = Const(0, 0)
+            m.d.comb += self.i.ready.eq(room)
+        else:
+            valid = Signal(name="input_valid")
+            valids.append(valid)
+            group = Signal(group_bits, name="input_group")
+            more = valid & (group != groups - 1)     # the beat has lane groups left
+            with m.If(accepted):
+                m.d.sync += [beat.eq(self.i.payload), valid.eq(1), group.eq(0)]
+            with m.Elif(more):
+                m.d.sync += group.eq(group + 1)
+            with m.Else():
+                m.d.sync += valid.eq(0)
+            # the group in S0 next cycle (0 when a new beat or none comes)
+            group_next = Mux(more, group + 1, 0)[:group_bits]
+            m.d.comb += self.i.ready.eq(room & ~more)
+        flags = Cat(beat.first, beat.last, beat.pad, group)
+        # A lane's per-channel parameter is registered one cycle before its use: from the group
+        # of the stage two before the one computed with it (stages move every cycle).
+        group_history: list[Value] = [group_next, group]
+
+        def lane_param(name: str, per_channel: list[Value], decode: Any = None) -> list[Signal]:
+            """Per lane: the parameter of the channel in use next cycle, ``decode``-d."""
+            source = group_history[-2]
+            picked = [_pick([per_channel[c] for c in channels(lane)], source) for lane in each_lane]
+            return [register(f"{name}{lane}", decode(value) if decode is not None else value)
+                    for lane, value in enumerate(picked)]
+
+        def next_stage(name: str, valid_in: Value) -> tuple[Signal, Signal]:
+            nonlocal flags
+            valid_out = stage_valid(name, valid_in)
+            flags = register(f"{name}_flags", flags)
+            group_history.append(flags[3:])
+            return valid_out, flags
 
         # S1: bias add, saturating to the accumulator range; residual minus its zero point
-        valid = stage_valid("bias", valid)
-        flags = register("bias_flags", flags)
-        t = [register(f"t{c}", _saturate(beat.acc[c] + bias[c], cfg.acc_bits, cfg.acc_signed),
-                      signed(acc_width)) for c in range(cols)]
+        bias = lane_param("bias", entry_bias)
+        valid, flags = next_stage("bias", valid)
+        t = [register(f"t{lane}", _saturate(_pick([beat.acc[c] for c in channels(lane)], group) + bias[lane],
+                                            cfg.acc_bits, cfg.acc_signed), signed(acc_width))
+             for lane in each_lane]
         if has_residual:
-            res_d = [register(f"res_d{c}", beat.residual[c] - res_zp) for c in range(cols)]
+            res_d = [register(f"res_d{lane}",
+                              _pick([beat.residual[c] for c in channels(lane)], group) - res_zp)
+                     for lane in each_lane]
 
         # S2..S4: t * mult (wrapped to 64 bits), (r - res_zp) * res_mult (exact, < 2**50)
+        mult = lane_param("mult", entry_mult)
         for name in ("partial", "terms", "product"):
-            valid = stage_valid(name, valid)
-            flags = register(f"{name}_flags", flags)
-        p = [_Multiplier(m, t[c], acc_width, mult[c], 32, name=f"p{c}", wrap=_WORD).product
-             for c in range(cols)]
+            valid, flags = next_stage(name, valid)
+        p = [_Multiplier(m, t[lane], acc_width, mult[lane], 32, name=f"p{lane}", wrap=_WORD).product
+             for lane in each_lane]
         if has_residual:
-            res_p = [_Multiplier(m, res_d[c], len(res_d[c]), res_mult, 32, name=f"res_p{c}",
-                                 wrap=None).product for c in range(cols)]
+            res_p = [_Multiplier(m, res_d[lane], len(res_d[lane]), res_mult, 32, name=f"res_p{lane}",
+                                 wrap=None).product for lane in each_lane]
             # [S5r]: the residual term joins the product, so that one rounding covers both
-            valid = stage_valid("residual", valid)
-            flags = register("residual_flags", flags)
-            p = [register(f"pr{c}", _wrap(p[c] + Mux(residual_on, res_p[c], 0))) for c in range(cols)]
+            valid, flags = next_stage("residual", valid)
+            p = [register(f"pr{lane}", _wrap(p[lane] + Mux(residual_on, res_p[lane], 0)))
+                 for lane in each_lane]
 
         # S5: add the rounding term; S6, S7: arithmetic shift (by multiples of 8, then 0..7), the
         # tie recognized beside the first shift from the bits it drops
-        valid = stage_valid("round", valid)
-        flags = register("round_flags", flags)
-        x = [register(f"x{c}", _wrap(p[c] + half[c])) for c in range(cols)]
-        valid = stage_valid("shift_coarse", valid)
-        flags = register("shift_coarse_flags", flags)
-        tie = [register(f"tie_coarse{c}", _is_tie(x[c], mask[c], rounds[c])) for c in range(cols)]
-        x = [register(f"x_coarse{c}", x[c] >> _coarse(shift[c])) for c in range(cols)]
-        valid = stage_valid("shift", valid)
-        flags = register("shift_flags", flags)
-        tie = [register(f"tie{c}", tie[c]) for c in range(cols)]
-        y = [register(f"y{c}", x[c] >> shift[c][:3]) for c in range(cols)]
+        half = lane_param("half", entry_shift, _half)                # rounding terms
+        valid, flags = next_stage("round", valid)
+        x = [register(f"x{lane}", _wrap(p[lane] + half[lane])) for lane in each_lane]
+        shift = lane_param("shift", entry_shift)
+        mask = lane_param("mask", entry_shift, _low_mask)            # bits shifted out
+        rounds = lane_param("rounds", entry_shift, lambda value: value != 0)
+        valid, flags = next_stage("shift_coarse", valid)
+        tie = [register(f"tie_coarse{lane}", _is_tie(x[lane], mask[lane], rounds[lane]))
+               for lane in each_lane]
+        x = [register(f"x_coarse{lane}", x[lane] >> _coarse(shift[lane])) for lane in each_lane]
+        fine = [register(f"fine{lane}", shift[lane][:3]) for lane in each_lane]
+        valid, flags = next_stage("shift", valid)
+        tie = [register(f"tie{lane}", tie[lane]) for lane in each_lane]
+        y = [register(f"y{lane}", x[lane] >> fine[lane]) for lane in each_lane]
 
         # S8: output zero point, after making a tie even (tie_out = 0)
-        valid = stage_valid("zero_point", valid)
-        flags = register("zero_point_flags", flags)
-        q = [register(f"q{c}", _wrap(_clear_lsb(y[c], tie[c] & ~tie_out) + zp)) for c in range(cols)]
-        tie = [register(f"tie_q{c}", tie[c] & tie_out) for c in range(cols)]
+        valid, flags = next_stage("zero_point", valid)
+        q = [register(f"q{lane}", _wrap(_clear_lsb(y[lane], tie[lane] & ~tie_out) + zp))
+             for lane in each_lane]
+        tie = [register(f"tie_q{lane}", tie[lane] & tie_out) for lane in each_lane]
 
         # S9: make a tie's output even (tie_out = 1), narrow to 19 bits (the clamp bounds lie well
         # inside); raw elements pass whole
-        valid = stage_valid("narrow", valid)
-        flags = register("narrow_flags", flags)
-        narrow = [register(f"narrow{c}", Mux(raw, q[c], _saturate(_clear_lsb(q[c], tie[c]), _NARROW, True)),
-                           signed(value_width)) for c in range(cols)]
+        valid, flags = next_stage("narrow", valid)
+        narrow = [register(f"narrow{lane}",
+                           Mux(raw, q[lane], _saturate(_clear_lsb(q[lane], tie[lane]), _NARROW, True)),
+                           signed(value_width)) for lane in each_lane]
 
         # S11, S12: activation and saturation as one clamp: compare, then select
-        valid = stage_valid("act_compare", valid)
-        flags = register("act_compare_flags", flags)
+        valid, flags = next_stage("act_compare", valid)
         held, below, above = [], [], []
-        for c in range(cols):
-            lo_hi = _compare(narrow[c][:_NARROW].as_signed(), clamp_lo, clamp_hi)
-            held.append(register(f"act_value{c}", narrow[c]))
-            below.append(register(f"below{c}", lo_hi[0]))
-            above.append(register(f"above{c}", lo_hi[1]))
-        valid = stage_valid("act", valid)
-        flags = register("act_flags", flags)
-        v = [register(f"v{c}", Mux(raw, held[c], _select(held[c][:_NARROW].as_signed(), clamp_lo, clamp_hi,
-                                                        clamp_empty, below[c], above[c])),
-                      signed(value_width)) for c in range(cols)]
+        for lane in each_lane:
+            lo_hi = _compare(narrow[lane][:_NARROW].as_signed(), clamp_lo, clamp_hi)
+            held.append(register(f"act_value{lane}", narrow[lane]))
+            below.append(register(f"below{lane}", lo_hi[0]))
+            above.append(register(f"above{lane}", lo_hi[1]))
+        valid, flags = next_stage("act", valid)
+        v = [register(f"v{lane}",
+                      Mux(raw, held[lane], _select(held[lane][:_NARROW].as_signed(), clamp_lo, clamp_hi,
+                                                   clamp_empty, below[lane], above[lane])),
+                      signed(value_width)) for lane in each_lane]
         out_valid, out = valid, v
 
         # P: pooling over the window's beats. One register per mode, so each is one carry chain
-        # deep; the mode is selected after the registers.
+        # deep; the mode is selected after the registers. A channel's running value waits in a
+        # ring of one entry per lane group: every beat turns it once, a group per cycle, so the
+        # head always belongs to the group arriving.
+        def ring(name: str, shape: Shape, update: Value, new: Any) -> list[Signal]:
+            """Per lane: the tail of a ring of ``groups`` entries that turns on ``update`` with
+            ``new(lane, head)`` written at the tail (the value of the group just processed)."""
+            tails = []
+            for lane in each_lane:
+                entries = [Signal(shape, name=f"{name}{lane}_{k}") for k in range(groups)]
+                with m.If(update):
+                    m.d.sync += [entries[k].eq(entries[k + 1]) for k in range(groups - 1)]
+                    m.d.sync += entries[-1].eq(new(lane, entries[0]))
+                tails.append(entries[-1])
+            return tails
+
         if has_max or has_avg:
             first, last, pad = flags[0], flags[1], flags[2]
             no_pool = ~pool_max & ~pool_avg
             update = valid
-            passed = [register(f"passed{c}", v[c]) for c in range(cols)]
+            passed = [register(f"passed{lane}", v[lane]) for lane in each_lane]
             out = passed
             if has_max:
-                run_max = [Signal(output_elem_shape(cfg), name=f"run_max{c}") for c in range(cols)]
                 # Max pooling only sees requantized outputs, which fit output_bits exactly; with
                 # the sign bit flipped, their signed order is the unsigned one: a short comparator
                 # for this one-cycle recurrence.
                 flip = 1 << (cfg.output_bits - 1) if cfg.output_signed else 0
-                for c in range(cols):
-                    value = v[c][:cfg.output_bits]
-                    bigger = (value ^ flip) > (run_max[c].as_unsigned() ^ flip)
-                    with m.If(update & ~pad & (first | bigger)):
-                        m.d.sync += run_max[c].eq(value)
-                    with m.Elif(update & first):     # a pad pixel starts the window
-                        m.d.sync += run_max[c].eq(out_lo)
-                out = [Mux(pool_max, run_max[c], out[c]) for c in range(cols)]
+
+                def new_max(lane: int, head: Value) -> Value:
+                    value = v[lane][:cfg.output_bits]
+                    bigger = (value ^ flip) > (head.as_unsigned() ^ flip)
+                    # a pad pixel that starts the window starts it at the lowest value
+                    return Mux(~pad & (first | bigger), value, Mux(first, out_lo, head))
+                run_max = ring("run_max", output_elem_shape(cfg), update, new_max)
+                out = [Mux(pool_max, run_max[lane], out[lane]) for lane in each_lane]
             if has_avg:
-                run_sum = [Signal(signed(_SUM_BITS), name=f"run_sum{c}") for c in range(cols)]
-                for c in range(cols):
-                    with m.If(update):
-                        m.d.sync += run_sum[c].eq(Mux(first, 0, run_sum[c]) + Mux(pad, zp, v[c]))
+                run_sum = ring("run_sum", signed(_SUM_BITS), update,
+                               lambda lane, head: Mux(first, 0, head) + Mux(pad, zp, v[lane]))
             valid = stage_valid("pool", valid & (no_pool | last))
             out_valid = valid
 
         # F1..F11: average finish, the same requantize tail with (avg_mult, avg_shift)
         if has_avg:
             valid = stage_valid("centre", valid & pool_avg)
-            centred = [register(f"centred{c}", run_sum[c] - count_zp, signed(_SUM_BITS + 1))
-                       for c in range(cols)]
+            centred = [register(f"centred{lane}", run_sum[lane] - count_zp, signed(_SUM_BITS + 1))
+                       for lane in each_lane]
             for name in ("avg_partial", "avg_terms", "avg_product"):
                 valid = stage_valid(name, valid)
-            avg_p = [_Multiplier(m, centred[c], _SUM_BITS + 1, avg_mult, 32, name=f"avg_p{c}",
-                                 wrap=_WORD).product for c in range(cols)]
+            avg_p = [_Multiplier(m, centred[lane], _SUM_BITS + 1, avg_mult, 32, name=f"avg_p{lane}",
+                                 wrap=_WORD).product for lane in each_lane]
             valid = stage_valid("avg_round", valid)
-            avg_x = [register(f"avg_x{c}", _wrap(avg_p[c] + avg_half)) for c in range(cols)]
+            avg_x = [register(f"avg_x{lane}", _wrap(avg_p[lane] + avg_half)) for lane in each_lane]
             valid = stage_valid("avg_shift_coarse", valid)
-            avg_tie = [register(f"avg_tie_coarse{c}", _is_tie(avg_x[c], avg_mask, avg_rounds))
-                       for c in range(cols)]
-            avg_x = [register(f"avg_x_coarse{c}", avg_x[c] >> _coarse(avg_shift)) for c in range(cols)]
+            avg_tie = [register(f"avg_tie_coarse{lane}", _is_tie(avg_x[lane], avg_mask, avg_rounds))
+                       for lane in each_lane]
+            avg_x = [register(f"avg_x_coarse{lane}", avg_x[lane] >> _coarse(avg_shift)) for lane in each_lane]
             valid = stage_valid("avg_shift", valid)
-            avg_tie = [register(f"avg_tie{c}", avg_tie[c]) for c in range(cols)]
-            avg_y = [register(f"avg_y{c}", avg_x[c] >> avg_shift[:3]) for c in range(cols)]
+            avg_tie = [register(f"avg_tie{lane}", avg_tie[lane]) for lane in each_lane]
+            avg_y = [register(f"avg_y{lane}", avg_x[lane] >> avg_shift[:3]) for lane in each_lane]
             valid = stage_valid("avg_zero_point", valid)
-            avg_q = [register(f"avg_q{c}", _wrap(_clear_lsb(avg_y[c], avg_tie[c] & ~avg_tie_out) + zp))
-                     for c in range(cols)]
-            avg_tie = [register(f"avg_tie_q{c}", avg_tie[c] & avg_tie_out) for c in range(cols)]
+            avg_q = [register(f"avg_q{lane}",
+                              _wrap(_clear_lsb(avg_y[lane], avg_tie[lane] & ~avg_tie_out) + zp))
+                     for lane in each_lane]
+            avg_tie = [register(f"avg_tie_q{lane}", avg_tie[lane] & avg_tie_out) for lane in each_lane]
             valid = stage_valid("avg_narrow", valid)
-            avg_n = [register(f"avg_narrow{c}", _saturate(_clear_lsb(avg_q[c], avg_tie[c]), _NARROW, True),
-                              signed(_NARROW)) for c in range(cols)]
+            avg_n = [register(f"avg_narrow{lane}",
+                              _saturate(_clear_lsb(avg_q[lane], avg_tie[lane]), _NARROW, True),
+                              signed(_NARROW)) for lane in each_lane]
             valid = stage_valid("avg_act_compare", valid)
-            avg_lo_hi = [_compare(avg_n[c], clamp_lo, clamp_hi) for c in range(cols)]
-            avg_held = [register(f"avg_act_value{c}", avg_n[c]) for c in range(cols)]
-            avg_below = [register(f"avg_below{c}", avg_lo_hi[c][0]) for c in range(cols)]
-            avg_above = [register(f"avg_above{c}", avg_lo_hi[c][1]) for c in range(cols)]
+            avg_lo_hi = [_compare(avg_n[lane], clamp_lo, clamp_hi) for lane in each_lane]
+            avg_held = [register(f"avg_act_value{lane}", avg_n[lane]) for lane in each_lane]
+            avg_below = [register(f"avg_below{lane}", avg_lo_hi[lane][0]) for lane in each_lane]
+            avg_above = [register(f"avg_above{lane}", avg_lo_hi[lane][1]) for lane in each_lane]
             valid = stage_valid("avg_act", valid)
-            avg_v = [register(f"avg_v{c}", _select(avg_held[c], clamp_lo, clamp_hi, clamp_empty, avg_below[c],
-                                                   avg_above[c]), signed(_NARROW)) for c in range(cols)]
+            avg_v = [register(f"avg_v{lane}", _select(avg_held[lane], clamp_lo, clamp_hi, clamp_empty,
+                                                      avg_below[lane], avg_above[lane]), signed(_NARROW))
+                     for lane in each_lane]
             out_valid = Mux(pool_avg, valid, out_valid)
-            out = [Mux(pool_avg, avg_v[c], out[c]) for c in range(cols)]
+            out = [Mux(pool_avg, avg_v[lane], out[lane]) for lane in each_lane]
 
-        result = Signal(sfu_output_layout(cfg))
-        for c in range(cols):
-            m.d.comb += result[c].eq(out[c])
+        # -- output: with several lane groups, a row's earlier groups wait in registers until its
+        # last group comes (the groups of a row come in order, one per cycle)
+        result = Signal(data.ArrayLayout(acc_elem_shape(cfg), lanes))
+        for lane in each_lane:
+            m.d.comb += result[lane].eq(out[lane])
+        row_done: Value = out_valid
+        row: Value = result.as_value()
+        if groups > 1:
+            write_group = Signal(group_bits)
+            earlier = [Signal(lanes * elem_width, name=f"out_group{k}") for k in range(groups - 1)]
+            with m.If(out_valid):
+                m.d.sync += write_group.eq(write_group + 1)      # wraps after the last group
+            for k in range(groups - 1):
+                with m.If(out_valid & (write_group == k)):
+                    m.d.sync += earlier[k].eq(result)
+            row_done = out_valid & (write_group == groups - 1)
+            row = Cat(*earlier, result)
         m.d.comb += [
-            fifo.w_en.eq(out_valid),
-            fifo.w_data.eq(result.as_value()),
+            fifo.w_en.eq(row_done),
+            fifo.w_data.eq(row),
             self.o.valid.eq(fifo.r_rdy),
             self.o.payload.eq(fifo.r_data),
             fifo.r_en.eq(self.o.ready),

@@ -37,7 +37,7 @@ from .requant_table import RequantTable
 from .scratchpad import Scratchpad
 from .units import ComputeUnit, LoadUnit, StoreUnit
 
-__all__ = ["Accelerator", "top_ports"]
+__all__ = ["Accelerator", "top_ports", "counter_increment_bits"]
 
 
 def top_ports(config: AcceleratorConfig) -> dict[str, tuple[str, int]]:
@@ -67,6 +67,14 @@ def top_ports(config: AcceleratorConfig) -> dict[str, tuple[str, int]]:
     return ports
 
 
+def counter_increment_bits(config: AcceleratorConfig) -> dict[str, int]:
+    """Width of each performance counter's increment per cycle (bits), for the CSR bank: the
+    MACs of one input row of the array, the bus bytes of one beat, 1 for the others."""
+    return {"macs": (config.rows * config.cols).bit_length(),
+            "dram_read_bytes": config.dma_bytes.bit_length(),
+            "dram_write_bytes": config.dma_bytes.bit_length()}
+
+
 class Accelerator(wiring.Component):
     """The whole accelerator for one :class:`AcceleratorConfig` (flat AXI port names, see the
     module docstring)."""
@@ -84,7 +92,8 @@ class Accelerator(wiring.Component):
         m = Module()
         cfg = self.config
 
-        m.submodules.csr = csr = CSRBank(cfg.hash, counter_bits=cfg.counter_bits)
+        m.submodules.csr = csr = CSRBank(cfg.hash, counter_bits=cfg.counter_bits,
+                                         increment_bits=counter_increment_bits(cfg))
         core = Module()
         m.submodules.core = ResetInserter(csr.soft_reset)(core)
 
@@ -109,9 +118,12 @@ class Accelerator(wiring.Component):
         sequencers = [Sequencer() for _ in Queue]
         for q, seq in zip(Queue, sequencers, strict=True):
             core.submodules[f"seq_{q.name.lower()}"] = seq
-        core.submodules.load = load = LoadUnit(cfg)
-        core.submodules.compute = compute = ComputeUnit(cfg)
-        core.submodules.store = store = StoreUnit(cfg)
+        load, compute, store = LoadUnit(cfg), ComputeUnit(cfg), StoreUnit(cfg)
+        # every program starts from the ISA's initial state: start clears the units' errors and
+        # the SFU registers (they are idle then: the last program is done, or none ran yet)
+        core.submodules.load = ResetInserter(csr.start)(load)
+        core.submodules.compute = compute
+        core.submodules.store = ResetInserter(csr.start)(store)
         core.submodules.spad = spad = Scratchpad(cfg)
         core.submodules.acc = acc = Accumulator(cfg)
         core.submodules.table = table = RequantTable(cfg)
@@ -129,7 +141,7 @@ class Accelerator(wiring.Component):
             dispatcher.start.eq(start), dispatcher.exhausted.eq(fetcher.exhausted),
             dispatcher.fetch_error.eq(fetcher.error),
         ]
-        wiring.connect(core, fetcher=fetcher.instr, dispatcher=dispatcher.instr)
+        wiring.connect(core, fetcher=fetcher.beats, dispatcher=dispatcher.beats)
         units = (load, compute, store)
         for q, seq, unit in zip(Queue, sequencers, units, strict=True):
             wiring.connect(core, dispatcher=dispatcher.queues[q.value], sequencer=seq.queue)
@@ -174,13 +186,16 @@ class Accelerator(wiring.Component):
             core.d.sync += running.eq(1)
         with core.Elif(dispatcher.done):
             core.d.sync += running.eq(0)
+        # the host sees done once the counters hold every count (a few cycles after the program)
+        done = Signal()
         core.d.comb += [
-            csr.busy.eq(running & ~dispatcher.done),
-            csr.done.eq(dispatcher.done),
+            done.eq(dispatcher.done & csr.settled),
+            csr.busy.eq((running | dispatcher.done) & ~done),
+            csr.done.eq(done),
             csr.error.eq(dispatcher.error),
             csr.error_pc.eq(dispatcher.error_pc),
-            csr.pc.eq(fetcher.instr.payload.pc),
-            self.irq.eq(dispatcher.done),
+            csr.pc.eq(fetcher.beats.payload.pc),
+            self.irq.eq(done),
         ]
         core.d.comb += [load.dram_base.eq(csr.dram_base), store.dram_base.eq(csr.dram_base)]
 
@@ -244,10 +259,6 @@ class Accelerator(wiring.Component):
         }
         assert set(increments) == {name for name, _ in COUNTERS}
         for name, increment in increments.items():
-            counter = Signal(cfg.counter_bits, name=f"count_{name}")      # wraps
-            with core.If(start):
-                core.d.sync += counter.eq(0)
-            with core.Else():
-                core.d.sync += counter.eq(counter + increment)
-            core.d.comb += getattr(csr, f"counter_{name}").eq(counter)
+            # the CSR bank counts them (and clears the counts at start)
+            core.d.comb += getattr(csr, f"increment_{name}").eq(increment)
         return m

@@ -279,30 +279,41 @@ class ComputeUnit(wiring.Component):
         ws = cfg.dataflow == "ws"
         op = _view(Opcode.COMPUTE, self.cmd.payload.word)
 
-        # descriptors hold what the ISA allows: k <= R (WS) or m <= R (OS), n <= C; the other
-        # size is a whole 16-bit field. row_macs: MACs of one input row (WS k*n, OS m*n).
+        # descriptors hold what each consumer reads, as wide as the ISA allows: k <= R (WS) or
+        # m <= R (OS), n <= C; the other size is a whole 16-bit field. row_macs: MACs of one
+        # input row (WS k*n, OS m*n). WS: the input rows' (feed) and the weights' (preload)
+        # descriptors; OS: one feed descriptor for both operands.
         addr_bits = cfg.spad_addr_bits
         small_r, small_c = R.bit_length(), C.bit_length()
-        feed_layout = data.StructLayout({
-            "a_addr": addr_bits, "b_addr": addr_bits, "m": 16 if ws else small_r,
-            "k": small_r if ws else 16, "n": small_c, "preload": 1, "row_macs": _row_macs_bits(cfg)})
+        if ws:
+            feed_layout = data.StructLayout({"a_addr": addr_bits, "m": 16, "preload": 1,
+                                             "row_macs": _row_macs_bits(cfg)})
+            preload_layout = data.StructLayout({"b_addr": addr_bits, "k": small_r, "n": small_c})
+        else:
+            feed_layout = data.StructLayout({"a_addr": addr_bits, "b_addr": addr_bits, "k": 16,
+                                             "n": small_c, "row_macs": _row_macs_bits(cfg)})
         write_layout = data.StructLayout({"acc_addr": cfg.acc_addr_bits, "m": 16 if ws else small_r,
                                           "accumulate": 1})
         m.submodules.feeds = feeds = fifo.SyncFIFOBuffered(width=feed_layout.size, depth=self.depth)
         m.submodules.writes = writes = fifo.SyncFIFOBuffered(width=write_layout.size, depth=self.depth)
         if ws:
-            m.submodules.preloads = preloads = fifo.SyncFIFOBuffered(width=feed_layout.size,
+            m.submodules.preloads = preloads = fifo.SyncFIFOBuffered(width=preload_layout.size,
                                                                      depth=self.depth)
 
         # -- accept: one descriptor per consumer ----------------------------------------------
         feed = Signal(feed_layout)
         write = Signal(write_layout)
         m.d.comb += [
-            feed.a_addr.eq(op.a_addr), feed.b_addr.eq(op.b_addr), feed.m.eq(op.m), feed.k.eq(op.k),
-            feed.n.eq(op.n), feed.preload.eq(op.preload),
+            feed.a_addr.eq(op.a_addr),
             feed.row_macs.eq(_small_product(op.k[:small_r] if ws else op.m[:small_r], op.n[:small_c])),
             write.acc_addr.eq(op.acc_addr), write.m.eq(op.m), write.accumulate.eq(op.accumulate),
         ]
+        if ws:
+            preload = Signal(preload_layout)
+            m.d.comb += [feed.m.eq(op.m), feed.preload.eq(op.preload),
+                         preload.b_addr.eq(op.b_addr), preload.k.eq(op.k), preload.n.eq(op.n)]
+        else:
+            m.d.comb += [feed.b_addr.eq(op.b_addr), feed.k.eq(op.k), feed.n.eq(op.n)]
         room = feeds.w_rdy & writes.w_rdy & (preloads.w_rdy if ws else 1)
         accept = Signal()
         m.d.comb += [
@@ -312,12 +323,12 @@ class ComputeUnit(wiring.Component):
             writes.w_data.eq(write), writes.w_en.eq(accept),
         ]
         if ws:
-            m.d.comb += [preloads.w_data.eq(feed), preloads.w_en.eq(accept & op.preload)]
+            m.d.comb += [preloads.w_data.eq(preload), preloads.w_en.eq(accept & op.preload)]
 
-        def reader(name, port, fifo_, count_of, addr_of, meta_layout, meta_of):
+        def reader(name, port, fifo_, layout, count_of, addr_of, meta_layout, meta_of):
             """Issue one scratchpad read per row of the head descriptor; queue per-row metadata
             for the response side."""
-            head = Signal(feed_layout, name=f"{name}_head")
+            head = Signal(layout, name=f"{name}_head")
             m.d.comb += head.eq(fifo_.r_data)
             row = Signal(16, name=f"{name}_row")
             # first-word-fall-through: an entry is readable the cycle after it is written, in
@@ -338,6 +349,10 @@ class ComputeUnit(wiring.Component):
                     m.d.sync += row.eq(row + 1)
             return meta
 
+        def column_mask(n):
+            """Bit j set for the columns j < ``n`` of a row of C elements."""
+            return Cat(*(n > j for j in range(C)))
+
         def element(row_view, index, shape):
             raw = row_view[index]
             value = raw[:shape.width]
@@ -347,16 +362,18 @@ class ComputeUnit(wiring.Component):
         weight_shape = (weight_layout(cfg)["data"] if ws else input_layout(cfg)["b"]).shape.elem_shape
 
         if ws:
-            # weights: k rows of B, columns >= n zeroed, last on row k-1
-            wmeta_layout = data.StructLayout({"n": small_c, "last": 1})
-            wmeta = reader("weights", self.read_b, preloads, lambda h: h.k, lambda h: h.b_addr,
-                           wmeta_layout, lambda h, r: Cat(h.n, r == h.k - 1))
+            # weights: k rows of B, columns >= n zeroed (the column mask is made with the request,
+            # not on the response path: timing), last on row k-1
+            wmeta_layout = data.StructLayout({"columns": C, "last": 1})
+            wmeta = reader("weights", self.read_b, preloads, preload_layout, lambda h: h.k,
+                           lambda h: h.b_addr, wmeta_layout,
+                           lambda h, r: Cat(column_mask(h.n), r == h.k - 1))
             wm = Signal(wmeta_layout)
             m.d.comb += wm.eq(wmeta.r_data)
             resp = self.read_b.resp.payload
             for j in range(C):
                 m.d.comb += self.weights.payload.data[j].eq(
-                    Mux(j < wm.n, element(resp, j, weight_shape), 0))
+                    Mux(wm.columns[j], element(resp, j, weight_shape), 0))
             m.d.comb += [
                 self.weights.payload.last.eq(wm.last),
                 self.weights.valid.eq(self.read_b.resp.valid & wmeta.r_rdy),
@@ -365,7 +382,7 @@ class ComputeUnit(wiring.Component):
             ]
             # inputs: m rows of A, new_weights on the first row of a preloading COMPUTE
             imeta_layout = data.StructLayout({"new_weights": 1, "last": 1, "row_macs": _row_macs_bits(cfg)})
-            imeta = reader("inputs", self.read_a, feeds, lambda h: h.m, lambda h: h.a_addr,
+            imeta = reader("inputs", self.read_a, feeds, feed_layout, lambda h: h.m, lambda h: h.a_addr,
                            imeta_layout, lambda h, r: Cat(h.preload & (r == 0), r == h.m - 1, h.row_macs))
             im = Signal(imeta_layout)
             m.d.comb += im.eq(imeta.r_data)
@@ -381,7 +398,7 @@ class ComputeUnit(wiring.Component):
             ]
         else:
             # k beats, each a row of A-transposed and a row of B (columns >= n zeroed)
-            ameta_layout = data.StructLayout({"n": small_c, "last": 1, "row_macs": _row_macs_bits(cfg)})
+            ameta_layout = data.StructLayout({"columns": C, "last": 1, "row_macs": _row_macs_bits(cfg)})
             a_head = Signal(feed_layout)
             m.d.comb += a_head.eq(feeds.r_data)
             a_row = Signal(16)
@@ -410,7 +427,7 @@ class ComputeUnit(wiring.Component):
                 self.read_b.req.valid.eq(both & (b_row <= a_row) & (b_row < a_head.k)),
                 a_done.eq((a_row + a_fire) == a_head.k),
                 b_done.eq((b_row + b_fire) == a_head.k),
-                ameta.w_data.eq(Cat(a_head.n, a_row == a_head.k - 1, a_head.row_macs)),
+                ameta.w_data.eq(Cat(column_mask(a_head.n), a_row == a_head.k - 1, a_head.row_macs)),
                 ameta.w_en.eq(a_fire),
             ]
             with m.If(feeds.r_rdy & a_done & b_done):
@@ -423,7 +440,8 @@ class ComputeUnit(wiring.Component):
             for i in range(R):
                 m.d.comb += self.inputs.payload.a[i].eq(element(a_resp, i, input_shape))
             for j in range(C):
-                m.d.comb += self.inputs.payload.b[j].eq(Mux(j < am.n, element(b_resp, j, weight_shape), 0))
+                m.d.comb += self.inputs.payload.b[j].eq(Mux(am.columns[j], element(b_resp, j, weight_shape),
+                                                            0))
             beat = self.read_a.resp.valid & self.read_b.resp.valid & ameta.r_rdy
             m.d.comb += [
                 self.inputs.payload.last.eq(am.last),
@@ -535,17 +553,31 @@ class StoreUnit(wiring.Component):
         row_bits = cfg.acc_addr_bits
         wrow = Signal(row_bits)                 # accumulator row of the current window pixel
 
-        # acc reads: one request per window pixel, metadata to the response side
+        # acc reads: the walk queues one request (row, metadata) per window pixel; a request leaves
+        # the queue for the accumulator, its metadata for the response side. The walk waits only
+        # for room in the queue, so the accumulator's ready (which depends on the array's beats)
+        # reaches no walk register, and the request comes from a register.
         meta_layout = data.StructLayout({"first": 1, "last": 1, "pad": 1})
         m.submodules.meta = meta = fifo.SyncFIFO(width=meta_layout.size, depth=4)
+        m.submodules.requests = requests = fifo.SyncFIFOBuffered(width=row_bits + meta_layout.size, depth=4)
         walking = Signal()
         last_pixel = Signal()
         step = Signal()
+        request_addr = Signal(row_bits)
+        request_meta = Signal(meta_layout)
         m.d.comb += [
-            self.read_acc.req.valid.eq(walking & meta.w_rdy),
+            step.eq(walking & requests.w_rdy),
+            requests.w_en.eq(step),
+            requests.w_data.eq(Cat(request_addr, request_meta)),
+            self.read_acc.req.valid.eq(requests.r_rdy & meta.w_rdy),
+            self.read_acc.req.payload.addr.eq(requests.r_data[:row_bits]),
+            meta.w_data.eq(requests.r_data[row_bits:]),
             meta.w_en.eq(self.read_acc.req.valid & self.read_acc.req.ready),
-            step.eq(self.read_acc.req.valid & self.read_acc.req.ready),
+            requests.r_en.eq(meta.w_en),
         ]
+        # the walk's bounds, registered at SETUP: no subtraction before a comparison in the walk
+        last_ox = Signal(16)                    # out_w - 1
+        last_oy = Signal(16)                    # out_h - 1
         if has_pooling:
             wy = Signal(8)
             wx = Signal(8)
@@ -556,23 +588,27 @@ class StoreUnit(wiring.Component):
             oy_iy = Signal(signed(20))
             ox_ix = Signal(signed(20))
             row_step = Signal(row_bits)         # stride_h * in_w
+            row_skip = Signal(row_bits)         # in_w - (win_w - 1): to the next window row
+            top_rows = Signal(row_bits)         # pad_top * in_w
+            last_wx = Signal(8)                 # win_w - 1
+            last_wy = Signal(8)                 # win_h - 1
             inside = Signal()
             m.d.comb += [
                 inside.eq((iy >= 0) & (iy < s.in_h) & (ix >= 0) & (ix < s.in_w)),
-                self.read_acc.req.payload.addr.eq(Mux(inside, wrow, s.acc_addr)),
-                meta.w_data.eq(Cat((wy == 0) & (wx == 0), (wy == win_h - 1) & (wx == win_w - 1), ~inside)),
+                request_addr.eq(Mux(inside, wrow, s.acc_addr)),
+                request_meta.eq(Cat((wy == 0) & (wx == 0), (wy == last_wy) & (wx == last_wx), ~inside)),
             ]
             with m.If(step):
-                with m.If(wx != win_w - 1):
+                with m.If(wx != last_wx):
                     m.d.sync += [wx.eq(wx + 1), ix.eq(ix + 1), wrow.eq(wrow + 1)]
-                with m.Elif(wy != win_h - 1):
+                with m.Elif(wy != last_wy):
                     m.d.sync += [wx.eq(0), wy.eq(wy + 1), ix.eq(ox_ix), iy.eq(iy + 1),
-                                 wrow.eq(wrow - (win_w - 1) + s.in_w)]
-                with m.Elif(ox != s.out_w - 1):
+                                 wrow.eq(wrow + row_skip)]
+                with m.Elif(ox != last_ox):
                     nrow = ox_row + str_w
                     m.d.sync += [wx.eq(0), wy.eq(0), ox.eq(ox + 1), ox_row.eq(nrow), wrow.eq(nrow),
                                  ox_ix.eq(ox_ix + str_w), ix.eq(ox_ix + str_w), iy.eq(oy_iy)]
-                with m.Elif(oy != s.out_h - 1):
+                with m.Elif(oy != last_oy):
                     nrow = oy_row + row_step
                     m.d.sync += [wx.eq(0), wy.eq(0), ox.eq(0), oy.eq(oy + 1),
                                  oy_row.eq(nrow), ox_row.eq(nrow), wrow.eq(nrow),
@@ -584,14 +620,14 @@ class StoreUnit(wiring.Component):
             # Without pooling an output pixel is its input pixel and in = out (docs/isa.md): the
             # rows are acc_addr, acc_addr + 1, ... in order, each a window of its own.
             m.d.comb += [
-                self.read_acc.req.payload.addr.eq(wrow),
-                meta.w_data.eq(Cat(1, 1, 0)),
+                request_addr.eq(wrow),
+                request_meta.eq(Cat(1, 1, 0)),
             ]
             with m.If(step):
                 m.d.sync += wrow.eq(wrow + 1)
-                with m.If(ox != s.out_w - 1):
+                with m.If(ox != last_ox):
                     m.d.sync += ox.eq(ox + 1)
-                with m.Elif(oy != s.out_h - 1):
+                with m.Elif(oy != last_oy):
                     m.d.sync += [ox.eq(0), oy.eq(oy + 1)]
                 with m.Else():
                     m.d.comb += last_pixel.eq(1)
@@ -678,23 +714,32 @@ class StoreUnit(wiring.Component):
                 m.next = "IDLE"
             with m.State("SETUP"):
                 m.d.comb += self.busy.eq(1)
+                m.d.sync += [last_ox.eq(s.out_w - 1), last_oy.eq(s.out_h - 1), oy.eq(0), ox.eq(0)]
                 if has_pooling:
                     # the window products by shifted additions (no DSP blocks), rows modulo
-                    # 2**row_bits
-                    top = -s.pad_top
-                    top_rows = _small_product(s.pad_top, s.in_w[:row_bits], row_bits)
-                    first_row = s.acc_addr - top_rows - s.pad_left
+                    # 2**row_bits; the walk's origin from them in the next cycle
                     m.d.sync += [
-                        oy.eq(0), ox.eq(0), wy.eq(0), wx.eq(0),
-                        oy_iy.eq(top), iy.eq(top), ox_ix.eq(-s.pad_left), ix.eq(-s.pad_left),
-                        oy_row.eq(first_row), ox_row.eq(first_row), wrow.eq(first_row),
+                        top_rows.eq(_small_product(s.pad_top, s.in_w[:row_bits], row_bits)),
                         row_step.eq(_small_product(str_h, s.in_w[:row_bits], row_bits)),
+                        last_wx.eq(win_w - 1), last_wy.eq(win_h - 1),
                     ]
                     if "avg" in cfg.sfu_pooling:     # the SFU uses it for the average only
                         m.d.sync += window_pixels.eq(_small_product(win_h, win_w))
-                    m.next = "TABLE"
+                    m.next = "ORIGIN"
                 else:
-                    m.d.sync += [oy.eq(0), ox.eq(0), wrow.eq(s.acc_addr)]
+                    m.d.sync += wrow.eq(s.acc_addr)
+                    m.next = "TABLE"
+            if has_pooling:
+                with m.State("ORIGIN"):
+                    m.d.comb += self.busy.eq(1)
+                    top = -s.pad_top
+                    first_row = s.acc_addr - top_rows - s.pad_left
+                    m.d.sync += [
+                        wy.eq(0), wx.eq(0),
+                        oy_iy.eq(top), iy.eq(top), ox_ix.eq(-s.pad_left), ix.eq(-s.pad_left),
+                        oy_row.eq(first_row), ox_row.eq(first_row), wrow.eq(first_row),
+                        row_skip.eq(s.in_w[:row_bits] - last_wx),
+                    ]
                     m.next = "TABLE"
             with m.State("TABLE"):
                 m.d.comb += [self.busy.eq(1), self.read_table.req.valid.eq(1),
@@ -729,7 +774,7 @@ class StoreUnit(wiring.Component):
             with m.State("DRAIN"):
                 m.d.comb += self.busy.eq(1)
                 # every residual row went into the SFU with its accumulator beat
-                drained = ~writer.busy & sfu.idle & ~self.read_acc.resp.valid
+                drained = ~writer.busy & ~requests.r_rdy & sfu.idle & ~self.read_acc.resp.valid
                 with m.If(drained):
                     m.d.comb += [self.completed.eq(1), self.read_table.resp.ready.eq(1)]
                     m.next = "IDLE"

@@ -1083,7 +1083,7 @@ class _Run:
             res_beats, _ = _bus_beats(res_addr, None, c.input_bytes, c.dma_bytes)
             beats += res_beats + c.dram_latency
             self.read_bytes += _dma_bus_bytes(res_addr, c.input_bytes, c.dma_bytes)
-        sfu_cycles = out_h * out_w * (f["pool_h"] * f["pool_w"] if pool else 1)
+        sfu_cycles = out_h * out_w * (f["pool_h"] * f["pool_w"] if pool else 1) * c.sfu_row_cycles
         latency = self.sfu_avg_latency if pool == PoolMode.AVG.value else self.sfu_latency
         return max(sfu_cycles, beats) + latency
 

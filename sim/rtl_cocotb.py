@@ -284,7 +284,7 @@ _STALLS = (
     ("stall_compute_token", "the compute queue waits for a token"),
     ("stall_store_token", "the store queue waits for a token"),
     ("stall_dispatch", "the dispatcher waits for room in a queue"),
-    ("stall_fetch", "the dispatcher waits for an instruction word"),
+    ("stall_fetch", "the dispatcher waits for the next beat of an instruction word"),
 )
 #: Cycles between the two counter reads that find what a hung accelerator waits for.
 PROBE_CYCLES = 64

@@ -309,7 +309,7 @@ _OTHER_VALUE = {
     "dma_outstanding": 2,
     "dram_latency": 40, "load_queue_depth": 4, "compute_queue_depth": 16, "store_queue_depth": 2,
     "token_depth": 4, "sfu_activations": ("relu",), "sfu_pooling": ("avg",), "sfu_residual": False,
-    "counter_bits": 32, "clock_mhz": 50.0,
+    "counter_bits": 32, "clock_mhz": 50.0, "requant_row_words": 3, "sfu_row_cycles": 2,
 }
 # Changes that need a companion change to stay valid.
 _COMPANION = {"acc_signed": {"input_signed": False, "weight_signed": False}}

@@ -1,9 +1,12 @@
-"""Control and status registers (hw/csr.py): counters of every width read as two 32-bit words,
-the low word's read latching the high word (one latch shared by the counters); widths up to 32
-bits read 0 in the high word."""
+"""Control and status registers (hw/csr.py): the performance counters count their increments
+exactly (random and all-ones increments, wrapping at every width, carries from the low into the
+high word), also while the host reads them; every count is in the counter memory when
+``settled`` rises; reading a low word latches the high word (one latch shared by the counters);
+start clears the counts; widths up to 32 bits read 0 in the high word."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -14,6 +17,12 @@ from systolic.hw.csr import COUNTERS, REGISTERS, CSRBank
 from .test_scratchpad import construct_rejected
 
 REG = {r.name: r.offset for r in REGISTERS}
+NAMES = [name for name, _ in COUNTERS]
+#: Increment widths of the tests: "macs" as wide as allowed (carries into the high word within a
+#: few cycles), "dram_read_bytes" 5 bits, the others 1 bit.
+WIDTHS = {"macs": 32, "dram_read_bytes": 5}
+#: Cycles the pipeline may take after the last increment, host reads or not.
+SETTLE_CYCLES = 2 * len(COUNTERS) + 4
 
 
 async def _read(ctx: Any, bus: Any, addr: int) -> tuple[int, int]:
@@ -27,64 +36,145 @@ async def _read(ctx: Any, bus: Any, addr: int) -> tuple[int, int]:
     return data, resp
 
 
-def _run(counter_bits: int, values: list[int]) -> list[tuple[int, int, int]]:
-    """For each value: put it on every counter input, read the low word, then change the inputs
-    (to value + 1 everywhere) and read the high word: (low, high, responses OR-ed)."""
-    dut = CSRBank(0x0123_4567_89AB_CDEF, counter_bits=counter_bits)
-    out = []
+async def _write(ctx: Any, bus: Any, addr: int, value: int) -> int:
+    ctx.set(bus.aw.valid, 1)
+    ctx.set(bus.aw.payload.addr, addr)
+    ctx.set(bus.w.valid, 1)
+    ctx.set(bus.w.payload.data, value)
+    ctx.set(bus.w.payload.strb, 0xF)
+    await ctx.tick().until(bus.aw.ready & bus.w.ready)
+    ctx.set(bus.aw.valid, 0)
+    ctx.set(bus.w.valid, 0)
+    ctx.set(bus.b.ready, 1)
+    (resp,) = await ctx.tick().sample(bus.b.payload.resp).until(bus.b.valid)
+    ctx.set(bus.b.ready, 0)
+    return resp
 
-    async def testbench(ctx: Any) -> None:
-        mask = (1 << counter_bits) - 1
-        for value in values:
-            for name, _ in COUNTERS:
-                ctx.set(getattr(dut, f"counter_{name}"), value & mask)
-            lo, r1 = await _read(ctx, dut.bus, REG["macs_lo"])
-            for name, _ in COUNTERS:
-                ctx.set(getattr(dut, f"counter_{name}"), (value + 1) & mask)
-            hi, r2 = await _read(ctx, dut.bus, REG["macs_hi"])
-            out.append((lo, hi, r1 | r2))
 
+async def _read_counters(ctx: Any, dut: CSRBank) -> dict[str, int]:
+    values = {}
+    for name in NAMES:
+        lo, r1 = await _read(ctx, dut.bus, REG[f"{name}_lo"])
+        hi, r2 = await _read(ctx, dut.bus, REG[f"{name}_hi"])
+        assert r1 == r2 == RESP_OKAY
+        values[name] = hi << 32 | lo
+    return values
+
+
+async def _settle(ctx: Any, dut: CSRBank) -> int:
+    """Cycles until ``settled`` (increments held at zero)."""
+    for name in NAMES:
+        ctx.set(getattr(dut, f"increment_{name}"), 0)
+    for cycles in range(SETTLE_CYCLES + 1):
+        if ctx.get(dut.settled):
+            return cycles
+        await ctx.tick()
+    raise AssertionError(f"settled did not rise within {SETTLE_CYCLES} cycles")
+
+
+def _simulate(dut: CSRBank, testbench: Any, *background: Any) -> None:
     sim = Simulator(dut)
     sim.add_clock(1e-8)
+    for process in background:
+        sim.add_testbench(process, background=True)
     sim.add_testbench(testbench)
     sim.run()
-    return out
+
+
+def _counting(dut: CSRBank, totals: dict[str, int], cycles: int, seed: int, extremes: bool):
+    """A background process: random (or all-ones, every fourth cycle with ``extremes``)
+    increments on every counter for ``cycles`` cycles, summed into ``totals``."""
+    rng = random.Random(seed)
+
+    async def process(ctx: Any) -> None:
+        for cycle in range(cycles):
+            for name in NAMES:
+                top = (1 << dut.increment_bits[name]) - 1
+                value = top if extremes and cycle % 4 == 0 else rng.randint(0, top)
+                ctx.set(getattr(dut, f"increment_{name}"), value)
+                totals[name] += value
+            await ctx.tick()
+        for name in NAMES:
+            ctx.set(getattr(dut, f"increment_{name}"), 0)
+        totals["done"] = 1
+    return process
 
 
 @pytest.mark.parametrize("counter_bits", [64, 48, 33, 32, 16])
-def test_counter_words_and_latched_high_word(counter_bits: int) -> None:
-    values = [0, 1, (1 << counter_bits) - 1, (1 << counter_bits) - 2, 0x0123_4567_89AB_CDEF,
-              (1 << 32) - 1, 1 << 32]
+@pytest.mark.parametrize("extremes", [False, True], ids=["random", "extremes"])
+def test_counters_count_every_increment_and_wrap(counter_bits: int, extremes: bool) -> None:
+    """150 cycles of increments while the host reads counters (stealing the pipeline's turns):
+    once settled, every counter is the sum of its increments modulo 2**counter_bits, and the
+    high words read 0 for widths up to 32."""
+    dut = CSRBank(0x0123_4567_89AB_CDEF, counter_bits=counter_bits, increment_bits=WIDTHS)
+    totals = dict.fromkeys(NAMES, 0)
+    got = {}
+
+    async def testbench(ctx: Any) -> None:
+        rng = random.Random(1)
+        while "done" not in totals:                       # reads during counting
+            await _read(ctx, dut.bus, REG[f"{rng.choice(NAMES)}_lo"])
+        got["settle"] = await _settle(ctx, dut)
+        got.update(await _read_counters(ctx, dut))
+
+    _simulate(dut, testbench, _counting(dut, totals, 150, seed=counter_bits, extremes=extremes))
     mask = (1 << counter_bits) - 1
-    for value, (lo, hi, resp) in zip(values, _run(counter_bits, values), strict=True):
-        v = value & mask
-        assert resp == RESP_OKAY
-        assert lo == v & 0xFFFF_FFFF, (counter_bits, value)
-        # the high word is the one latched with the low word, not the later value + 1
-        assert hi == v >> 32, (counter_bits, value)
-        if counter_bits <= 32:
-            assert hi == 0
+    assert totals["macs"] > 1 << 32                       # carries into the high word
+    assert {name: got[name] for name in NAMES} == {name: totals[name] & mask for name in NAMES}
+    if counter_bits <= 32:
+        assert all(got[name] < 1 << 32 for name in NAMES)
+    assert got["settle"] <= SETTLE_CYCLES
 
 
 def test_the_counters_share_one_high_word_latch() -> None:
-    """The high word read is that of the counter whose low word was read last."""
-    dut = CSRBank(0, counter_bits=64)
+    """The high word read is that of the counter whose low word was read last, as it was then."""
+    dut = CSRBank(0, increment_bits={"macs": 32, "cycles": 32})
     got = []
 
     async def testbench(ctx: Any) -> None:
-        for index, (name, _) in enumerate(COUNTERS):
-            ctx.set(getattr(dut, f"counter_{name}"), (index + 1) << 32 | index)
+        ctx.set(dut.increment_macs, (1 << 32) - 1)
+        ctx.set(dut.increment_cycles, 1 << 31)
+        for _ in range(6):
+            await ctx.tick()
+        await _settle(ctx, dut)       # macs = 6 * (2**32 - 1), cycles = 3 * 2**32
         await _read(ctx, dut.bus, REG["cycles_lo"])
         await _read(ctx, dut.bus, REG["macs_lo"])
+        ctx.set(dut.increment_macs, (1 << 32) - 1)      # counting on after the latch
         got.append(await _read(ctx, dut.bus, REG["cycles_hi"]))
         got.append(await _read(ctx, dut.bus, REG["macs_hi"]))
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(testbench)
-    sim.run()
-    macs = [name for name, _ in COUNTERS].index("macs")
-    assert got == [(macs + 1, RESP_OKAY), (macs + 1, RESP_OKAY)]
+    _simulate(dut, testbench)
+    assert got == [(5, RESP_OKAY), (5, RESP_OKAY)]
+
+
+def test_start_clears_the_counters() -> None:
+    """After start every counter reads 0 (also before the pipeline has written it) and counts
+    anew; a soft reset clears them too."""
+    dut = CSRBank(0, counter_bits=64, increment_bits=WIDTHS)
+    got = []
+
+    async def testbench(ctx: Any) -> None:
+        for name in NAMES:
+            ctx.set(getattr(dut, f"increment_{name}"), 1)
+        for _ in range(40):
+            await ctx.tick()
+        await _settle(ctx, dut)
+        before = await _read_counters(ctx, dut)
+        assert before == dict.fromkeys(NAMES, 40)
+        assert await _write(ctx, dut.bus, REG["ctrl"], 1) == RESP_OKAY      # start
+        got.append(await _read_counters(ctx, dut))
+        ctx.set(dut.increment_store_busy, 1)
+        for _ in range(7):
+            await ctx.tick()
+        await _settle(ctx, dut)
+        got.append(await _read_counters(ctx, dut))
+        assert await _write(ctx, dut.bus, REG["ctrl"], 2) == RESP_OKAY      # soft reset
+        got.append(await _read_counters(ctx, dut))
+
+    _simulate(dut, testbench)
+    assert got[0] == dict.fromkeys(NAMES, 0)
+    assert got[1] == {**dict.fromkeys(NAMES, 0), "store_busy": 7}
+    assert got[2] == dict.fromkeys(NAMES, 0)
 
 
 def test_unknown_register_answers_slverr() -> None:
@@ -94,12 +184,24 @@ def test_unknown_register_answers_slverr() -> None:
     async def testbench(ctx: Any) -> None:
         got.append(await _read(ctx, dut.bus, 0xFC))
         got.append(await _read(ctx, dut.bus, REG["config_hash_lo"] + 1))
+        got.append(await _read(ctx, dut.bus, REG["macs_lo"] + 2))
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(testbench)
-    sim.run()
-    assert [resp for _, resp in got] == [RESP_SLVERR, RESP_SLVERR]
+    _simulate(dut, testbench)
+    assert [resp for _, resp in got] == [RESP_SLVERR] * 3
+
+
+def test_config_hash_and_registers_read_back() -> None:
+    dut = CSRBank(0x0123_4567_89AB_CDEF)
+    got = {}
+
+    async def testbench(ctx: Any) -> None:
+        assert await _write(ctx, dut.bus, REG["prog_len"], 0xDEAD_BEEF) == RESP_OKAY
+        for name in ("config_hash_lo", "config_hash_hi", "prog_len", "ctrl"):
+            got[name] = await _read(ctx, dut.bus, REG[name])
+
+    _simulate(dut, testbench)
+    assert got == {"config_hash_lo": (0x89AB_CDEF, RESP_OKAY), "config_hash_hi": (0x0123_4567, RESP_OKAY),
+                   "prog_len": (0xDEAD_BEEF, RESP_OKAY), "ctrl": (0, RESP_OKAY)}
 
 
 @pytest.mark.parametrize("counter_bits", [0, 65, "32"])
@@ -107,3 +209,16 @@ def test_counter_bits_must_be_1_to_64(counter_bits: Any) -> None:
     with pytest.raises(ValueError, match=rf"^counter_bits must be an integer between 1 and 64, "
                                          rf"not {counter_bits!r}$"):
         construct_rejected(lambda: CSRBank(0, counter_bits=counter_bits))
+
+
+@pytest.mark.parametrize("bits", [0, 33, True])
+def test_increment_bits_must_be_1_to_32(bits: Any) -> None:
+    with pytest.raises(ValueError, match=rf"^increment_bits\['macs'\] must be an integer between 1 "
+                                         rf"and 32, not {bits!r}$"):
+        construct_rejected(lambda: CSRBank(0, increment_bits={"macs": bits}))
+
+
+def test_increment_bits_name_counters() -> None:
+    with pytest.raises(ValueError, match=r"^increment_bits names counters \(cycles, load_busy, .*\), "
+                                         r"not 'mac'$"):
+        construct_rejected(lambda: CSRBank(0, increment_bits={"mac": 4}))

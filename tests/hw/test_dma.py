@@ -600,8 +600,9 @@ def test_gather_back_to_back_rows_without_stalls() -> None:
 
 def setup_cycles(f: dict) -> int:
     """Cycles the GatherReader's setup takes for LOAD fields ``f`` (docs in hw/dma.py): one to
-    load, then per coordinate vector (start, outer, inner, segment, element) the most multiplier
-    bits any of its three multipliers needs, at least one."""
+    load, then per coordinate vector (element, segment, start, outer, inner) the most multiplier
+    bits any of its three multipliers needs, at least one (the two cycles of sizes and flags that
+    follow the segment vector overlap the last three vectors)."""
     def bits(d: int) -> int:           # shift-and-add steps until 0 or -1 is left, the -1 included
         return d.bit_length() if d >= 0 else (~d).bit_length() + 1
     vectors = [(f.get("y0", 0), f.get("x0", 0), 0)] + [
@@ -690,6 +691,26 @@ def test_gather_extreme_coordinates_and_steps() -> None:
         run = run_gather(config, dram, [load_command(f, dst) for dst, f in loads], seed=SEED,
                          stall=0.1, latency=(0, 3), row_stall=0.1, overlap=overlap)
         check_loads(config, dram, loads, run)
+
+
+def test_gather_row_index_wraps_at_the_widest_memory() -> None:
+    """Rows past every destination memory are not checked in hardware (docs/arch-system.md): the
+    reader keeps a row index as wide as the widest memory's row address, so a LOAD that runs past
+    it wraps to row 0 (each memory then takes its own low bits), with the right bytes."""
+    config = CONFIGS["bus32_int8"]
+    bits = max(config.spad_addr_bits, config.acc_addr_bits, config.requant_addr_bits)
+    spad = destination(config, "spad")
+    dram = make_dram(np.random.default_rng(SEED))
+    f = random_load(random.Random(SEED), config, spad, "tile")
+    f.update(dst_addr=(1 << bits) - 1, dst_col=0, rows_outer=1, rows_inner=3, inner_dy=1,
+             segs=1, seg_len=spad.row_elems, pitch_y=spad.row_elems, elem_dc=1, dram_addr=0x123)
+    run = run_gather(config, dram, [load_command(f, spad)], seed=SEED, stall=0.0, latency=(1, 1),
+                     row_stall=0.0)
+    assert [row for row, _, _ in run.rows[0]] == [(1 << bits) - 1, 0, 1]
+    for k, (_, data, mask) in enumerate(run.rows[0]):
+        start = 0x123 + k * spad.row_elems
+        assert data[:spad.row_elems] == dram[start:start + spad.row_elems].tobytes(), f"row {k}"
+        assert mask == (1 << spad.row_elems) - 1, f"row {k}: mask {mask:#x}"
 
 
 @pytest.mark.parametrize("clear_between", [False, True])

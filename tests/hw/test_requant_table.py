@@ -7,10 +7,11 @@ import random
 from typing import Any
 
 import pytest
-from systolic.hw.config import AcceleratorConfig
-from systolic.hw.requant_table import RequantTable
+from systolic.hw.config import AcceleratorConfig, ConfigError
+from systolic.hw.requant_table import REQUANT_ENTRY, RequantTable, requant_word_bits
 from systolic.sim.arith import MAX_SHIFT
 
+from .test_lint_synth_memories import synth
 from .test_scratchpad import collect, construct_rejected, drive, simulate
 
 SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
@@ -18,6 +19,15 @@ INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 SMALL = AcceleratorConfig(rows=4, cols=4, requant_table_rows=8)
 ONE_ROW = AcceleratorConfig(rows=2, cols=2, requant_table_rows=1)
+# narrow words (requant_row_words): 9 words of 32 bits (280 + 8 pad), the iCEBreaker's 9 words
+# of 16 bits (140 + 4 pad: one 256 x 16 block RAM), 64 words of 3 bits, a one-row table of 2
+WORDS = AcceleratorConfig(rows=4, cols=4, requant_table_rows=8, requant_row_words=9)
+ICEBREAKER = AcceleratorConfig(rows=2, cols=2, requant_table_rows=16, requant_row_words=9)
+TINY_WORDS = AcceleratorConfig(rows=2, cols=2, requant_table_rows=4, requant_row_words=64)
+ONE_ROW_WORDS = AcceleratorConfig(rows=2, cols=2, requant_table_rows=1, requant_row_words=2)
+CONFIGS = [SMALL, ONE_ROW, WORDS, ICEBREAKER, TINY_WORDS, ONE_ROW_WORDS]
+IDS = ["8-rows", "1-row", "9-words", "icebreaker", "64-words", "1-row-2-words"]
+ENTRY_BITS = REQUANT_ENTRY.size
 
 
 def _entry(rng: random.Random) -> dict[str, int]:
@@ -47,25 +57,53 @@ def run_traffic(config: AcceleratorConfig, writes: list[dict[str, Any]], reads: 
     return result
 
 
+def _pack(entries: list[dict[str, int]]) -> int:
+    """A row's bits: entry c at bit c * 70, each bias, mult (32 bits), shift (6 bits)."""
+    row = 0
+    for c, e in enumerate(entries):
+        bits = (e["bias"] & 0xFFFFFFFF) | (e["mult"] & 0xFFFFFFFF) << 32 | e["shift"] << 64
+        row |= bits << (c * ENTRY_BITS)
+    return row
+
+
+def _unpack(row: int, cols: int) -> list[dict[str, int]]:
+    def signed32(value: int) -> int:
+        return value - (1 << 32) if value >> 31 else value
+    entries = []
+    for c in range(cols):
+        bits = row >> (c * ENTRY_BITS)
+        entries.append({"bias": signed32(bits & 0xFFFFFFFF), "mult": signed32(bits >> 32 & 0xFFFFFFFF),
+                        "shift": bits >> 64 & 0x3F})
+    return entries
+
+
 def model(config: AcceleratorConfig, writes: list[dict[str, Any]], result: dict[str, Any],
           reads: list[int]) -> list[list[dict[str, int]]]:
-    """A read at edge n sees the writes of edges up to n (transparent)."""
-    table = [[{"bias": 0, "mult": 0, "shift": 0} for _ in range(config.cols)]
-             for _ in range(config.requant_table_rows)]
-    events = [(e, 0, "w", w) for e, w in zip(result["write"], writes, strict=True)]
-    events += [(e, 1, "r", a) for e, a in zip(result["req"], reads, strict=True)]
-    out = []
-    for _, _, kind, item in sorted(events, key=lambda x: (x[0], x[1])):
+    """Word k of W of a row accepted at edge n is written or read at edge n - (W - 1 - k), and a
+    read of a word at edge t sees the writes of that word at edges up to t (transparent)."""
+    words, width = config.requant_row_words, requant_word_bits(config)
+    table = [0] * config.requant_table_rows
+    events = []
+    for edge, w in zip(result["write"], writes, strict=True):
+        enables = sum(((1 << ENTRY_BITS) - 1) << (c * ENTRY_BITS)
+                      for c in range(config.cols) if w["mask"] >> c & 1)
+        events += [(edge - (words - 1 - k), 0, "w", k, (w["addr"], _pack(w["data"]), enables))
+                   for k in range(words)]
+    for n, (edge, addr) in enumerate(zip(result["req"], reads, strict=True)):
+        events += [(edge - (words - 1 - k), 1, "r", k, (addr, n)) for k in range(words)]
+    out = [0] * len(reads)
+    for _, _, kind, k, item in sorted(events, key=lambda x: (x[0], x[1])):
+        word = ((1 << width) - 1) << (k * width)
         if kind == "r":
-            out.append([dict(entry) for entry in table[item]])
+            addr, n = item
+            out[n] |= table[addr] & word
         else:
-            for c in range(config.cols):
-                if item["mask"] >> c & 1:
-                    table[item["addr"]][c] = dict(item["data"][c])
-    return out
+            addr, bits, enables = item
+            table[addr] = table[addr] & ~(word & enables) | bits & word & enables
+    return [_unpack(row, config.cols) for row in out]
 
 
-@pytest.mark.parametrize("config", [SMALL, ONE_ROW], ids=["8-rows", "1-row"])
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
 def test_random_masked_writes_and_reads_match_model(config: AcceleratorConfig) -> None:
     rng = random.Random(SEED)
     full = (1 << config.cols) - 1
@@ -79,40 +117,75 @@ def test_random_masked_writes_and_reads_match_model(config: AcceleratorConfig) -
         assert resp_edge >= req_edge + 1
 
 
-def test_pending_row_stays_while_the_table_is_written() -> None:
+@pytest.mark.parametrize("config", [SMALL, WORDS], ids=["1-word", "9-words"])
+def test_pending_row_stays_while_the_table_is_written(config: AcceleratorConfig) -> None:
     # the store unit keeps a response pending for a whole STORE: later writes to that row do not
     # change it, and the next request sees them
-    config = SMALL
     rng = random.Random(SEED)
     first = [_entry(rng) for _ in range(4)]
     second = [_entry(rng) for _ in range(4)]
-    writes = [{"addr": 3, "data": first, "mask": 0b1111}] + \
-             [{"addr": 3, "data": second, "mask": 0b1111}] * 10
     dut = RequantTable(config)
     seen: list[Any] = []
+    progress = {"written": False, "requested": False}
+
+    def entries(row: Any) -> list[tuple[int, int, int]]:
+        return [(row[c].bias, row[c].mult, row[c].shift) for c in range(4)]
 
     async def writer(ctx):
-        await drive(ctx, dut.write, writes[:1], rng=rng)                     # edge 1
-        await drive(ctx, dut.write, writes[1:], rng=rng, start=2)            # edges 4..13
+        await drive(ctx, dut.write, [{"addr": 3, "data": first, "mask": 0b1111}], rng=rng)
+        progress["written"] = True
+        while not progress["requested"]:
+            await ctx.tick()
+        await drive(ctx, dut.write, [{"addr": 3, "data": second, "mask": 0b1111}] * 10, rng=rng)
 
     async def reader(ctx):
-        await drive(ctx, dut.read.req, [{"addr": 3}], rng=rng, start=2)      # accepted at edge 3
-        for _ in range(12):                                  # pending, not taken: edges 4..15
+        while not progress["written"]:
+            await ctx.tick()
+        await drive(ctx, dut.read.req, [{"addr": 3}], rng=rng)
+        progress["requested"] = True
+        for _ in range(12 * config.requant_row_words):      # pending, not taken, while written
             _, _, valid, row = await ctx.tick().sample(dut.read.resp.valid, dut.read.resp.payload)
-            seen.append((valid, [(row[c].bias, row[c].mult, row[c].shift) for c in range(4)]))
+            seen.append((valid, entries(row)))
         ctx.set(dut.read.resp.ready, 1)
         await ctx.tick()
         ctx.set(dut.read.resp.ready, 0)
         await drive(ctx, dut.read.req, [{"addr": 3}], rng=rng)
         _, _, valid, row = await ctx.tick().sample(dut.read.resp.valid, dut.read.resp.payload)
-        seen.append((valid, [(row[c].bias, row[c].mult, row[c].shift) for c in range(4)]))
+        seen.append((valid, entries(row)))
 
     simulate(dut, writer, reader)
-    as_tuples = [[(e["bias"], e["mult"], e["shift"]) for e in entries] for entries in (first, second)]
-    assert seen[:12] == [(1, as_tuples[0])] * 12
-    assert seen[12] == (1, as_tuples[1])
+    as_tuples = [[(e["bias"], e["mult"], e["shift"]) for e in rows] for rows in (first, second)]
+    assert seen[:-1] == [(1, as_tuples[0])] * (12 * config.requant_row_words)
+    assert seen[-1] == (1, as_tuples[1])
+
+
+def test_narrow_words_take_a_cycle_each() -> None:
+    # with W words per row, back-to-back rows are accepted every W cycles, reads and writes alike
+    config = WORDS
+    rng = random.Random(SEED + 1)
+    writes = [{"addr": k, "data": [_entry(rng) for _ in range(4)], "mask": 0b1111} for k in range(5)]
+    result = run_traffic(config, writes, [0, 1, 2], seed=SEED, gap=0.0, stall=0.0)
+    words = config.requant_row_words
+    assert [result["write"][k + 1] - result["write"][k] for k in range(4)] == [words] * 4
+    assert [result["req"][k + 1] - result["req"][k] for k in range(2)] == [words] * 2
+
+
+@pytest.mark.parametrize("value", [0, 65, -1])
+def test_row_words_must_be_between_1_and_64(value: int) -> None:
+    with pytest.raises(ConfigError, match=rf"^requant_row_words must be between 1 and 64, not {value}$"):
+        AcceleratorConfig(requant_row_words=value)
 
 
 def test_config_must_be_an_accelerator_config() -> None:
     with pytest.raises(TypeError, match=r"^config must be an AcceleratorConfig, not \{\}$"):
         construct_rejected(lambda: RequantTable({}))  # type: ignore[arg-type]
+
+
+def test_narrow_words_fit_one_ice40_block_ram() -> None:
+    # the iCEBreaker's 16 rows of 140 bits: nine 256 x 16 block RAMs side by side with one word
+    # per row, one block RAM with nine 16-bit words per row
+    result = synth(RequantTable(ICEBREAKER), "RequantTable", "ice40", flags=("-noabc",))
+    assert (result["brams"], result["dsps"]) == (1, 0), result
+    result = synth(RequantTable(ICEBREAKER.replace(requant_row_words=1)), "RequantTable", "ice40",
+                   flags=("-noabc",))
+    assert result["brams"] == 9, result

@@ -18,12 +18,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from systolic.hw.config import AcceleratorConfig
+from systolic.hw.config import AcceleratorConfig, ConfigError
 from systolic.hw.isa import Activation, OutType, PoolMode
-from systolic.hw.sfu import SFU_REGS, SpecialFunctionUnit, sfu_input_layout
+from systolic.hw.sfu import SFU_REGS, SpecialFunctionUnit, sfu_input_layout, sfu_latency
 from systolic.sim.arith import ACT_NONE, MAX_SHIFT, avg_pool_finish, sfu_pointwise
 
 from .streams import stream_get, stream_put
+from .test_lint_synth_memories import synth
 from .test_scratchpad import collect, construct_rejected, drive, simulate
 
 SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
@@ -34,6 +35,13 @@ UNSIGNED = AcceleratorConfig(rows=4, cols=4, input_signed=False, weight_signed=F
 WIDE = AcceleratorConfig(rows=2, cols=2, input_bits=16, weight_bits=16, acc_bits=32)
 NARROW_ACC = AcceleratorConfig(rows=2, cols=2, acc_bits=16, scratchpad_bytes=1024, accumulator_bytes=256)
 BARE = AcceleratorConfig(rows=2, cols=2, sfu_activations=(), sfu_pooling=(), sfu_residual=False)
+# Lanes shared by lane groups (sfu_row_cycles): 2 lanes x 2 groups and 1 lane x 4 groups with
+# every feature, and the iCEBreaker's SFU (1 lane x 2 groups, relu and max pooling only).
+SHARED = AcceleratorConfig(rows=4, cols=4, sfu_row_cycles=2)
+ONE_LANE = AcceleratorConfig(rows=4, cols=4, sfu_row_cycles=4)
+ICEBREAKER = AcceleratorConfig(rows=2, cols=2, sfu_row_cycles=2, sfu_activations=("relu",),
+                               sfu_pooling=("max",), sfu_residual=False, scratchpad_bytes=2048,
+                               accumulator_bytes=2048, requant_table_rows=16)
 
 
 @dataclass
@@ -464,38 +472,109 @@ def test_full_throughput_and_latency() -> None:
     assert taken == [accepted[k * size + size - 1] + sfu.avg_latency for k in range(5)]
 
 
+@pytest.mark.parametrize("config", [SMALL, SHARED], ids=["lane-per-column", "lane-groups"])
 @pytest.mark.parametrize("pool", [PoolMode.NONE, PoolMode.AVG])
-def test_long_output_stall_fills_the_fifo_without_losing_outputs(pool: PoolMode) -> None:
+def test_long_output_stall_fills_the_fifo_without_losing_outputs(pool: PoolMode,
+                                                                 config: AcceleratorConfig) -> None:
     # The consumer takes nothing for 300 cycles while beats keep coming: the SFU stops accepting
     # once every FIFO entry is promised, then delivers every output in order.
     rng = random.Random(SEED + 23)
     if pool == PoolMode.NONE:
-        job = _pointwise_job(rng, SMALL, 120, act=Activation.RELU)
+        job = _pointwise_job(rng, config, 120, act=Activation.RELU)
     else:
-        job = _pool_job(rng, SMALL, PoolMode.AVG, 60)
-    expected = reference(SMALL, job)
-    dut = SpecialFunctionUnit(SMALL)
+        job = _pool_job(rng, config, PoolMode.AVG, 60)
+    expected = reference(config, job)
+    dut = SpecialFunctionUnit(config)
     got: list[list[int]] = []
     accepted: list[int] = []
 
     async def producer(ctx):
         _set_static(ctx, dut, job)
         await ctx.tick()
-        accepted.extend(await drive(ctx, dut.i, [_payload(SMALL, b) for b in job.beats], rng=rng))
+        accepted.extend(await drive(ctx, dut.i, [_payload(config, b) for b in job.beats], rng=rng))
 
     async def consumer(ctx):
         await ctx.tick().repeat(300)
         taken = await collect(ctx, dut.o, len(expected), rng=rng, stall=0.2)
-        got.extend([row[c] for c in range(SMALL.cols)] for _, row in taken)
+        got.extend([row[c] for c in range(config.cols)] for _, row in taken)
 
     simulate(dut, producer, consumer)
     assert got == expected
     outputs_per_beat = 1 if pool == PoolMode.NONE else 1 / job.pool_count
     stalled = [a for a in accepted if a < 300]
-    assert len(stalled) * outputs_per_beat <= 33, "accepted more than the FIFO can hold"
+    assert len(stalled) * outputs_per_beat <= dut._fifo_rows + 1, "accepted more than the FIFO can hold"
     assert len(stalled) < len(job.beats), "input backpressure never happened"
 
 
 def test_config_must_be_an_accelerator_config() -> None:
     with pytest.raises(TypeError, match=r"^config must be an AcceleratorConfig, not 'small'$"):
         construct_rejected(lambda: SpecialFunctionUnit("small"))  # type: ignore[arg-type]
+
+
+# -- lane groups (sfu_row_cycles) ----------------------------------------------------------------
+
+def _extreme_job(config: AcceleratorConfig, shift: int, tie_out: int) -> Job:
+    """The largest products ((-2**31)**2 = 2**62), a tie at shift 62 (-2**30 * -2**31), bias
+    saturation at both ends, a different multiplier and bias in each channel."""
+    cols = config.cols
+    lo, hi = config.acc_range
+    values = [lo, hi, lo + 1, hi - 1, 0, -1, -(1 << 30), 1 << 30]
+    beats = [_plain([max(lo, min(hi, values[(k + c) % len(values)])) for c in range(cols)]) for k in range(8)]
+    mults = [INT32_MIN, INT32_MAX, 1, -INT32_MAX]
+    biases = [0, INT32_MAX, INT32_MIN, 0]
+    return Job([biases[c % 4] for c in range(cols)], [mults[c % 4] for c in range(cols)],
+               [shift] * cols, regs={"zp_out": -1, "tie_out": tie_out}, beats=beats)
+
+
+@pytest.mark.parametrize("config", [SHARED, ONE_LANE, ICEBREAKER], ids=["2-lanes", "1-lane", "icebreaker"])
+def test_lane_groups_match_the_reference(config: AcceleratorConfig) -> None:
+    # every channel has its own bias / multiplier / shift, so a lane that took another channel's
+    # entry, or a pooling ring out of turn, shows
+    rng = random.Random(SEED + 37 + config.sfu_row_cycles)
+    jobs = [_pointwise_job(rng, config, 25, act=act, residual=bool(k % 2))
+            for k, act in enumerate(Activation)]
+    jobs += [_pool_job(rng, config, pool, 8, act=rng.choice(list(Activation)))
+             for pool in (PoolMode.MAX, PoolMode.AVG, PoolMode.MAX)]
+    jobs.append(_pointwise_job(rng, config, 20, out_type=OutType.RAW))
+    jobs += [_extreme_job(config, shift, tie_out) for shift, tie_out in ((0, 0), (61, 1), (MAX_SHIFT, 0))]
+    # exact ties: mult = 1, acc = k * 2**s + 2**(s-1)
+    shifts = [1 + (c % 3) for c in range(config.cols)]
+    tie_beats = [_plain([(rng.randint(-50, 50) << s) + (1 << (s - 1)) for s in shifts]) for _ in range(12)]
+    jobs += [Job([0] * config.cols, [1] * config.cols, shifts, regs=_tie_regs(rng, tie_out), beats=tie_beats)
+             for tie_out in (0, 1)]
+    check(config, jobs)
+    assert reference(config, jobs[-1]) != reference(config, jobs[-2])      # the ties were there
+
+
+@pytest.mark.parametrize("config", [SHARED, ONE_LANE, ICEBREAKER], ids=["2-lanes", "1-lane", "icebreaker"])
+def test_lane_groups_take_a_beat_every_row_cycles(config: AcceleratorConfig) -> None:
+    groups = config.sfu_row_cycles
+    rng = random.Random(SEED + 41)
+    sfu = SpecialFunctionUnit(config)
+    assert sfu.latency == sfu_latency(config.replace(sfu_row_cycles=1)) + groups - 1
+    accepted, taken = _accept_and_output_cycles(sfu, _pointwise_job(rng, config, 30))
+    assert accepted == list(range(accepted[0], accepted[0] + groups * 30, groups))
+    assert taken == [a + sfu.latency for a in accepted]
+    if "avg" in config.sfu_pooling:
+        job = _pool_job(rng, config, PoolMode.AVG, 5)
+        accepted, taken = _accept_and_output_cycles(sfu, job)
+        size = job.pool_count
+        assert taken == [accepted[k * size + size - 1] + sfu.avg_latency for k in range(5)]
+
+
+@pytest.mark.parametrize("value", [0, 3, 8, -2])
+def test_row_cycles_must_be_a_power_of_two_up_to_cols(value: int) -> None:
+    message = rf"^sfu_row_cycles must be a power of two between 1 and cols \(4\), not {value}$"
+    with pytest.raises(ConfigError, match=message):
+        AcceleratorConfig(rows=4, cols=4, sfu_row_cycles=value)
+    assert AcceleratorConfig(rows=4, cols=4, sfu_row_cycles=4).sfu_lanes == 1
+
+
+def test_icebreaker_sfu_takes_four_ice40_dsps() -> None:
+    # one lane for the iCEBreaker's two channels: its 32 x 32 requantize product is four 16 x 16
+    # partial products, one SB_MAC16 each; one lane per column takes twice as many
+    result = synth(SpecialFunctionUnit(ICEBREAKER), "SpecialFunctionUnit", "ice40", flags=("-noabc",))
+    assert result["dsps"] == 4, result
+    lane_per_column = ICEBREAKER.replace(sfu_row_cycles=1)
+    result = synth(SpecialFunctionUnit(lane_per_column), "SpecialFunctionUnit", "ice40", flags=("-noabc",))
+    assert result["dsps"] == 8, result

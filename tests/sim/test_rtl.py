@@ -27,13 +27,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from amaranth import Array, Module, Signal
+from amaranth import Array, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.csr import CSRBank
 from systolic.hw.isa import INSTR_BYTES, Instruction, Opcode, Program, ProgramError
-from systolic.hw.top import top_ports
+from systolic.hw.top import counter_increment_bits, top_ports
 from systolic.sim import tools
 from systolic.sim.golden import run_golden
 from systolic.sim.programs import conv_case, gemm_case
@@ -80,7 +80,7 @@ class CopyEngine(wiring.Component):
         m = Module()
         cfg = self.config
         beats = INSTR_BYTES // cfg.dma_bytes
-        m.submodules.csr = csr = CSRBank(cfg.hash)
+        m.submodules.csr = csr = CSRBank(cfg.hash, increment_bits={**counter_increment_bits(cfg), "macs": 32})
         bus = csr.bus
         m.d.comb += [
             bus.aw.valid.eq(self.s_axil_awvalid), self.s_axil_awready.eq(bus.aw.ready),
@@ -102,15 +102,15 @@ class CopyEngine(wiring.Component):
         beat = Signal(range(beats))
         words = Array(Signal(cfg.dma_data_bits, name=f"word{i}") for i in range(beats))
         resp = Signal(2)            # worst response of the current burst
-        counters = {name: Signal(64, name=f"count_{name}") for name in
-                    ("cycles", "instructions", "dram_read_bytes", "dram_write_bytes")}
-        m.d.comb += [csr.busy.eq(busy), csr.done.eq(done), csr.error.eq(error), csr.pc.eq(pc),
-                     csr.error_pc.eq(pc), self.irq.eq(done)]
-        for name, signal in counters.items():
-            m.d.comb += getattr(csr, f"counter_{name}").eq(signal)
-        m.d.comb += csr.counter_macs.eq(MACS_BASE + 3 * counters["instructions"])
-        with m.If(busy):
-            m.d.sync += counters["cycles"].eq(counters["cycles"] + 1)
+        # the counters count increments (CSRBank); done reaches the host once they settled
+        finished = Signal()         # an instruction is done this cycle
+        warm = Signal(2)            # the first two busy cycles add MACS_BASE to macs, 2**31 each
+        m.d.comb += [csr.busy.eq(busy), csr.done.eq(done & csr.settled), csr.error.eq(error),
+                     csr.pc.eq(pc), csr.error_pc.eq(pc), self.irq.eq(done & csr.settled),
+                     csr.increment_cycles.eq(busy), csr.increment_instructions.eq(finished),
+                     csr.increment_macs.eq(Mux(finished, 3, 0) + Mux(busy & (warm != 2), MACS_BASE >> 1, 0))]
+        with m.If(busy & (warm != 2)):
+            m.d.sync += warm.eq(warm + 1)
 
         size = (cfg.dma_bytes - 1).bit_length()
         m.d.comb += [self.m_axi_araddr.eq(csr.prog_addr + pc * INSTR_BYTES), self.m_axi_arlen.eq(beats - 1),
@@ -128,9 +128,7 @@ class CopyEngine(wiring.Component):
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(csr.start):
-                    m.d.sync += [pc.eq(0), busy.eq(1), done.eq(0), error.eq(0)]
-                    for signal in counters.values():
-                        m.d.sync += signal.eq(0)
+                    m.d.sync += [pc.eq(0), busy.eq(1), done.eq(0), error.eq(0), warm.eq(0)]
                     m.next = "READ_ADDR"
             with m.State("READ_ADDR"):
                 with m.If(pc == csr.prog_len):
@@ -143,9 +141,8 @@ class CopyEngine(wiring.Component):
             with m.State("READ_DATA"):
                 m.d.comb += self.m_axi_rready.eq(1)
                 with m.If(self.m_axi_rvalid):
-                    read = counters["dram_read_bytes"]
-                    m.d.sync += [words[beat].eq(self.m_axi_rdata), beat.eq(beat + 1),
-                                 read.eq(read + cfg.dma_bytes)]
+                    m.d.comb += csr.increment_dram_read_bytes.eq(cfg.dma_bytes)
+                    m.d.sync += [words[beat].eq(self.m_axi_rdata), beat.eq(beat + 1)]
                     with m.If(self.m_axi_rresp > resp):
                         m.d.sync += resp.eq(self.m_axi_rresp)
                     with m.If(self.m_axi_rlast):
@@ -155,8 +152,8 @@ class CopyEngine(wiring.Component):
                 with m.If(resp != 0):
                     stop(resp)          # SLVERR 2 -> error 2, DECERR 3 -> error 3
                 with m.Elif(opcode == Opcode.FINISH.value):
-                    m.d.sync += [busy.eq(0), done.eq(1),
-                                 counters["instructions"].eq(counters["instructions"] + 1)]
+                    m.d.comb += finished.eq(1)
+                    m.d.sync += [busy.eq(0), done.eq(1)]
                     m.next = "IDLE"
                 with m.Elif(opcode == Opcode.LOAD.value):
                     stop(1)
@@ -171,8 +168,8 @@ class CopyEngine(wiring.Component):
             with m.State("WRITE_DATA"):
                 m.d.comb += self.m_axi_wvalid.eq(1)
                 with m.If(self.m_axi_wready):
-                    written = counters["dram_write_bytes"]
-                    m.d.sync += [beat.eq(beat + 1), written.eq(written + cfg.dma_bytes)]
+                    m.d.comb += csr.increment_dram_write_bytes.eq(cfg.dma_bytes)
+                    m.d.sync += beat.eq(beat + 1)
                     with m.If(beat == beats - 1):
                         m.next = "WRITE_RESPONSE"
             with m.State("WRITE_RESPONSE"):
@@ -181,8 +178,8 @@ class CopyEngine(wiring.Component):
                     with m.If(self.m_axi_bresp != 0):
                         stop(self.m_axi_bresp)
                     with m.Else():
-                        m.d.sync += [pc.eq(pc + 1),
-                                     counters["instructions"].eq(counters["instructions"] + 1)]
+                        m.d.comb += finished.eq(1)
+                        m.d.sync += pc.eq(pc + 1)
                         m.next = "READ_ADDR"
             with m.State("HANG"):
                 pass
