@@ -42,7 +42,7 @@ from typing import Any
 
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.generate import TOP_NAME, top_verilog
-from systolic.sim.tools import SYNTH_FAMILIES, ToolError, tool_env, yosys_synth
+from systolic.sim.tools import CELL_KINDS, SYNTH_FAMILIES, ToolError, tool_env, yosys_synth
 
 __all__ = ["SMALL", "small_config", "breakdown", "main"]
 
@@ -56,26 +56,8 @@ SMALL: dict[str, Any] = {
     "load_queue_depth": 2, "compute_queue_depth": 2, "store_queue_depth": 2, "token_depth": 2,
 }
 
-# Cell types per counted category, per family (the categories of yosys_synth).
-_KINDS: dict[str, dict[str, tuple[str, ...]]] = {
-    "ice40": {
-        "luts": ("SB_LUT4",),
-        "carry": ("SB_CARRY",),
-        "ffs": tuple(f"SB_DFF{suffix}" for suffix in (
-            "", "E", "SR", "R", "S", "ESR", "ER", "ES", "SS", "ESS", "N", "NE", "NSR", "NR", "NS",
-            "NESR", "NER", "NES", "NSS", "NESS")),
-        "dsps": ("SB_MAC16",),
-        "brams": ("SB_RAM40_4K", "SB_SPRAM256KA"),
-    },
-    "ecp5": {
-        "luts": ("LUT4",),
-        "carry": ("CCU2C",),
-        "ffs": ("TRELLIS_FF",),
-        "dsps": ("MULT18X18D", "ALU54B"),
-        "brams": ("DP16KD", "PDPW16KD"),
-        "lutrams": ("TRELLIS_DPR16X4",),
-    },
-}
+#: Cell types per category and family: the ones ``yosys_synth`` counts.
+_KINDS = CELL_KINDS
 
 
 def small_config(rows: int, cols: int, **changes: Any) -> AcceleratorConfig:

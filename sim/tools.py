@@ -31,7 +31,7 @@ from typing import Any
 __all__ = [
     "ToolError", "VERILATOR_WAIVERS", "COCOTB_WAIVERS", "verilator_root", "verilator_bin",
     "tool_env", "to_verilog", "verilator_lint", "yosys_synth", "build_cache_dir", "build_lock", "design_hash",
-    "cocotb_build", "cocotb_test", "waves_enabled", "SYNTH_FAMILIES", "strip_build",
+    "cocotb_build", "cocotb_test", "waves_enabled", "SYNTH_FAMILIES", "strip_build", "CELL_KINDS",
 ]
 
 
@@ -76,8 +76,8 @@ SYNTH_FAMILIES: dict[str, str] = {
     "ecp5": "synth_ecp5",
 }
 
-# Cell types counted in each category of yosys_synth's result.
-_CELL_KINDS: dict[str, dict[str, tuple[str, ...]]] = {
+#: Cell types counted in each category of yosys_synth's result, per family.
+CELL_KINDS: dict[str, dict[str, tuple[str, ...]]] = {
     "ice40": {
         "luts": ("SB_LUT4",),
         "carry": ("SB_CARRY",),
@@ -319,7 +319,7 @@ def _cell_summary(stat: dict[str, Any], top: str, family: str) -> dict[str, Any]
         design = modules.get(f"\\{top}") or modules.get(top) or {}
     cells: dict[str, int] = {str(k): int(v) for k, v in design.get("num_cells_by_type", {}).items()}
     summary: dict[str, Any] = {}
-    for kind, names in _CELL_KINDS[family].items():
+    for kind, names in CELL_KINDS[family].items():
         summary[kind] = sum(cells.get(name, 0) for name in names)
     summary["cells"] = dict(sorted(cells.items()))
     return summary
