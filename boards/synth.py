@@ -45,7 +45,7 @@ from amaranth.lib import io, wiring
 from amaranth.lib.wiring import In, Out
 from systolic.hw.array import SystolicArray
 from systolic.hw.config import AcceleratorConfig
-from systolic.sim.tools import ToolError, tool_env
+from systolic.sim.tools import SYNTH_FAMILIES, ToolError, classic_abc_commands, tool_env
 
 from .boards import Board, BoardError, FitError, get_board, load_preset
 from .clocking import ClockReset, Ecp5Pll, Ice40Pll, PllError, ecp5_pll, ice40_pll
@@ -56,7 +56,6 @@ __all__ = ["CORES", "ArrayCore", "make_core", "BoardTop", "ClockPlan", "plan_clo
 #: Cores :func:`synth` can put on a board.
 CORES = ("soc", "array")
 
-_SYNTH = {"ice40": "synth_ice40 -dsp", "ecp5": "synth_ecp5"}
 _NEXTPNR = {"ice40": "nextpnr-ice40", "ecp5": "nextpnr-ecp5"}
 _PACK = {"ice40": "icepack", "ecp5": "ecppack"}
 _PLACED = {"ice40": "top.asc", "ecp5": "top.config"}
@@ -280,16 +279,12 @@ class _SilentExit(ToolError):
 
 def _yosys(build: Path, family: str, env: Mapping[str, str]) -> tuple[dict[str, int], str]:
     """Run yosys on ``top.il`` in ``build``: ``top.json``, ``yosys.log``, cell counts."""
-    synth = f"{_SYNTH[family]} -top top"
+    synth = f"{SYNTH_FAMILIES[family]} -top top"
     try:
-        return _yosys_script(build, [synth], env), "abc9" if family == "ecp5" else "abc"
+        return _yosys_script(build, [synth], env), "abc9"
     except _SilentExit:
-        if family != "ecp5":
-            raise
-    # YoWASP yosys' in-process ABC9 exits with status 1 and no message on some ECP5 netlists
-    # (systolic.sim.tools.yosys_synth does the same): map the LUTs with classic ABC instead.
-    return _yosys_script(build, [f"{synth} -run :map_luts", "abc -lut 4", "clean",
-                                 f"{synth} -run map_cells:"], env), "abc"
+        pass
+    return _yosys_script(build, classic_abc_commands(family, synth), env), "abc"
 
 
 def _yosys_script(build: Path, commands: list[str], env: Mapping[str, str]) -> dict[str, int]:

@@ -32,6 +32,7 @@ __all__ = [
     "ToolError", "VERILATOR_WAIVERS", "COCOTB_WAIVERS", "verilator_root", "verilator_bin",
     "tool_env", "to_verilog", "verilator_lint", "yosys_synth", "build_cache_dir", "build_lock", "design_hash",
     "cocotb_build", "cocotb_test", "waves_enabled", "SYNTH_FAMILIES", "strip_build", "CELL_KINDS",
+    "classic_abc_commands",
 ]
 
 
@@ -263,19 +264,32 @@ def yosys_synth(verilog: str, top: str, family: str, *, netlist: str | Path | No
     synth = f"{SYNTH_FAMILIES[family]} -top {top} {' '.join(flags)}".strip()
     try:
         stat = _run_yosys(verilog, [synth], netlist, top)
-        mapper = "abc9" if family == "ecp5" else "default"
+        mapper = "abc9"
     except _SilentExit:
-        if family != "ecp5":
-            raise
-        # YoWASP yosys 0.70's in-process ABC9 exits with status 1 and no message on some netlists
-        # (the full-feature SFU): map the LUTs with classic ABC instead, the rest of synth_ecp5
-        # unchanged.
-        stat = _run_yosys(verilog, [f"{synth} -run :map_luts", "abc -lut 4", "clean",
-                                    f"{synth} -run map_cells:"], netlist, top)
+        stat = _run_yosys(verilog, classic_abc_commands(family, synth), netlist, top)
         mapper = "abc"
     summary = _cell_summary(stat, top, family)
     summary["lut_mapper"] = mapper
     return summary
+
+
+def classic_abc_commands(family: str, synth: str) -> list[str]:
+    """The yosys commands of ``synth`` (a ``synth_ice40``/``synth_ecp5`` command line) with the
+    LUTs mapped by classic ABC instead of ABC9.
+
+    YoWASP yosys 0.70's in-process ABC9 exits with status 1 and no message on some netlists (the
+    full-feature SFU on ECP5, the requantize table with several words per row on iCE40): the
+    synthesis is then run again with these commands, which split ``synth`` at its LUT mapping
+    step and map the LUTs with ``abc -lut 4``, the rest of the flow unchanged."""
+    if family not in SYNTH_FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(repr(f) for f in SYNTH_FAMILIES)}, "
+                         f"not {family!r}")
+    if family == "ecp5":
+        return [f"{synth} -run :map_luts", "abc -lut 4", "clean", f"{synth} -run map_cells:"]
+    # synth_ice40's own map_luts step, with abc instead of abc9
+    return [f"{synth} -run :map_luts", "techmap -map +/ice40/latches_map.v", "abc -lut 4",
+            "ice40_wrapcarry -unwrap", "techmap -map +/ice40/ff_map.v", "clean",
+            "opt_lut -tech ice40", f"{synth} -run map_cells:"]
 
 
 class _SilentExit(ToolError):

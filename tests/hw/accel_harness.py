@@ -16,12 +16,14 @@ from systolic.hw.top import Accelerator
 
 from tests.hw.axi_model import AXIMemory
 
-__all__ = ["AccelRun", "run_accelerator", "lite_read", "lite_write"]
+__all__ = ["AccelRun", "run_accelerator", "lite_read", "lite_write", "axi_view", "REG"]
 
 REG = {r.name: r.offset for r in REGISTERS}
 
 
-def _axi_view(dut: Accelerator) -> SimpleNamespace:
+def axi_view(dut: Accelerator) -> SimpleNamespace:
+    """The accelerator's flat ``m_axi_*`` ports grouped as AXI4 channels (``ar``, ``r``, ``aw``,
+    ``w``, ``b``: valid, ready and payload fields), as the simulated memory expects them."""
     def port(channel: str, **payload: str) -> SimpleNamespace:
         s = lambda name: getattr(dut, f"m_axi_{channel}{name}")   # noqa: E731
         return SimpleNamespace(valid=s("valid"), ready=s("ready"),
@@ -123,7 +125,7 @@ def run_accelerator(config: AcceleratorConfig, program: Program, dram: np.ndarra
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    axi.add_to(sim, _axi_view(dut), read=True, write=True)
+    axi.add_to(sim, axi_view(dut), read=True, write=True)
     sim.add_testbench(testbench)
     sim.run()
     result.dram = np.frombuffer(bytes(memory), np.uint8).copy()

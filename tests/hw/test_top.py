@@ -170,7 +170,7 @@ def _run_back_to_back(config, runs, *, stall=0.0, latency=(0, 0), seed=0, error_
     from amaranth.sim import Simulator
     from systolic.hw.top import Accelerator
 
-    from tests.hw.accel_harness import REG, _axi_view, lite_read, lite_write
+    from tests.hw.accel_harness import REG, axi_view, lite_read, lite_write
     from tests.hw.axi_model import AXIMemory
 
     dut = Accelerator(config)
@@ -197,7 +197,7 @@ def _run_back_to_back(config, runs, *, stall=0.0, latency=(0, 0), seed=0, error_
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    axi.add_to(sim, _axi_view(dut), read=True, write=True)
+    axi.add_to(sim, axi_view(dut), read=True, write=True)
     sim.add_testbench(testbench)
     sim.run()
     return results

@@ -143,6 +143,33 @@ def test_synth_counts_cells(family: str, dsp: str, ff: str | None) -> None:
         assert counter["cells"][ff] == 8
 
 
+@pytest.mark.parametrize("family", ["ice40", "ecp5"])
+def test_synth_falls_back_to_classic_abc(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When yosys exits silently (yowasp's ABC9 does on some netlists), the LUTs are mapped by
+    classic ABC and the result is a complete netlist of the family's cells."""
+    run = tools._run_yosys
+    scripts: list[list[str]] = []
+
+    def abc9_exits_silently(verilog: str, commands: list[str], netlist: Any, top: str) -> Any:
+        scripts.append(commands)
+        if len(commands) == 1:
+            raise tools._SilentExit("yosys exited with status 1 and no ERROR line")
+        return run(verilog, commands, netlist, top)
+
+    monkeypatch.setattr(tools, "_run_yosys", abc9_exits_silently)
+    counter = tools.yosys_synth(tools.to_verilog(Counter(), "counter"), "counter", family)
+    assert len(scripts) == 2 and "abc -lut 4" in scripts[1]
+    assert counter["lut_mapper"] == "abc"
+    assert counter["ffs"] == 8 and counter["luts"] + counter["carry"] > 0
+    prefix = "SB_" if family == "ice40" else ("LUT4", "CCU2C", "TRELLIS_", "VHI", "VLO")
+    assert all(cell.startswith(prefix) for cell in counter["cells"]), counter["cells"]
+
+
+def test_classic_abc_commands_errors() -> None:
+    with pytest.raises(ValueError, match=r"^family must be one of 'ice40', 'ecp5', not 'gowin'$"):
+        tools.classic_abc_commands("gowin", "synth_gowin")
+
+
 def test_synth_writes_a_netlist(tmp_path: Path) -> None:
     netlist = tmp_path / "counter.json"
     tools.yosys_synth(tools.to_verilog(Counter(), "counter"), "counter", "ecp5", netlist=netlist)
