@@ -11,11 +11,21 @@ For each size (default 4x4 and 8x8) and dataflow (default ws and os) this
    that nextpnr times starts and ends at a register and the clock and the global enable can use
    the global network: the Fmax nextpnr reports after routing.
 
-Writes ``bench/results/array_synth.json`` and prints a table. The target: one DSP block per PE
-and >= 150 MHz. Place and route takes minutes per design (the 8x8 ones most).
+The configuration starts from the defaults, or from a board preset (``--preset ulx3s-85f``:
+its size, element types and ``array_lut_multipliers``, so that the PEs past the DSP budget
+multiply in logic), then ``--set FIELD=VALUE`` changes. The wrapper also registers the reset
+(the array's domain is reset from a register, as behind a reset synchronizer), so that no path
+from a pin is timed.
+
+Writes ``bench/results/array_synth.json`` (results merged by size, dataflow and configuration
+hash) and prints a table: LUT4s, carry cells, FFs, DSP blocks, Fmax, the critical path's end
+points and the synthesis and place-and-route seconds. The target: >= 150 MHz for the 8x8 and
+smaller default arrays; the ULX3S 16x16 preset array aims at >= 115 MHz. Place and route takes
+minutes per design (the 16x16 one tens of minutes).
 
 Run from the repository root: ``python bench/array_synth.py [--sizes 4x4,8x8]
-[--dataflows ws,os] [--freq 150] [--seed 1]``.
+[--dataflows ws,os] [--freq 150] [--seed 1]`` or, the ULX3S array,
+``python bench/array_synth.py --preset ulx3s-85f --freq 115``.
 """
 
 import argparse
@@ -24,10 +34,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
-from amaranth import Cat, Module, Signal
+from amaranth import Cat, ClockDomain, ClockSignal, DomainRenamer, Module, ResetSignal, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth_boards.ulx3s import ULX3S_85F_Platform
@@ -39,6 +50,7 @@ __all__ = ["RegisteredPorts", "measure", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "array_synth.json"
+PRESETS = ROOT / "boards" / "presets"
 DEVICE = ["--85k", "--package", "CABGA381"]
 
 
@@ -49,6 +61,8 @@ class RegisteredPorts(wiring.Component):
     ``valid``, ``ready``: registered, then the valid of every input stream / the output's ready;
     ``parity``: the XOR of the registered output row and its valid, reduced four bits per
     register stage so that the wrapper is never the critical path.
+
+    The array runs in the domain ``array``: the same clock, its reset a register of ``sync``'s.
     """
 
     din: In(1)
@@ -62,7 +76,11 @@ class RegisteredPorts(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        m.submodules.array = array = SystolicArray(self.config)
+        m.domains.array = ClockDomain("array")
+        m.d.comb += ClockSignal("array").eq(ClockSignal("sync"))
+        m.d.sync += ResetSignal("array").eq(ResetSignal("sync"))
+        array = SystolicArray(self.config)
+        m.submodules.array = DomainRenamer("array")(array)
         sinks = [array.inputs] + ([array.weights] if self.config.dataflow == "ws" else [])
         width = sum(len(s.payload.as_value()) for s in sinks)
         shift = Signal(width)
@@ -119,54 +137,102 @@ def _nextpnr(netlist: Path, freq: float, seed: int, workdir: Path) -> dict[str, 
 
 def measure(config: AcceleratorConfig, *, freq: float = 150.0, seed: int = 1) -> dict[str, Any]:
     """Synthesis counts of the array alone and the Fmax (MHz) of the array with registered ports.
-    Counts: LUT4s, CCU2C carry cells, flip-flops, MULT18X18D DSP blocks."""
+    Counts: LUT4s, CCU2C carry cells, flip-flops, MULT18X18D DSP blocks, distributed-RAM cells;
+    times in seconds."""
     platform = ULX3S_85F_Platform()
+    start = time.monotonic()
     alone = yosys_synth(to_verilog(SystolicArray(config), "systolic_array", platform=platform),
                         "systolic_array", "ecp5")
+    synth_seconds = time.monotonic() - start
     with tempfile.TemporaryDirectory(prefix="array-synth-") as tmp:
         workdir = Path(tmp)
         netlist = workdir / "bench.json"
+        start = time.monotonic()
         yosys_synth(to_verilog(RegisteredPorts(config), "bench", platform=platform), "bench", "ecp5",
                     netlist=netlist)
+        synth_seconds += time.monotonic() - start
         routed = _nextpnr(netlist, freq, seed, workdir)
     pes = config.rows * config.cols
     return {
         "rows": config.rows, "cols": config.cols, "dataflow": config.dataflow,
+        "lut_multipliers": config.array_lut_multipliers, "config_hash": config.hash_hex,
         "luts": alone["luts"], "carry_cells": alone["carry"], "ffs": alone["ffs"],
         "dsps": alone["dsps"], "dsps_per_pe": alone["dsps"] / pes, "brams": alone["brams"],
+        "lutrams": alone.get("lutrams", 0), "synth_seconds": round(synth_seconds, 1),
         "target_mhz": freq, **routed,
     }
 
 
+def _base_values(preset: str | None, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """Config fields of ``preset`` (a boards/presets name or a TOML file), or none."""
+    if preset is None:
+        return {}
+    path = Path(preset)
+    if not path.is_file():
+        path = PRESETS / f"{preset}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.toml")))
+        parser.error(f"--preset must be a TOML file or one of {known}, not {preset!r}")
+    return tomllib.loads(path.read_text())
+
+
+def _merge(out: Path, entries: list[dict[str, Any]]) -> None:
+    """Add ``entries`` to the results in ``out``, replacing those of the same design."""
+    def key(e: dict[str, Any]) -> tuple[Any, ...]:
+        return (e["rows"], e["cols"], e["dataflow"], e.get("config_hash"))
+
+    old = json.loads(out.read_text())["results"] if out.is_file() else []
+    new_keys = {key(e) for e in entries}
+    merged = [e for e in old if key(e) not in new_keys] + entries
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"device": "LFE5U-85F-CABGA381", "results": merged}, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="4x4,8x8", help="comma-separated RxC sizes")
-    parser.add_argument("--dataflows", default="ws,os", help="comma-separated dataflows")
+    parser.add_argument("--preset", default=None, help="boards/presets name or TOML file to start from")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="change a config field (TOML value), repeatable")
+    parser.add_argument("--sizes", default=None,
+                        help="comma-separated RxC sizes (default: the preset's, else 4x4,8x8)")
+    parser.add_argument("--dataflows", default=None,
+                        help="comma-separated dataflows (default: the preset's, else ws,os)")
     parser.add_argument("--freq", type=float, default=150.0, help="target clock, MHz")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     args = parser.parse_args(argv)
+    base = _base_values(args.preset, parser)
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--set takes FIELD=VALUE, not {item!r}")
+        base[name.strip()] = tomllib.loads(f"v = {value}")["v"]
+    sizes = args.sizes or (f"{base['rows']}x{base['cols']}" if "rows" in base else "4x4,8x8")
+    dataflows = args.dataflows or base.get("dataflow", "ws,os")
 
     rows_out = []
-    for size in args.sizes.split(","):
-        rows, cols = (int(v) for v in size.lower().split("x"))
-        for dataflow in args.dataflows.split(","):
-            config = AcceleratorConfig(rows=rows, cols=cols, dataflow=dataflow)
+    for size in sizes.split(","):
+        rows, sep, cols = size.lower().partition("x")
+        if not (sep and rows.isdigit() and cols.isdigit()):
+            parser.error(f"--sizes takes RxC sizes, not {size!r}")
+        for dataflow in dataflows.split(","):
+            values = {**base, "rows": int(rows), "cols": int(cols), "dataflow": dataflow}
+            config = AcceleratorConfig.from_dict(values, source="array_synth")
             print(f"{rows}x{cols} {dataflow}: synthesis, place and route ...", file=sys.stderr, flush=True)
             rows_out.append(measure(config, freq=args.freq, seed=args.seed))
+            _merge(args.out, rows_out[-1:])
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"device": "LFE5U-85F-CABGA381", "results": rows_out}, indent=1) + "\n")
-
-    header = f"{'array':>7} {'flow':>4} {'LUT4':>6} {'CCU2C':>6} {'FF':>6} {'DSP':>4} {'DSP/PE':>6} " \
-             f"{'Fmax MHz':>9} {'target':>6} {'P&R s':>6}"
+    header = f"{'array':>7} {'flow':>4} {'LUTmul':>6} {'LUT4':>6} {'CCU2C':>6} {'FF':>6} {'DSP':>4} " \
+             f"{'Fmax MHz':>9} {'target':>6} {'syn s':>6} {'P&R s':>6}  critical path"
     print(header)
     print("-" * len(header))
     for r in rows_out:
         verdict = "ok" if r["fmax_mhz"] >= r["target_mhz"] else "MISS"
-        print(f"{r['rows']:>3}x{r['cols']:<3} {r['dataflow']:>4} {r['luts']:>6} {r['carry_cells']:>6} "
-              f"{r['ffs']:>6} {r['dsps']:>4} {r['dsps_per_pe']:>6.2f} {r['fmax_mhz']:>9.1f} "
-              f"{verdict:>6} {r['pnr_seconds']:>6.0f}")
+        path = r["critical_path"]
+        print(f"{r['rows']:>3}x{r['cols']:<3} {r['dataflow']:>4} {r['lut_multipliers']:>6} {r['luts']:>6} "
+              f"{r['carry_cells']:>6} {r['ffs']:>6} {r['dsps']:>4} {r['fmax_mhz']:>9.1f} "
+              f"{verdict:>6} {r['synth_seconds']:>6.0f} {r['pnr_seconds']:>6.0f}  "
+              f"{path['from']} -> {path['to']} ({path['ns']} ns)")
     print(f"results in {args.out}")
     return 0
 

@@ -47,7 +47,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from amaranth import Cat, Elaboratable, Module, Mux, Signal, Value
+from amaranth import (
+    Cat,
+    ClockDomain,
+    ClockSignal,
+    DomainRenamer,
+    Elaboratable,
+    Module,
+    Mux,
+    ResetSignal,
+    Signal,
+    Value,
+)
 from amaranth.back import verilog as amaranth_verilog
 from amaranth.lib import wiring
 from amaranth.lib.wiring import Flow
@@ -95,7 +106,10 @@ UNITS: dict[str, Callable[[AcceleratorConfig], wiring.Component]] = {
     "csr": _build("hw.csr", "CSRBank", lambda c: c.hash, counter_bits=lambda c: c.counter_bits,
                   increment_bits=_counter_increment_bits),     # with the counters
     "soc_memory": _build("boards.memory", "SoCMemory", memory_bytes=lambda c: c.dram_bytes,
-                         data_width=lambda c: c.dma_data_bits),   # block RAM
+                         data_width=lambda c: c.dma_data_bits),   # block RAM, with its arbiter
+    # generic elaboration (yosys infers the DSP blocks): the ECP5 array is bench/array_synth.py's
+    "array": _build("hw.array", "SystolicArray"),
+    "pe_logic": _build("hw.pe", "ProcessingElement", lambda c: c, use_dsp=lambda c: False),
 }
 
 #: nextpnr device arguments per (family, device name).
@@ -111,7 +125,8 @@ _NEXTPNR = {"ecp5": "NEXTPNR_ECP5", "ice40": "NEXTPNR_ICE40"}
 
 class Harness(Elaboratable):
     """``unit`` with every port registered: inputs from a shift register fed by ``din``, outputs
-    captured and shifted out on ``dout`` (parallel load while ``load``). Sizes: ``in_bits`` and
+    captured and shifted out on ``dout`` (parallel load two cycles after ``load``; the unit's reset
+    is a register of the harness's). Sizes: ``in_bits`` and
     ``out_bits``, the unit's input and output port bits."""
 
     def __init__(self, unit: wiring.Component):
@@ -129,7 +144,15 @@ class Harness(Elaboratable):
 
     def elaborate(self, platform: Any) -> Module:
         m = Module()
-        m.submodules.unit = self.unit
+        # The unit runs in the domain ``unit``: the same clock, its reset a register of sync's
+        # (as behind a reset synchronizer), so that no path from the reset pin is timed.
+        m.domains.unit = ClockDomain("unit")
+        m.d.comb += ClockSignal("unit").eq(ClockSignal("sync"))
+        m.d.sync += ResetSignal("unit").eq(ResetSignal("sync"))
+        m.submodules.unit = DomainRenamer("unit")(self.unit)
+        # ``load`` fans out to every capture bit: two registers between the pin and that net
+        load = Signal(2)
+        m.d.sync += load.eq(Cat(self.load, load[0]))
         chain = Signal(max(1, self.in_bits))
         m.d.sync += chain.eq(Cat(self.din, chain[:-1]))
         offset = 0
@@ -139,7 +162,7 @@ class Harness(Elaboratable):
         captured = Signal(max(1, self.out_bits))
         shifter = Signal(max(1, self.out_bits))
         m.d.sync += [captured.eq(Cat(*self._outputs)),
-                     shifter.eq(Mux(self.load, captured, shifter >> 1))]
+                     shifter.eq(Mux(load[1], captured, shifter >> 1))]
         m.d.comb += self.dout.eq(shifter[0])
         return m
 

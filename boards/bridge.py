@@ -124,6 +124,7 @@ class Bridge(wiring.Component):
         aw_done = Signal()
         w_done = Signal()
         ar_done = Signal()
+        read_wait = Signal(range(max(2, self.port.read_latency)))   # cycles until a read's data arrives
 
         got = rx.valid
         byte = rx.payload
@@ -324,6 +325,7 @@ class Bridge(wiring.Component):
                     with m.Case(Command.MEM_READ):
                         m.d.comb += mem.cmd.valid.eq(1)
                         with m.If(mem.cmd.ready):
+                            m.d.sync += read_wait.eq(self.port.read_latency - 1)
                             m.next = "FETCH_MEMORY"
                     with m.Case(Command.INFO):
                         with m.Switch(word_index):
@@ -334,8 +336,12 @@ class Bridge(wiring.Component):
                     with m.Default():           # CSR_READ: the word is in place
                         m.next = "SEND"
             with m.State("FETCH_MEMORY"):
-                m.d.sync += [word.eq(mem.rdata.word_select(lane, 32)), next_word(addr)]
-                m.next = "SEND"
+                # the read data is on rdata read_latency cycles after the grant
+                with m.If(read_wait == 0):
+                    m.d.sync += [word.eq(mem.rdata.word_select(lane, 32)), next_word(addr)]
+                    m.next = "SEND"
+                with m.Else():
+                    m.d.sync += read_wait.eq(read_wait - 1)
             with m.State("SEND"):
                 m.d.comb += [tx.valid.eq(1), tx.payload.eq(word[:8])]
                 with m.If(tx.ready):

@@ -4,19 +4,25 @@ the host bridge.
 Every access goes through one arbiter in front of one single-port core (one access per cycle), for
 both kinds of core:
 
-* ``"bram"``: an :class:`amaranth.lib.memory.Memory` (block RAM: iCE40 EBR, ECP5 DP16KD; simulated
-  by Amaranth and Verilator);
+* ``"bram"``: :class:`amaranth.lib.memory.Memory` (block RAM: iCE40 EBR, ECP5 DP16KD; simulated
+  by Amaranth and Verilator). Up to :data:`BANK_BYTES` it is one memory read in one cycle.
+  Larger, it is split into up to :data:`MAX_BANKS` banks (256 KiB: 32 banks of four DP16KD) and
+  pipelined, so that no path crosses the chip between its block RAMs in one cycle: the access is
+  registered, then copied into registers of its bank (beside the bank's block RAMs), each bank's
+  read data is registered beside it, and the row is selected from 4 banks (or groups of 4) per
+  registered level: read data 7 cycles after the grant for 32 banks
+  (:attr:`SoCMemory.read_latency`), still one access per cycle;
 * ``"spram"``: iCE40UP5K ``SB_SPRAM256KA`` blocks (16K x 16 bits, 32 KiB each; the device has 4),
   side by side for the bus width and stacked for the depth; byte enables become nibble write
   masks.
 
 The arbiter gives the bridge priority (it makes one access per UART character or so) and
 alternates between the AXI read and write engines when both want the port. The read engine keeps
-one burst in progress and the next one's address waiting, and a three-beat output buffer whose
-credit depends only on registered state; the R channel comes from that buffer's registers only
-(the RAM's output never reaches the accelerator in the same cycle, for the clock), so a beat
-arrives two cycles after its address; with the port free and ``rready`` high it returns one beat
-per cycle, back to back across bursts.
+one burst in progress and the next one's address waiting, and an output buffer of
+``read_latency + 2`` beats whose credit depends only on registered state; the R channel comes
+from that buffer's registers only (the RAM's output never reaches the accelerator in the same
+cycle, for the clock), so a beat arrives ``read_latency + 1`` cycles after its address; with the
+port free and ``rready`` high it returns one beat per cycle, back to back across bursts.
 
 AXI4 support: INCR bursts of full-width beats (``size`` = log2 of the bus bytes; other sizes and
 burst types are not decoded), ``wstrb`` byte enables, one write burst at a time. A beat whose
@@ -43,8 +49,8 @@ from systolic.hw.axi import (
 )
 
 __all__ = [
-    "MEMORY_KINDS", "SPRAM_BYTES", "SPRAM_COUNT", "check_memory", "MemoryRequestLayout",
-    "MemoryPortSignature", "SoCMemory",
+    "MEMORY_KINDS", "SPRAM_BYTES", "SPRAM_COUNT", "BANK_BYTES", "MAX_BANKS", "check_memory",
+    "memory_read_latency", "MemoryRequestLayout", "MemoryPortSignature", "SoCMemory",
 ]
 
 #: Memory kinds of :class:`SoCMemory`.
@@ -56,8 +62,13 @@ SPRAM_COUNT = 4
 _SPRAM_WORDS = 16 * 1024
 _MIN_BYTES = 1024
 _MAX_BRAM_BYTES = 1 << 24
-#: Beats the read engine buffers between the RAM and the R channel (see :class:`_ReadEngine`).
-_READ_BUFFER = 3
+#: Bytes of one bank of a "bram" memory: larger memories are banked and pipelined. 8 KiB on a
+#: 64-bit bus is 1024 words, one ECP5 DP16KD deep (1024 x 18): no select between a bank's
+#: block RAMs before its data register.
+BANK_BYTES = 8 * 1024
+#: Banks of a "bram" memory at most (larger memories have larger banks).
+MAX_BANKS = 32
+_SELECT_FAN_IN = 4      # banks (or groups) one registered select level chooses from
 
 
 def _is_pow2(value: int) -> bool:
@@ -90,6 +101,24 @@ def check_memory(kind: object, memory_bytes: object, data_width: int) -> None:
             f"each), the iCE40UP5K has {SPRAM_COUNT}")
 
 
+def _bram_banks(memory_bytes: int) -> int:
+    return max(1, min(MAX_BANKS, memory_bytes // BANK_BYTES))
+
+
+def _select_levels(banks: int) -> int:
+    levels, reach = 0, 1
+    while reach < banks:
+        levels, reach = levels + 1, reach * _SELECT_FAN_IN
+    return levels
+
+
+def memory_read_latency(kind: str, memory_bytes: int) -> int:
+    """Cycles from a read's grant to its data on ``rdata``: 1; for a banked "bram" memory (more
+    than :data:`BANK_BYTES`) 4 plus a select level per factor of 4 banks (7 for 32 banks)."""
+    banks = _bram_banks(memory_bytes) if kind == "bram" else 1
+    return 1 if banks == 1 else 4 + _select_levels(banks)
+
+
 def _spram_columns(data_width: int) -> int:
     return data_width // 16
 
@@ -109,12 +138,16 @@ class MemoryRequestLayout(data.StructLayout):
 class MemoryPortSignature(wiring.Signature):
     """A requester's port on the memory (the requester's side; ``.flip()`` for the memory's).
 
-    ``cmd`` carries accesses; ``ready`` is the grant. A read granted in one cycle has its data on
-    ``rdata`` in the next cycle, for that cycle only."""
+    ``cmd`` carries accesses; ``ready`` is the grant. A read granted in cycle n has its data on
+    ``rdata`` in cycle n + ``read_latency``, for that cycle only; accesses take effect in grant
+    order."""
 
-    def __init__(self, *, addr_width: int, data_width: int):
+    def __init__(self, *, addr_width: int, data_width: int, read_latency: int = 1):
+        if isinstance(read_latency, bool) or not isinstance(read_latency, int) or read_latency < 1:
+            raise ValueError(f"read_latency must be a positive integer (cycles), not {read_latency!r}")
         self.addr_width = addr_width
         self.data_width = data_width
+        self.read_latency = read_latency
         super().__init__({
             "cmd": Out(stream.Signature(MemoryRequestLayout(addr_width, data_width))),
             "rdata": In(data_width),
@@ -122,32 +155,95 @@ class MemoryPortSignature(wiring.Signature):
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, MemoryPortSignature) and self.addr_width == other.addr_width
-                and self.data_width == other.data_width)
+                and self.data_width == other.data_width and self.read_latency == other.read_latency)
 
     def __repr__(self) -> str:
-        return f"MemoryPortSignature(addr_width={self.addr_width}, data_width={self.data_width})"
+        return (f"MemoryPortSignature(addr_width={self.addr_width}, data_width={self.data_width}, "
+                f"read_latency={self.read_latency})")
 
 
 class _Core(wiring.Component):
-    """The single-port RAM: one access per cycle, always ready, read data one cycle later."""
+    """The single-port RAM: one access per cycle, always ready, read data ``read_latency``
+    cycles later."""
 
     def __init__(self, kind: str, memory_bytes: int, data_width: int):
         self.kind = kind
         self.memory_bytes = memory_bytes
         self.data_width = data_width
         self.depth = memory_bytes // (data_width // 8)
+        self.read_latency = memory_read_latency(kind, memory_bytes)
         addr_width = (self.depth - 1).bit_length()
         super().__init__({
             "cmd": In(stream.Signature(MemoryRequestLayout(addr_width, data_width), always_ready=True)),
             "rdata": Out(data_width),
         })
         # created here so that simulations can reach the contents (``data``) as a back door
-        self.ram = (Memory(shape=data_width, depth=self.depth, init=[])
-                    if kind == "bram" else None)
+        banks = _bram_banks(memory_bytes) if kind == "bram" else 0
+        self.banks = [Memory(shape=data_width, depth=self.depth // banks, init=[]) for _ in range(banks)]
+        self.ram = self.banks[0] if banks == 1 else None
+
+    def _banked(self, m: Module) -> None:
+        """The pipelined banks (see the module docstring): request register, bank registers,
+        block RAM, bank data register, select levels of 4 (each a register)."""
+        banks = len(self.banks)
+        index_bits = (self.depth // banks - 1).bit_length()    # word inside a bank; the bank above
+        request = Signal.like(self.cmd.payload)
+        requested = Signal()
+        m.d.sync += [request.eq(self.cmd.payload), requested.eq(self.cmd.valid)]
+        # the bank of a read, one register per stage: at the bank registers, at the block RAMs'
+        # data, at the bank data registers, then one per select level
+        bank_at = [request.addr[index_bits:]]
+        for _ in range(2 + _select_levels(banks)):
+            delayed = Signal.like(bank_at[0], name=f"bank_at{len(bank_at)}")
+            m.d.sync += delayed.eq(bank_at[-1])
+            bank_at.append(delayed)
+        level = []
+        for k, ram in enumerate(self.banks):
+            m.submodules[f"bank{k}"] = ram
+            write = ram.write_port(granularity=8)
+            read = ram.read_port()
+            # each bank's own copy of the access (loaded only for it, so that synthesis keeps
+            # the copies apart), placed by its block RAMs: no net crosses the chip to them
+            here = requested & (bank_at[0] == k)
+            addr = Signal(index_bits, name=f"bank{k}_addr")
+            data = Signal(self.data_width, name=f"bank{k}_wdata")
+            enables = Signal(self.data_width // 8, name=f"bank{k}_we")
+            reading = Signal(name=f"bank{k}_re")
+            with m.If(here):
+                m.d.sync += [addr.eq(request.addr[:index_bits]), data.eq(request.data)]
+            m.d.sync += [enables.eq(Mux(here & request.write, request.mask, 0)),
+                         reading.eq(here & ~request.write)]
+            m.d.comb += [write.addr.eq(addr), write.data.eq(data), write.en.eq(enables),
+                         read.addr.eq(addr), read.en.eq(reading)]
+            # beside the block RAM: its clock-to-out and the trip to the select are two cycles
+            out = Signal(self.data_width, name=f"bank{k}_rdata")
+            m.d.sync += out.eq(read.data)
+            level.append(out)
+        # select levels: each picks one of 4 with two bits of the bank, into a register
+        for depth in range(_select_levels(banks)):
+            bits = bank_at[3 + depth][2 * depth:2 * depth + 2]
+            chosen = []
+            for g in range(0, len(level), _SELECT_FAN_IN):
+                group = level[g:g + _SELECT_FAN_IN]
+                out = Signal(self.data_width, name=f"select{depth}_{g // _SELECT_FAN_IN}")
+                if len(group) == 1:
+                    m.d.sync += out.eq(group[0])
+                else:
+                    with m.Switch(bits[:(len(group) - 1).bit_length()]):
+                        for i, value in enumerate(group):
+                            with m.Case(i):
+                                m.d.sync += out.eq(value)
+                chosen.append(out)
+            level = chosen
+        assert len(level) == 1, len(level)
+        m.d.comb += self.rdata.eq(level[0])
 
     def elaborate(self, platform):
         m = Module()
         cmd = self.cmd
+        if len(self.banks) > 1:
+            self._banked(m)
+            return m
         if self.ram is not None:
             m.submodules.ram = ram = self.ram
             write = ram.write_port(granularity=8)
@@ -262,6 +358,7 @@ class _ReadEngine(wiring.Component):
     def __init__(self, port: MemoryPortSignature, memory_beats_log2: int):
         self.beat_log2 = (port.data_width // 8).bit_length() - 1
         self.memory_beats_log2 = memory_beats_log2
+        self.latency = port.read_latency
         super().__init__({
             "ar": In(stream.Signature(AddressLayout(32))),
             "r": Out(stream.Signature(ReadDataLayout(port.data_width))),
@@ -282,21 +379,25 @@ class _ReadEngine(wiring.Component):
         next_addr = Signal(beat_width)
         next_len = Signal(8)
 
-        # beats issued last cycle (their data is on mem.rdata now) and three buffered beats:
-        # the R channel is driven from registers only (no path from the RAM's output through
-        # to the accelerator in one cycle); three entries keep one beat per cycle back to back
-        pending = Signal()
-        pending_error = Signal()
-        pending_last = Signal()
-        count = Signal(range(_READ_BUFFER + 1))
+        # beats issued in the last `latency` cycles (the oldest one's data is on mem.rdata now)
+        # and latency + 2 buffered beats: the R channel is driven from registers only (no path
+        # from the RAM's output through to the accelerator in one cycle); that many entries keep
+        # one beat per cycle back to back
+        latency = self.latency
+        buffer = latency + 2
+        in_flight = [Signal(name=f"in_flight{i}") for i in range(latency)]   # youngest first
+        flight_error = [Signal(name=f"flight_error{i}") for i in range(latency)]
+        flight_last = [Signal(name=f"flight_last{i}") for i in range(latency)]
+        pending, pending_error, pending_last = in_flight[-1], flight_error[-1], flight_last[-1]
+        count = Signal(range(buffer + 1))
         beat = ReadDataLayout(len(r.payload.data))
-        entries = [Signal(beat, name=f"entry{i}") for i in range(_READ_BUFFER)]
-        head = Signal(range(_READ_BUFFER))      # index of the oldest buffered beat
-        tail = Signal(range(_READ_BUFFER))      # index where the next beat is buffered
+        entries = [Signal(beat, name=f"entry{i}") for i in range(buffer)]
+        head = Signal(range(buffer))      # index of the oldest buffered beat
+        tail = Signal(range(buffer))      # index where the next beat is buffered
 
         inside = ~cur_addr[beats_log2]
         room = Signal()
-        m.d.comb += room.eq(count + pending < _READ_BUFFER)
+        m.d.comb += room.eq(count + sum(in_flight) < buffer)
         m.d.comb += [
             mem.cmd.valid.eq(cur_valid & room & inside),
             mem.cmd.payload.addr.eq(cur_addr[:beats_log2]),
@@ -328,7 +429,10 @@ class _ReadEngine(wiring.Component):
                          next_len.eq(ar.payload.len)]
 
         # data channel
-        m.d.sync += [pending.eq(issue), pending_error.eq(~inside), pending_last.eq(cur_left == 1)]
+        m.d.sync += [in_flight[0].eq(issue), flight_error[0].eq(~inside), flight_last[0].eq(cur_left == 1)]
+        for i in range(1, latency):
+            m.d.sync += [in_flight[i].eq(in_flight[i - 1]), flight_error[i].eq(flight_error[i - 1]),
+                         flight_last[i].eq(flight_last[i - 1])]
         incoming = Signal(beat)
         m.d.comb += [
             incoming.data.eq(Mux(pending_error, 0, mem.rdata)),
@@ -343,12 +447,12 @@ class _ReadEngine(wiring.Component):
         pop = Signal()
         m.d.comb += pop.eq(r.valid & r.ready)
         with m.If(pending):
-            m.d.sync += tail.eq(Mux(tail == _READ_BUFFER - 1, 0, tail + 1))
+            m.d.sync += tail.eq(Mux(tail == buffer - 1, 0, tail + 1))
             for index, entry in enumerate(entries):
                 with m.If(tail == index):
                     m.d.sync += entry.eq(incoming)
         with m.If(pop):
-            m.d.sync += head.eq(Mux(head == _READ_BUFFER - 1, 0, head + 1))
+            m.d.sync += head.eq(Mux(head == buffer - 1, 0, head + 1))
         m.d.sync += count.eq(count + pending - pop)
         return m
 
@@ -407,8 +511,10 @@ class SoCMemory(wiring.Component):
     ``data_width``-bit bus, served to an AXI4 manager (``axi``) and to the bridge (``bridge``, a
     :class:`MemoryPortSignature` port with bus-word addresses).
 
-    ``ram`` is the :class:`~amaranth.lib.memory.Memory` of a ``"bram"`` memory (simulations reach
-    its contents through ``ram.data[word]``); None for ``"spram"``."""
+    ``banks`` are the :class:`~amaranth.lib.memory.Memory` banks of a ``"bram"`` memory, each
+    holding a contiguous ``1 / len(banks)`` of the words (simulations reach the contents through
+    ``banks[k].data[word]``; empty for ``"spram"``); ``ram`` is the only bank of a memory of one
+    bank, else None. ``read_latency``: cycles from a bridge read's grant to its data."""
 
     def __init__(self, *, memory_bytes: int, data_width: int, kind: str = "bram"):
         if data_width not in (32, 64, 128):
@@ -418,15 +524,23 @@ class SoCMemory(wiring.Component):
         self.memory_bytes = memory_bytes
         self.data_width = data_width
         self.bus_bytes = data_width // 8
-        words = memory_bytes // self.bus_bytes
-        self.port_signature = MemoryPortSignature(addr_width=max(1, (words - 1).bit_length()),
-                                                  data_width=data_width)
         self._core = _Core(kind, memory_bytes, data_width)
+        self.read_latency = self._core.read_latency
+        self.port_signature = self.port_signature_for(memory_bytes, data_width, kind)
         self.ram = self._core.ram
+        self.banks = self._core.banks
         super().__init__({
             "axi": In(AXI4Signature(addr_width=32, data_width=data_width)),
             "bridge": In(self.port_signature),
         })
+
+    @staticmethod
+    def port_signature_for(memory_bytes: int, data_width: int, kind: str = "bram") -> MemoryPortSignature:
+        """The bridge port's signature of a memory of ``memory_bytes`` bytes of ``kind`` on a
+        ``data_width``-bit bus (word addresses, its read latency)."""
+        words = memory_bytes // (data_width // 8)
+        return MemoryPortSignature(addr_width=max(1, (words - 1).bit_length()), data_width=data_width,
+                                   read_latency=memory_read_latency(kind, memory_bytes))
 
     def elaborate(self, platform):
         m = Module()

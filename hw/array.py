@@ -4,7 +4,10 @@
 C = ``cols``) behind ``amaranth.lib.stream`` ports. Callers see aligned vectors: the skew
 (element i of an input row enters PE row i, i cycles later) and the de-skew of the results are
 inside the block. Every register of the array sits behind one global enable that is low while the
-output holds a result nobody takes, so back-pressure stalls the whole array and loses nothing.
+output cannot take a result, so back-pressure stalls the whole array and loses nothing; in large
+arrays the enable comes through registers (``stall_stages``) and a small skid buffer at the output
+takes the rows produced while the stall travels. Weight-stationary partial sums are only as wide
+as the exact column sum (:func:`column_sum_shape`).
 
 The timing and the interface rules are in ``docs/arch-array.md``; in short, with T tiles streamed
 back to back and the output always ready:
@@ -21,9 +24,12 @@ Both give R * C multiply-accumulates every cycle in steady state (m >= k, K >= R
 
 from __future__ import annotations
 
-from amaranth import Const, Module, Mux, Signal, Value
+from typing import Any
+
+from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, ResetSignal, Shape, Signal, Value
 from amaranth.hdl import EnableInserter
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .config import AcceleratorConfig
@@ -31,7 +37,7 @@ from .pe import MAC_LATENCY, ProcessingElement, element_shapes
 
 __all__ = [
     "SystolicArray", "weight_layout", "input_layout", "output_layout",
-    "array_latency", "ws_cycles", "os_cycles",
+    "array_latency", "ws_cycles", "os_cycles", "column_sum_shape", "default_stall_stages",
 ]
 
 
@@ -135,13 +141,54 @@ def os_cycles(config: AcceleratorConfig, *, k: int, tiles: int) -> int:
     return k + (tiles - 1) * max(k, config.rows) + array_latency(config) + config.rows - 1
 
 
-def _delay(m: Module, value: Value, cycles: int, name: str) -> Value:
-    """``value`` delayed by ``cycles`` registers in ``m``'s sync domain."""
+def column_sum_shape(config: AcceleratorConfig, products: int) -> Shape:
+    """The narrowest shape that holds the exact sum of ``products`` products of an input element
+    and a weight element, whatever their values (e.g. ``signed(20)`` for 16 int8 x int8
+    products, -128 * -128 in every one included), or the accumulator's shape (``acc_bits``) when
+    that is not wider: a weight-stationary column's partial sum after ``products`` PE rows
+    (nothing else enters at the top), wrapped modulo 2**acc_bits where the exact sum would not
+    fit, as docs/isa.md specifies."""
+    config = _check_config(config)
+    _check_tile_counts(products=products)
+    corners = [x * y for x in config.input_range for y in config.weight_range]
+    exact = Shape.cast(range(products * min(corners), products * max(corners) + 1))
+    if exact.width >= config.acc_bits:
+        return element_shapes(config)[2]
+    return exact
+
+
+def default_stall_stages(config: AcceleratorConfig) -> int:
+    """Register stages between the array's output state and the enable of its registers (see
+    :class:`SystolicArray`): 0 (one combinational enable) up to 16 PEs, 1 up to 64 PEs, 2
+    beyond (a registered enable and one register per PE row and edge block)."""
+    config = _check_config(config)
+    pes = config.rows * config.cols
+    return 0 if pes <= 16 else 1 if pes <= 64 else 2
+
+
+def _delay(m: Module, value: Value, cycles: int, name: str, *, reset_less: bool = False) -> Value:
+    """``value`` delayed by ``cycles`` registers in ``m``'s sync domain (``reset_less`` for data
+    whose value does not matter while nothing valid travels with it)."""
     for stage in range(cycles):
-        reg = Signal(value.shape(), name=f"{name}_d{stage + 1}")
+        reg = Signal(value.shape(), name=f"{name}_d{stage + 1}", reset_less=reset_less)
         m.d.sync += reg.eq(value)
         value = reg
     return value
+
+
+def _stall_register(m: Module, platform: Any, value: Value, name: str) -> Signal:
+    """A register of the stall tree, 1 at reset. On ECP5 a ``TRELLIS_FF`` instance, so that
+    yosys does not merge the tree's identical registers back into one (generic elaboration uses a
+    plain register; yosys may merge the leaves there)."""
+    reg = Signal(name=name, init=1)
+    if getattr(platform, "family", None) == "ecp5":
+        m.submodules[f"{name}_ff"] = Instance(
+            "TRELLIS_FF", p_GSR="DISABLED", p_CEMUX="1", p_CLKMUX="CLK", p_LSRMUX="LSR",
+            p_REGSET="SET", p_SRMODE="LSR_OVER_CE",
+            i_CLK=ClockSignal("sync"), i_LSR=ResetSignal("sync"), i_DI=value, o_Q=reg)
+    else:
+        m.d.sync += reg.eq(value)
+    return reg
 
 
 class SystolicArray(wiring.Component):
@@ -166,11 +213,32 @@ class SystolicArray(wiring.Component):
     ``outputs``: ``Out(stream.Signature(output_layout(config)))`` — R rows of P per tile, row 0
     first, ``last`` on row R-1.
 
-    Raises :class:`TypeError` when ``config`` is not an :class:`AcceleratorConfig`.
+    Both dataflows follow the ``amaranth.lib.stream`` rules: a payload moves in a cycle with
+    ``valid`` and ``ready`` high, no ``valid`` waits for a ``ready``, and the output takes any
+    amount of back-pressure (nothing is lost or reordered).
+
+    ``stall_stages`` (default :func:`default_stall_stages`): 0 — the registers advance in a
+    cycle with ``~outputs.valid | outputs.ready`` (the input streams' ``ready`` then depends
+    combinationally on ``outputs.ready``); s in 1..4 — the enable of a cycle is decided s cycles
+    before, from the occupancy of a skid buffer of ``2 * s`` result rows at the output, and
+    reaches the registers through s register stages (from 2 on, one register per PE row and per
+    edge block); ``inputs.ready``, ``weights.ready`` and ``outputs.valid`` then come from
+    registers. With a ready consumer the buffer stays empty: latency, cycle counts and
+    throughput do not depend on ``stall_stages``.
+
+    Raises :class:`TypeError` when ``config`` is not an :class:`AcceleratorConfig` or
+    ``stall_stages`` not an integer, :class:`ValueError` for ``stall_stages`` outside 0..4.
     """
 
-    def __init__(self, config: AcceleratorConfig) -> None:
+    def __init__(self, config: AcceleratorConfig, *, stall_stages: int | None = None) -> None:
         self.config = _check_config(config)
+        if stall_stages is None:
+            stall_stages = default_stall_stages(config)
+        if isinstance(stall_stages, bool) or not isinstance(stall_stages, int):
+            raise TypeError(f"stall_stages must be an integer, not {stall_stages!r}")
+        if not 0 <= stall_stages <= 4:
+            raise ValueError(f"stall_stages must be between 0 and 4, not {stall_stages!r}")
+        self.stall_stages = stall_stages
         members = {}
         if config.dataflow == "ws":
             members["weights"] = In(stream.Signature(weight_layout(config)))
@@ -184,35 +252,124 @@ class SystolicArray(wiring.Component):
         :func:`array_latency`)."""
         return array_latency(self.config)
 
+    @property
+    def skid_depth(self) -> int:
+        """Result rows the output buffer holds: 2 * ``stall_stages`` (0 without stall stages)."""
+        return 2 * self.stall_stages
+
     def elaborate(self, platform) -> Module:
         config = self.config
         m = Module()
 
-        # Every register below this point advances only while the output can move: a global
-        # enable, so that a stalled output freezes the skewed wavefronts in place.
-        pipeline = Module()
-        enable = Signal()
-        m.submodules.pipeline = EnableInserter(enable)(pipeline)
-        m.d.comb += enable.eq(~self.outputs.valid | self.outputs.ready)
+        # The registers advance only while the output can take what they produce: every group
+        # below (the PE rows, the input side, the weight skew, the output de-skew) has its own
+        # enable, all equal in every cycle (see _elaborate_stall).
+        groups = {name: Module() for name in ("inputs", "weights", "outputs")}
+        enables = {name: Signal(name=f"enable_{name}") for name in groups}
+        row_enables = [Signal(name=f"enable_row_{i}") for i in range(config.rows)]
+        for name, group in groups.items():
+            m.submodules[name] = EnableInserter(enables[name])(group)
 
-        # The last `array_lut_multipliers` PEs in row-major order multiply in logic.
+        # The last `array_lut_multipliers` PEs in row-major order multiply in logic. A WS PE
+        # row's partial sums are only as wide as the exact sum of the products above them.
         dsp_pes = config.rows * config.cols - config.array_lut_multipliers
-        pes = [[ProcessingElement(config, use_dsp=i * config.cols + j < dsp_pes)
+        ws = config.dataflow == "ws"
+        pes = [[ProcessingElement(config, use_dsp=i * config.cols + j < dsp_pes,
+                                  psum_shape=column_sum_shape(config, i + 1) if ws else None)
                 for j in range(config.cols)] for i in range(config.rows)]
         for i, row in enumerate(pes):
             for j, pe in enumerate(row):
-                pipeline.submodules[f"pe_{i}_{j}"] = pe
-                pipeline.d.comb += pe.enable.eq(enable)
+                m.submodules[f"pe_{i}_{j}"] = pe
+                m.d.comb += pe.enable.eq(row_enables[i])
 
-        if config.dataflow == "ws":
-            self._elaborate_ws(pipeline, pes, enable)
+        if ws:
+            valid, last, results = self._elaborate_ws(groups, enables["inputs"], pes)
         else:
-            self._elaborate_os(pipeline, pes, enable)
+            valid, last, results = self._elaborate_os(groups, enables["inputs"], pes)
+        self._elaborate_stall(m, platform, [*enables.values(), *row_enables], enables["outputs"],
+                              valid, last, results)
         return m
 
-    def _elaborate_ws(self, m: Module, pes: list[list[ProcessingElement]], enable: Signal) -> None:
+    def _elaborate_stall(self, m: Module, platform: Any, leaves: list[Signal], out_enable: Signal,
+                         valid: Value, last: Value, results: list[Value]) -> None:
+        """Drive the enables (``leaves``) and the output stream from the de-skewed result row
+        (``valid``, ``last``, ``results``: the bottom row's sums, each of its column's shape),
+        which leaves the pipeline in every cycle ``out_enable`` is high."""
+        outputs = self.outputs
+        stages = self.stall_stages
+        if stages == 0:
+            # one combinational enable: the pipeline holds while its result row is not taken
+            enable = Signal()
+            m.d.comb += enable.eq(~outputs.valid | outputs.ready)
+            m.d.comb += [leaf.eq(enable) for leaf in leaves]
+            m.d.comb += [outputs.valid.eq(valid), outputs.payload.last.eq(last)]
+            m.d.comb += [outputs.payload.data[j].eq(v) for j, v in enumerate(results)]
+            return
+
+        # Registered stall: the enable of cycle t is decided in cycle t - stages, from the
+        # number of rows in the skid buffer. A row leaves the pipeline in every enabled cycle
+        # whose result row is valid; it goes straight out when the buffer is empty and the
+        # consumer is ready, else into the buffer. Enabling a cycle only when the buffer holds
+        # at most depth - stages rows `stages` cycles before guarantees room for the rows of
+        # the cycles in between, and with a ready consumer the buffer stays empty: no bubbles.
+        depth = self.skid_depth
+        entry = data.StructLayout({
+            "data": data.StructLayout({f"c{j}": v.shape() for j, v in enumerate(results)}),
+            "last": 1,
+        })
+        # One entry more than the buffer holds (a power of two: the pointers wrap by
+        # themselves), so that the slot at `tail` is always free and the pipeline's row can be
+        # written there in every cycle: no write enable to fan out, `tail` moves on a push.
+        slots = 1 << depth.bit_length()
+        m.submodules.skid = skid = Memory(shape=entry, depth=slots, init=[])
+        write = skid.write_port()
+        read = skid.read_port(domain="comb")
+        count = Signal(range(depth + 1))
+        head = Signal(range(slots))
+        tail = Signal(range(slots))
+        buffered = Signal()                     # count != 0, as a register
+        push = Signal()
+        pop = Signal()
+        pipe = Signal(entry)
+        m.d.comb += [
+            pipe.data.as_value().eq(Cat(*results)),
+            pipe.last.eq(last),
+            outputs.valid.eq(buffered | (valid & out_enable)),
+            pop.eq(buffered & outputs.ready),
+            push.eq(valid & out_enable & (buffered | ~outputs.ready)),
+            write.addr.eq(tail),
+            write.data.eq(pipe),
+            write.en.eq(1),
+            read.addr.eq(head),
+        ]
+        shown = Signal(entry)
+        m.d.comb += shown.eq(Mux(buffered, read.data.as_value(), pipe.as_value()))
+        m.d.comb += outputs.payload.last.eq(shown.last)
+        for j in range(len(results)):
+            m.d.comb += outputs.payload.data[j].eq(shown.data[f"c{j}"])
+        with m.If(push):
+            m.d.sync += tail.eq(tail + 1)
+        with m.If(pop):
+            m.d.sync += head.eq(head + 1)
+        occupancy = Signal(range(depth + 1))
+        m.d.comb += occupancy.eq(count + push - pop)
+        m.d.sync += [count.eq(occupancy), buffered.eq(occupancy != 0)]
+
+        # the decision register, then (from 2 stages on) a chain and one register per group
+        decision = _stall_register(m, platform, occupancy <= depth - stages, "stall_root")
+        if stages == 1:
+            m.d.comb += [leaf.eq(decision) for leaf in leaves]
+            return
+        for stage in range(2, stages):
+            decision = _stall_register(m, platform, decision, f"stall_chain_{stage}")
+        for n, leaf in enumerate(leaves):
+            m.d.comb += leaf.eq(_stall_register(m, platform, decision, f"stall_leaf_{n}"))
+
+    def _elaborate_ws(self, groups: dict[str, Module], enable: Signal,
+                      pes: list[list[ProcessingElement]]) -> tuple[Value, Value, list[Value]]:
         rows, cols = self.config.rows, self.config.cols
-        inputs, weights, outputs = self.inputs, self.weights, self.outputs
+        inputs, weights = self.inputs, self.weights
+        m = groups["inputs"]
 
         # -- handshakes and preload bookkeeping ----------------------------------------------
         pending = Signal()                  # a completed preload waits in the shadow registers
@@ -255,14 +412,16 @@ class SystolicArray(wiring.Component):
                 pes[i][0].w_zero_in.eq(ctl_valid & ctl_first if i else Const(0)),
             ]
         for j in range(cols):
-            m.d.comb += pes[0][j].w_in.eq(_delay(m, weights.payload.data[j], 1 + j, f"w_skew_{j}"))
+            m.d.comb += pes[0][j].w_in.eq(_delay(groups["weights"], weights.payload.data[j], 1 + j,
+                                                 f"w_skew_{j}", reset_less=True))
 
         # -- input skew ----------------------------------------------------------------------
         # Element i of an input row reaches PE (i, 0) 2 + i cycles after its handshake; the
         # new_weights flag runs one cycle ahead of it (the PE swaps its weight registers then).
         for i in range(rows):
             m.d.comb += [
-                pes[i][0].a_in.eq(_delay(m, inputs.payload.data[i], 2 + i, f"a_skew_{i}")),
+                pes[i][0].a_in.eq(_delay(m, inputs.payload.data[i], 2 + i, f"a_skew_{i}",
+                                         reset_less=True)),
                 pes[i][0].new_weights_in.eq(_delay(m, swap, 1 + i, f"swap_skew_{i}")),
             ]
 
@@ -288,18 +447,20 @@ class SystolicArray(wiring.Component):
         # -- output de-skew ------------------------------------------------------------------
         # Column j's sum leaves the bottom row j cycles after column 0's; delaying it by
         # C-1-j aligns the row. The result of an input row is valid R+C+4 cycles after it.
-        for j in range(cols):
-            m.d.comb += outputs.payload.data[j].eq(
-                _delay(m, pes[rows - 1][j].psum_out, cols - 1 - j, f"deskew_{j}"))
+        out = groups["outputs"]
+        results = [_delay(out, pes[rows - 1][j].psum_out, cols - 1 - j, f"deskew_{j}", reset_less=True)
+                   for j in range(cols)]
         latency = array_latency(self.config)
-        m.d.comb += [
-            outputs.valid.eq(_delay(m, in_fire, latency, "out_valid")),
-            outputs.payload.last.eq(_delay(m, in_fire & inputs.payload.last, latency, "out_last")),
-        ]
+        valid = _delay(out, _delay(m, in_fire, 1, "in_fire"), latency - 1, "out_valid")
+        last = _delay(out, _delay(m, in_fire & inputs.payload.last, 1, "in_last"), latency - 1,
+                      "out_last")
+        return valid, last, results
 
-    def _elaborate_os(self, m: Module, pes: list[list[ProcessingElement]], enable: Signal) -> None:
+    def _elaborate_os(self, groups: dict[str, Module], enable: Signal,
+                      pes: list[list[ProcessingElement]]) -> tuple[Value, Value, list[Value]]:
         rows, cols = self.config.rows, self.config.cols
-        inputs, outputs = self.inputs, self.outputs
+        inputs = self.inputs
+        m = groups["inputs"]
 
         # -- handshake: a tile's results must have left the result registers (R cycles of
         # drain) before the next tile finishes in them, so `last` beats are >= R cycles apart.
@@ -324,11 +485,12 @@ class SystolicArray(wiring.Component):
             q = rows - 1 - r
             a = Mux(in_fire, inputs.payload.a[r], 0)
             m.d.comb += [
-                pes[q][0].a_in.eq(_delay(m, a, 1 + q, f"a_skew_{r}")),
+                pes[q][0].a_in.eq(_delay(m, a, 1 + q, f"a_skew_{r}", reset_less=True)),
                 pes[q][0].last_in.eq(_delay(m, fire_last, 1 + q, f"last_skew_{r}")),
             ]
         for j in range(cols):
-            m.d.comb += pes[0][j].b_in.eq(_delay(m, inputs.payload.b[j], 1 + j, f"b_skew_{j}"))
+            m.d.comb += pes[0][j].b_in.eq(_delay(groups["weights"], inputs.payload.b[j], 1 + j,
+                                                 f"b_skew_{j}", reset_less=True))
 
         # -- drain control -------------------------------------------------------------------
         # PE row q's result register takes a tile's sum q + MAC_LATENCY cycles after the last
@@ -367,11 +529,9 @@ class SystolicArray(wiring.Component):
                     ]
 
         # -- output de-skew ------------------------------------------------------------------
-        for j in range(cols):
-            m.d.comb += outputs.payload.data[j].eq(
-                _delay(m, pes[rows - 1][j].result_out, cols - 1 - j, f"deskew_{j}"))
-        m.d.comb += [
-            outputs.valid.eq(_delay(m, draining, cols - 1, "out_valid")),
-            outputs.payload.last.eq(
-                _delay(m, draining & (drain_step == rows - 1), cols - 1, "out_last")),
-        ]
+        out = groups["outputs"]
+        results = [_delay(out, pes[rows - 1][j].result_out, cols - 1 - j, f"deskew_{j}",
+                          reset_less=True) for j in range(cols)]
+        valid = _delay(out, draining, cols - 1, "out_valid")
+        last = _delay(out, draining & (drain_step == rows - 1), cols - 1, "out_last")
+        return valid, last, results

@@ -2,11 +2,12 @@
 
 * :class:`Fetcher` reads ``prog_len`` instruction words from DRAM at ``prog_addr`` in AXI4 bursts,
   ahead of the dispatcher, into a FIFO of bus beats, and hands them out one beat per cycle.
-* :class:`Dispatcher` checks each word as its beats pass (opcode, dependency flags legal for its
-  queue, reserved bits), writes the beats straight into the :class:`InstructionQueue` of the
-  word's queue (no whole word is ever assembled in between), commits the entry with the last beat,
-  and executes FINISH: once every queue is empty and every unit idle it raises ``done``. An illegal
-  word stops dispatch with an error code and the program counter of the word.
+* :class:`Dispatcher` checks each word (opcode, dependency flags legal for its queue, reserved
+  bits) as its beats pass into a decode register, writes them from there into the
+  :class:`InstructionQueue` of the word's queue (no whole word is ever assembled in between),
+  commits the entry with the last beat, and executes FINISH: once every queue is empty and every
+  unit idle it raises ``done``. An illegal word stops dispatch with an error code and the program
+  counter of the word.
 * :class:`InstructionQueue` holds a queue's instructions, keeping only the bits its units read.
 * :class:`TokenChannel` counts dependency tokens from one queue to a neighbour.
 * :class:`Sequencer` runs one queue: pops the tokens an instruction asks for, issues it to its unit,
@@ -406,10 +407,11 @@ class InstructionQueue(wiring.Component):
 class Dispatcher(wiring.Component):
     """Checks instructions and hands them to the three queues; executes FINISH.
 
-    Takes the program's words on ``beats``, one bus beat per cycle, and writes each beat into the
-    queue of its word as it passes; beat 0 (opcode, flags, a SYNC's queue) decides the queue and
-    waits until it has a free entry, every beat is checked for reserved bits, and the last one
-    commits the word (or stops dispatch with its error). ``queues[q]`` are the queue outputs
+    Takes the program's words on ``beats``, one bus beat per cycle, decodes each beat into a
+    register (one cycle) and writes it from there into the queue of its word; beat 0 (opcode,
+    flags, a SYNC's queue) decides the queue and waits in the register until it has a free entry,
+    every beat is checked for reserved bits, and the last one commits the word (or stops dispatch
+    with its error). ``queues[q]`` are the queue outputs
     (``Queue`` order: load, compute, store). ``idle`` must be high when no unit or sequencer holds
     work. ``done`` rises after FINISH (or an error) once everything is idle.
     """
@@ -447,7 +449,6 @@ class Dispatcher(wiring.Component):
             m.submodules[f"queue_{Queue(q).name.lower()}"] = queue
             queues.append(queue)
             m.d.comb += [
-                queue.w.payload.eq(beat),
                 self.queues[q].valid.eq(queue.r.valid & ~self.halt),
                 self.queues[q].payload.eq(queue.r.payload),
                 queue.r.ready.eq(self.queues[q].ready | self.halt),
@@ -523,53 +524,71 @@ class Dispatcher(wiring.Component):
             flags_bad.eq(Mux(first, ~head_flags_ok, word_flags_bad)),
         ]
 
-        # a beat is taken in RUN only (the fetcher is drained in HALT, into no queue)
-        dispatching = Signal()
-        accept = Signal()
-        m.d.comb += accept.eq(self.beats.valid & self.beats.ready & dispatching)
-        with m.If(accept):
-            m.d.sync += [word_illegal.eq(illegal), word_flags_bad.eq(flags_bad)]
+        # A beat is decoded as it comes from the fetcher and waits in a decode register (`d_*`)
+        # with its decisions (queue, legality); the queues are written from that register. So
+        # no path runs from the fetcher's beat through the decoder into the queues' write
+        # enables (timing); the register still passes one beat per cycle.
+        dispatching = Signal()         # RUN, no error pending
+        d_valid = Signal()
+        d_beat = Signal.like(beat)
+        d_first = Signal()
+        d_last = Signal()
+        d_target = Signal(range(3))
+        d_queued = Signal()
+        d_illegal = Signal()
+        d_flags_bad = Signal()
+        room = Signal()
+        advance = Signal()             # the beat in the decode register goes into its queue
+        m.d.comb += [
+            room.eq(Cat(*(queue.w.ready for queue in queues)).bit_select(d_target, 1)),
+            advance.eq(d_valid & dispatching & (~d_first | ~d_queued | room)),
+        ]
+        take = Signal()                # a beat from the fetcher enters the decode register
+        m.d.comb += take.eq(self.beats.valid & self.beats.ready & dispatching)
+        with m.If(take):
+            m.d.sync += [word_illegal.eq(illegal), word_flags_bad.eq(flags_bad),
+                         d_valid.eq(1), d_beat.eq(beat), d_first.eq(first),
+                         d_last.eq(beat.index == last_index), d_target.eq(target), d_queued.eq(queued),
+                         d_illegal.eq(illegal), d_flags_bad.eq(flags_bad)]
             with m.If(first):
                 m.d.sync += [word_is.eq(Cat(*(opcode == code.value for code in Opcode))),
                              word_target.eq(head_target), word_queued.eq(head_queued)]
-        last = accept & (beat.index == last_index)
-        room = Signal()
-        m.d.comb += room.eq(Cat(*(queue.w.ready for queue in queues)).bit_select(target, 1))
+        with m.Elif(advance | ~dispatching):
+            # a beat left behind when dispatch stops (FINISH, an error) is dropped
+            m.d.sync += d_valid.eq(0)
+        last = advance & d_last
         for q, queue in enumerate(queues):
-            m.d.comb += [queue.w.valid.eq(accept & queued & (target == q)),
-                         queue.commit.eq(last & ~illegal & ~flags_bad)]
+            m.d.comb += [queue.w.payload.eq(d_beat),
+                         queue.w.valid.eq(advance & d_queued & (d_target == q)),
+                         queue.commit.eq(last & ~d_illegal & ~d_flags_bad)]
 
         emptied = Signal()
         m.d.comb += emptied.eq(queues[0].empty & queues[1].empty & queues[2].empty)
-        word_error = Signal(4)
-        word_error_pc = Signal(cfg.pc_bits)
         with m.FSM(name="dispatch"):
             with m.State("IDLE"):
                 with m.If(self.start):
                     m.d.sync += [self.done.eq(0), self.error.eq(0), self.error_pc.eq(0)]
                     m.next = "RUN"
             with m.State("RUN"):
-                with m.If(word_error != 0):          # the word before was illegal
-                    m.d.sync += [self.error.eq(word_error), self.error_pc.eq(word_error_pc), word_error.eq(0)]
-                    m.next = "HALT"
-                with m.Elif(self.fetch_error != 0):
+                with m.If(self.fetch_error != 0):
                     m.d.sync += [self.error.eq(self.fetch_error), self.error_pc.eq(beat.pc)]
                     m.next = "HALT"
                 with m.Elif(self.unit_error != 0):
                     m.d.sync += [self.error.eq(self.unit_error), self.error_pc.eq(self.unit_error_pc)]
                     m.next = "HALT"
-                with m.Elif(self.beats.valid):
-                    # a word's first beat waits for room in its queue; the rest follow
-                    m.d.comb += [dispatching.eq(1), self.beats.ready.eq(~first | ~queued | room),
-                                 self.stall_dispatch.eq(first & queued & ~room)]
-                    # an illegal word halts dispatch in the next cycle (a short path: timing)
-                    with m.If(last):
-                        m.d.sync += word_error_pc.eq(beat.pc)
-                    with m.If(last & (illegal | flags_bad)):
-                        m.d.sync += word_error.eq(Mux(illegal, ERR_ILLEGAL, ERR_FLAGS))
+                with m.Elif(self.beats.valid | d_valid):
+                    # a word's first beat waits in the decode register for room in its queue;
+                    # the rest follow
+                    m.d.comb += [dispatching.eq(1), self.beats.ready.eq(~d_valid | advance),
+                                 self.stall_dispatch.eq(d_valid & d_first & d_queued & ~room)]
+                    # an illegal word halts dispatch (its verdict is a register: a short path)
+                    with m.If(last & (d_illegal | d_flags_bad)):
+                        m.d.sync += [self.error.eq(Mux(d_illegal, ERR_ILLEGAL, ERR_FLAGS)),
+                                     self.error_pc.eq(d_beat.pc)]
+                        m.next = "HALT"
                     with m.Elif(last):
                         m.d.comb += self.dispatched.eq(1)
-                        with m.If(~queued):
+                        with m.If(~d_queued):
                             m.next = "FINISH"
                 with m.Elif(self.exhausted):
                     m.d.sync += [self.error.eq(ERR_NO_FINISH), self.error_pc.eq(beat.pc)]

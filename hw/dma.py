@@ -22,10 +22,12 @@ decoupled by FIFOs so that many bursts are in flight:
   pieces (padding, bytes read, padding), counted in units, the one after multiplies them into
   bytes, and the *emitter* sends the pieces as runs, one per cycle;
 * the *burst issuer* merges the beat ranges of consecutive runs that are contiguous in DRAM into
-  AXI4 INCR bursts (at most ``dma_max_burst`` beats, never across a 4 KiB boundary) and keeps at
-  most ``dma_outstanding`` bursts in flight. A burst leaves as soon as the address channel is free
-  while fewer beats than the DRAM latency are in flight; otherwise it keeps growing until it is
-  full or the next range is not contiguous;
+  AXI4 INCR bursts and keeps at most ``dma_outstanding`` bursts in flight. It cuts the ranges at
+  the boundaries of aligned blocks of ``dma_max_burst`` beats (at most 4 KiB) and merges only
+  within a block, so a burst is never longer than ``dma_max_burst`` nor crosses 4 KiB, and
+  whether a piece extends the burst is one bit known a stage ahead. A burst leaves as soon as the
+  address channel is free while fewer beats than the DRAM latency are in flight; otherwise it
+  keeps growing until it reaches its block's end or the next range is not contiguous;
 * the *aligner* rotates each returned beat (and the kept previous beat) into place in a row buffer
   of bytes and hands out a finished destination row (row index, bytes, byte mask) per ``rows``
   transfer, one row per cycle when a row needs at most one new beat. A run is decoded (the row
@@ -98,11 +100,16 @@ def _min(a, b):
 
 
 def _times(a, b):
-    """``a * b`` (unsigned) as shifted additions over the shorter operand's bits: logic, never a
-    DSP block (the products here are short: element sizes, row positions)."""
+    """``a * b`` (unsigned) as shifted additions over the shorter operand's bits, added as a
+    balanced tree (log2 adder levels, not one per bit): logic, never a DSP block (the products
+    here are short: element sizes, row positions)."""
     if len(a) > len(b):
         a, b = b, a
-    return sum(Mux(a[i], b << i, 0) for i in range(len(a)))
+    terms = [Mux(a[i], b << i, 0) for i in range(len(a))]
+    while len(terms) > 1:
+        terms = [terms[k] + terms[k + 1] if k + 1 < len(terms) else terms[k]
+                 for k in range(0, len(terms), 2)]
+    return terms[0] if terms else Const(0, 1)
 
 
 def _slot_flags(m: Module, value, count: int, name: str) -> tuple[Signal, Signal]:
@@ -267,15 +274,33 @@ class GatherReader(wiring.Component):
         multiplier = [Signal(signed(16), name=f"setup_mul_{a}") for a in "yx"] + \
                      [Signal(signed(8), name="setup_mul_c")]
         multiplicand = [Signal(_ADDR, name=f"setup_pitch_{a}") for a in "yxc"]
-        total = Signal(_ADDR)
-        total_next = Signal(_ADDR)
+        # The running sum is kept in carry-save form (sum + carry, modulo 2**32): a step adds the
+        # three partial products with three rows of full adders, no carry chain; a finished
+        # vector's two halves are added in the next cycle (`pending`), while the next vector
+        # starts. (The setup stage is registered, `set_up`, so a command is never taken before
+        # the last vector's sum is resolved.)
+        total_sum, total_carry = Signal(_ADDR), Signal(_ADDR)
+        next_sum, next_carry = Signal(_ADDR), Signal(_ADDR)
         left = []
-        addends = [total]
+        row_sum, row_carry = total_sum, total_carry
         for mul, pitch in zip(multiplier, multiplicand, strict=True):
             negative = mul == -1          # the sign bit's weight is all that is left
-            addends += [Mux(mul[0], pitch, 0) ^ negative.replicate(_ADDR), negative]
+            term = Mux(mul[0], pitch, 0) ^ negative.replicate(_ADDR)
+            # (the carry row moves up a bit: its free bit 0 takes the +1 of the negation)
+            row_sum, row_carry = (row_sum ^ row_carry ^ term,
+                                  Cat(negative, ((row_sum & row_carry) | (row_sum & term) |
+                                                 (row_carry & term))[:-1]))
             left.append(Mux(negative, 0, mul >> 1))
-        m.d.comb += total_next.eq(sum(addends))
+        m.d.comb += [next_sum.eq(row_sum), next_carry.eq(row_carry)]
+        pending = Signal()                # a finished vector's sum is resolved in this cycle
+        pending_index = Signal(range(len(names)))
+        pending_sum, pending_carry = Signal(_ADDR), Signal(_ADDR)
+        m.d.sync += pending.eq(0)
+        with m.If(pending):
+            with m.Switch(pending_index):
+                for index, name in enumerate(names):
+                    with m.Case(index):
+                        m.d.sync += nstep[name].eq(pending_sum + pending_carry)
 
         def done_after(values):
             """Nothing is left of the multipliers ``values`` after one more step."""
@@ -288,7 +313,7 @@ class GatherReader(wiring.Component):
 
         def load(index):
             values = [Const(d, signed(8)) if isinstance(d, int) else d for d in operands[index]]
-            stmts = [total.eq(p.dram_addr if names[index] == "start" else 0),
+            stmts = [total_sum.eq(p.dram_addr if names[index] == "start" else 0), total_carry.eq(0),
                      finished.eq(done_after(values))]
             for mul, pitch, d, source in zip(multiplier, multiplicand, values, pitches, strict=True):
                 stmts += [mul.eq(d), pitch.eq(source)]
@@ -301,15 +326,16 @@ class GatherReader(wiring.Component):
             m.d.sync += load(0) + [loaded.eq(1)]
         with m.Elif(vector != len(names)):
             with m.If(finished):
+                m.d.sync += [pending.eq(1), pending_index.eq(vector), pending_sum.eq(next_sum),
+                             pending_carry.eq(next_carry)]
                 with m.Switch(vector):
-                    for index, name in enumerate(names):
+                    for index in range(len(names) - 1):
                         with m.Case(index):
-                            m.d.sync += nstep[name].eq(total_next)
-                            if index + 1 < len(names):
-                                m.d.sync += load(index + 1)
+                            m.d.sync += load(index + 1)
                 m.d.sync += vector.eq(vector + 1)
             with m.Else():
-                m.d.sync += [total.eq(total_next), finished.eq(done_after(left))]
+                m.d.sync += [total_sum.eq(next_sum), total_carry.eq(next_carry),
+                             finished.eq(done_after(left))]
                 for mul, pitch, value in zip(multiplier, multiplicand, left, strict=True):
                     m.d.sync += [mul.eq(value), pitch.eq(pitch << 1)]
 
@@ -616,8 +642,6 @@ class GatherReader(wiring.Component):
         new_range = Signal(range_layout)
         m.d.comb += [new_range.beat.eq(first_beat), new_range.skip.eq(run.share),
                      new_range.beats.eq(run_beats - run.share)]
-        wants_range = Signal()
-        m.d.comb += wants_range.eq(read & ~(run.share & (run_beats == 1)))
 
         # (the range FIFO's room is asked of every run, so that the emitter's handshake does not
         # wait for the beat comparison)
@@ -639,98 +663,122 @@ class GatherReader(wiring.Component):
             runs.w_data.eq(run),
             runs.w_en.eq(emit),
             ranges.w_data.eq(new_range),
-            ranges.w_en.eq(emit & wants_range),
+            # (every read run's range, also one of no new beat: the burst issuer drops it, so
+            # that the write does not wait for the beat comparison)
+            ranges.w_en.eq(emit & read),
         ]
 
         # -- burst issuer -----------------------------------------------------------------------
+        # Three register stages, each a handshake on registered state and short comparisons: a
+        # range taken from the FIFO (its first beat to read computed), the range being cut into
+        # *chunks* at the boundaries of `block`-beat aligned blocks (a burst never crosses one, so
+        # it never exceeds dma_max_burst beats nor crosses 4 KiB: a page is a whole number of
+        # blocks), and the chunk being merged into the burst being assembled. A chunk knows
+        # whether it continues the previous one in DRAM within its block (`h_cont`), so merging
+        # is a one-bit decision and an addition of short lengths.
         N, MB = cfg.dma_outstanding, cfg.dma_max_burst
-        # the range being issued, taken from the FIFO into registers (what is left of it), so that
-        # no adder lies before the contiguity test
+        block = min(MB, _PAGE // BB)
+        BKL = (block - 1).bit_length()    # bits of a beat's index within its block
+        len_shape = range(block + 1)
+        left_shape = range_layout.members["beats"]
         head = Signal(range_layout)
         m.d.comb += head.eq(ranges.r_data)
-        beats_shape_r = range_layout.members["beats"]
-        per_page = _PAGE // BB
-        have_head = Signal()
-        head_beat = Signal(BIX)
-        head_left = Signal(beats_shape_r)
-        head_dist = Signal(range(per_page + 1))    # beats from head_beat to the next 4 KiB boundary
 
-        # The burst being merged keeps how far it may still grow (`p_room`: up to dma_max_burst
-        # beats, never across 4 KiB) and where it ends, so that every decision below is a short
-        # comparison of registers.
-        len_shape = range(MB + 1)
-        p_valid = Signal()
+        a_valid = Signal()                # a range taken from the FIFO
+        a_first = Signal(BIX)             # its first beat to read
+        a_beats = Signal(left_shape)
+        b_valid = Signal()                # the range being cut into chunks
+        b_beat = Signal(BIX)              # its next chunk's first beat
+        b_left = Signal(left_shape)       # its beats not yet cut
+        b_end = Signal(BIX)               # the beat after its last
+        b_room = Signal(len_shape)        # beats from b_beat to the end of its block
+        b_first = Signal()                # the next chunk is the range's first ...
+        b_cont = Signal()                 # ... and continues the previous range in its block
+        prev_end = Signal(BIX)            # b_end of the previous range
+        h_valid = Signal()                # the chunk being merged
+        h_beat = Signal(BIX)
+        h_len = Signal(len_shape)
+        h_full = Signal()                 # it ends at its block's end: no burst grows past it
+        h_cont = Signal()                 # it continues the previous chunk in its block
+
+        p_valid = Signal()                # the burst being assembled
         p_beat = Signal(BIX)
         p_len = Signal(len_shape)
-        p_room = Signal(len_shape)
-        p_end = Signal(BIX)               # p_beat + p_len
         o_valid = Signal()                # the burst offered on AR
         o_beat = Signal(BIX)
         o_len = Signal(len_shape)
         flight_bursts = Signal(range(N + 1))
-        flight_beats = Signal(range((N + 1) * MB + 1))     # in o and requested, not yet returned
+        flight_beats = Signal(range((N + 1) * block + 1))  # in o and requested, not yet returned
 
         ar_fire = self.ar.valid & self.ar.ready
         r_fire = self.r.valid & self.r.ready
         r_last_fire = r_fire & self.r.payload.last
-        out_free = ~o_valid | ar_fire
+        out_free = Signal()
+        m.d.comb += out_free.eq(~o_valid | ar_fire)
         # fewer beats in flight than the latency covers: send what we have rather than merge more
-        hungry = flight_beats < cfg.dram_latency + 4
+        hungry = Signal()
+        m.d.comb += hungry.eq(flight_beats < cfg.dram_latency + 4)
 
-        contiguous = Signal()
-        m.d.comb += contiguous.eq(p_valid & have_head & (head_beat == p_end) & (p_room != 0))
-        head_fits = Signal()              # the rest of the head range fits the burst's room
-        m.d.comb += head_fits.eq(head_left <= p_room)
-        grow = Signal(len_shape)
-        m.d.comb += grow.eq(Mux(head_fits, head_left, p_room))
-        new_cap = Signal(len_shape)
-        m.d.comb += new_cap.eq(Mux(head_dist < MB, head_dist, MB))
-        new_fits = Signal()
-        m.d.comb += new_fits.eq(head_left <= new_cap)
-        new_len = Signal(len_shape)
-        m.d.comb += new_len.eq(Mux(new_fits, head_left, new_cap))
-
-        take = Signal(beats_shape_r)      # beats taken from the head range
-        take_new = Signal()               # a new burst starts with the head range
+        # merging: a chunk that continues the burst joins it (and the burst leaves if it is now
+        # full or the bus is hungry); otherwise the burst leaves when AR is free and the chunk
+        # starts the next one
+        h_take = Signal()
         load_o = Signal()
         load_beat = Signal(BIX)
         load_len = Signal(len_shape)
-        with m.If(contiguous):
-            m.d.comb += take.eq(grow)
-            with m.If(out_free & (~head_fits | (head_left == p_room) | hungry)):
-                m.d.comb += [load_o.eq(1), load_beat.eq(p_beat), load_len.eq(p_len + grow)]
+        with m.If(p_valid & h_valid & h_cont):
+            m.d.comb += h_take.eq(1)
+            with m.If(out_free & (h_full | hungry)):
+                m.d.comb += [load_o.eq(1), load_beat.eq(p_beat), load_len.eq(p_len + h_len)]
                 m.d.sync += p_valid.eq(0)
             with m.Else():
-                m.d.sync += [p_len.eq(p_len + grow), p_room.eq(p_room - grow), p_end.eq(p_end + grow)]
+                m.d.sync += p_len.eq(p_len + h_len)
         with m.Elif(p_valid):
-            # not extendable (full, a gap, or nothing queued): send it, start the next one
             with m.If(out_free):
-                m.d.comb += [load_o.eq(1), load_beat.eq(p_beat), load_len.eq(p_len)]
-                m.d.sync += p_valid.eq(have_head)
-                with m.If(have_head):
-                    m.d.comb += [take.eq(new_len), take_new.eq(1)]
-                    m.d.sync += [p_beat.eq(head_beat), p_len.eq(new_len), p_room.eq(new_cap - new_len),
-                                 p_end.eq(head_beat + new_len)]
-        with m.Elif(have_head):
-            m.d.comb += [take.eq(new_len), take_new.eq(1)]
-            with m.If(out_free & (~new_fits | (head_left == new_cap) | hungry)):
-                m.d.comb += [load_o.eq(1), load_beat.eq(head_beat), load_len.eq(new_len)]
+                m.d.comb += [load_o.eq(1), load_beat.eq(p_beat), load_len.eq(p_len),
+                             h_take.eq(h_valid)]
+                m.d.sync += [p_valid.eq(h_valid), p_beat.eq(h_beat), p_len.eq(h_len)]
+        with m.Elif(h_valid):
+            m.d.comb += h_take.eq(1)
+            with m.If(out_free & (h_full | hungry)):
+                m.d.comb += [load_o.eq(1), load_beat.eq(h_beat), load_len.eq(h_len)]
             with m.Else():
-                m.d.sync += [p_valid.eq(1), p_beat.eq(head_beat), p_len.eq(new_len),
-                             p_room.eq(new_cap - new_len), p_end.eq(head_beat + new_len)]
-        head_done = Signal()              # the head range is taken whole now
-        m.d.comb += head_done.eq((contiguous & head_fits) | (take_new & new_fits))
-        with m.If(head_done):
-            m.d.sync += have_head.eq(0)
-        with m.Elif(take != 0):
-            dist_next = head_dist - take
-            m.d.sync += [head_beat.eq(head_beat + take), head_left.eq(head_left - take),
-                         head_dist.eq(Mux(dist_next == 0, per_page, dist_next))]
-        m.d.comb += ranges.r_en.eq(~have_head | head_done)
-        with m.If(ranges.r_en & ranges.r_rdy):
-            first = head.beat + head.skip
-            m.d.sync += [have_head.eq(1), head_beat.eq(first), head_left.eq(head.beats),
-                         head_dist.eq(per_page - first[:(per_page - 1).bit_length()])]
+                m.d.sync += [p_valid.eq(1), p_beat.eq(h_beat), p_len.eq(h_len)]
+
+        # cutting: one chunk per cycle, up to the end of the block or of the range
+        b_fits = Signal()                 # the rest of the range is the next chunk
+        m.d.comb += b_fits.eq(b_left <= b_room)
+        b_emit = Signal()
+        b_load = Signal()
+        m.d.comb += [b_emit.eq(b_valid & (~h_valid | h_take)),
+                     b_load.eq(~b_valid | (b_emit & b_fits))]
+        with m.If(b_emit):
+            m.d.sync += [
+                # (a range of no beat, from a read run of no byte, is no chunk)
+                h_valid.eq(b_left != 0), h_beat.eq(b_beat),
+                h_len.eq(Mux(b_fits, b_left, b_room)),
+                h_full.eq(~b_fits | ~b_end[:BKL].any()),
+                h_cont.eq(b_first & b_cont),
+            ]
+            with m.If(~b_fits):
+                m.d.sync += [b_beat.eq(b_beat + b_room), b_left.eq(b_left - b_room),
+                             b_room.eq(block), b_first.eq(0)]
+        with m.Elif(h_take):
+            m.d.sync += h_valid.eq(0)
+        with m.If(b_load):
+            # the previous range's end: of the range finishing now, else of the last one (with
+            # beats)
+            prev = Mux(b_valid & b_left.any(), b_end, prev_end)
+            m.d.sync += [
+                b_valid.eq(a_valid), b_beat.eq(a_first), b_left.eq(a_beats),
+                b_end.eq(a_first + a_beats), b_room.eq(block - a_first[:BKL]),
+                b_first.eq(1), b_cont.eq((a_first == prev) & a_first[:BKL].any()),
+                prev_end.eq(prev),
+            ]
+        m.d.comb += ranges.r_en.eq(~a_valid | b_load)
+        with m.If(ranges.r_en):
+            m.d.sync += [a_valid.eq(ranges.r_rdy), a_first.eq(head.beat + head.skip),
+                         a_beats.eq(head.beats)]
 
         with m.If(load_o):
             m.d.sync += [o_valid.eq(1), o_beat.eq(load_beat), o_len.eq(load_len)]
@@ -944,7 +992,10 @@ class ScatterWriter(wiring.Component):
 
         beat_layout = data.StructLayout({"data": 8 * BB, "strb": BB})
         burst_layout = data.StructLayout({"beat": BIX, "len": 8})     # len: beats - 1
-        m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=beat_layout.size, depth=2 * MB)
+        # (a burst's beats wait here until it is closed, with room for the next one's and two
+        # more, see `room`)
+        beat_depth = max(2 * MB, MB + 4)
+        m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=beat_layout.size, depth=beat_depth)
         m.submodules.bursts = bursts = fifo.SyncFIFOBuffered(width=burst_layout.size, depth=4)
         m.submodules.lengths = lengths = fifo.SyncFIFOBuffered(width=8, depth=4)
 
@@ -1098,16 +1149,24 @@ class ScatterWriter(wiring.Component):
             burst_out.beat.eq(b_beat), burst_out.len.eq(b_len - 1),
             bursts.w_data.eq(burst_out), lengths.w_data.eq(b_len - 1),
         ]
+        # The beat leaving goes through a register into the beat FIFO: the FIFO's write enable
+        # fans out to all of its memory cells, so it comes straight from a flip-flop.
         beat_in = Signal(beat_layout)
-        m.d.comb += [beat_in.data.eq(e_data), beat_in.strb.eq(e_strb), beats.w_data.eq(beat_in)]
-        # room for whatever a step may push (asked of every step, so that the handshake does not
-        # wait for the beat comparisons; the FIFOs drain on their own: a burst holds at most half
-        # of the beat FIFO)
+        beat_in_valid = Signal()
+        m.d.comb += [beats.w_data.eq(beat_in), beats.w_en.eq(beat_in_valid)]
+        # Room for whatever a step may push (asked of every step, so that the handshake does not
+        # wait for the beat comparisons; the FIFOs drain on their own: the open burst holds at
+        # most `MB` beats, fewer than `beat_depth - 2`). The beat FIFO's is registered: its level
+        # one cycle ago below `beat_depth - 2` leaves room for the beat in the register and the
+        # one of this step. (The burst FIFOs' is not: with one-beat bursts they run nearly full.)
+        beat_room = Signal()
+        m.d.sync += beat_room.eq(beats.level < beat_depth - 2)
         room = Signal()
-        m.d.comb += room.eq(beats.w_rdy & bursts.w_rdy & lengths.w_rdy)
+        m.d.comb += room.eq(beat_room & bursts.w_rdy & lengths.w_rdy)
         go = Signal()                     # the step (or flush) happens this cycle
+        m.d.sync += [beat_in_valid.eq(go & e_valid), beat_in.data.eq(e_data), beat_in.strb.eq(e_strb)]
         with m.If(go):
-            m.d.comb += [beats.w_en.eq(e_valid), bursts.w_en.eq(close), lengths.w_en.eq(close)]
+            m.d.comb += [bursts.w_en.eq(close), lengths.w_en.eq(close)]
             with m.If(e_valid):
                 with m.If(extends):
                     m.d.sync += [b_len.eq(b_len + 1), b_next.eq(b_next + 1)]

@@ -37,14 +37,15 @@ registers of a column down (``drain``) to read them out.
 
 All widths come from the :class:`~systolic.hw.config.AcceleratorConfig`: input elements are
 ``input_bits`` wide, weights ``weight_bits``, partial sums and accumulators ``acc_bits``, each
-signed as the config says. Sums wrap modulo 2**acc_bits, as docs/isa.md specifies.
+signed as the config says. Sums wrap modulo 2**acc_bits, as docs/isa.md specifies; a WS PE's
+partial sums may be narrower (``psum_shape``) where the array knows the exact sum fits.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, ResetSignal, Shape, Signal
+from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, Shape, Signal
 from amaranth.hdl import EnableInserter
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
@@ -79,8 +80,8 @@ def _is_ecp5(platform: Any) -> bool:
 
 class PipelinedMultiplier(wiring.Component):
     """``product`` = ``a`` * ``b``, :data:`MULTIPLIER_LATENCY` (3) cycles after the operands:
-    both operands are registered, then the product, then the product again. Every register
-    advances only while ``enable`` is high.
+    both operands are registered, then the product, then the product again (logic: three stages
+    of an adder tree). Every register advances only while ``enable`` is high.
 
     Generic platforms get the registers as logic (yosys maps the multiply to a DSP block). On a
     Lattice ECP5 platform (``platform.family == "ecp5"``) the first two stages are the input and
@@ -92,9 +93,11 @@ class PipelinedMultiplier(wiring.Component):
     With ``use_dsp=False`` the multiplier is built from logic on every platform, so that a device
     with fewer DSP blocks than PEs can hold the array (``AcceleratorConfig.array_lut_multipliers``):
     the product is the sum of the partial products ``a * b[i] * 2**i`` (the top one negative for a
-    signed ``b``), with no multiply operator for yosys to map to a DSP block; the operands are
-    registered, then the sums of the lower and the upper half of the partial products, then their
-    sum, so the latency is the same 3 cycles.
+    signed ``b``), with no multiply operator for yosys to map to a DSP block, summed by a tree of
+    two-input adders whose levels are spread over the 3 register stages (one adder level per
+    stage for 8-bit ``b``), so the latency is the same 3 cycles. The operands are not registered
+    first (the PE's operands come from registers already): each stage is at most the AND of a
+    partial product and one or two carry chains.
 
     ``a``: ``In(a_shape)``; ``b``: ``In(b_shape)``; ``product``: ``Out`` of the exact product
     shape (a_bits + b_bits wide, one more when exactly one operand is signed);
@@ -130,12 +133,14 @@ class PipelinedMultiplier(wiring.Component):
             a = Signal(18)
             b = Signal(18)
             p = Signal(36)
+            product = Signal.like(self.product, reset_less=True)
             m.d.comb += [
                 a.eq(self.a),           # sign- or zero-extended by the operand's shape
                 b.eq(self.b),
+                self.product.eq(product),
             ]
             with m.If(self.enable):
-                m.d.sync += self.product.eq(p[:len(self.product)])
+                m.d.sync += product.eq(p[:len(self.product)])
             ports: dict[str, Any] = {}
             for name in ("INPUTA", "INPUTB", "OUTPUT"):
                 ports[f"p_REG_{name}_CLK"] = "CLK0"
@@ -151,7 +156,8 @@ class PipelinedMultiplier(wiring.Component):
                 i_SIGNEDA=Const(int(self._a_shape.signed)),
                 i_SIGNEDB=Const(int(self._b_shape.signed)),
                 i_SOURCEA=Const(0), i_SOURCEB=Const(0),
-                i_CLK0=ClockSignal("sync"), i_CE0=self.enable, i_RST0=ResetSignal("sync"),
+                # data registers need no reset (see _elaborate_logic): no reset net to the DSPs
+                i_CLK0=ClockSignal("sync"), i_CE0=self.enable, i_RST0=Const(0),
                 i_CLK1=Const(0), i_CE1=Const(0), i_RST1=Const(0),
                 i_CLK2=Const(0), i_CE2=Const(0), i_RST2=Const(0),
                 i_CLK3=Const(0), i_CE3=Const(0), i_RST3=Const(0),
@@ -159,40 +165,70 @@ class PipelinedMultiplier(wiring.Component):
             )
             return m
 
-        a = Signal(self._a_shape)
-        b = Signal(self._b_shape)
-        product = Signal.like(self.product)
+        a = Signal(self._a_shape, reset_less=True)
+        b = Signal(self._b_shape, reset_less=True)
+        product = Signal.like(self.product, reset_less=True)
+        result = Signal.like(self.product, reset_less=True)
+        m.d.comb += self.product.eq(result)
         with m.If(self.enable):
             m.d.sync += [
                 a.eq(self.a),
                 b.eq(self.b),
                 product.eq(a * b),
-                self.product.eq(product),
+                result.eq(product),
             ]
         return m
 
     def _elaborate_logic(self, m: Module) -> Module:
-        a = Signal(self._a_shape)
-        b = Signal(self._b_shape)
-        lower = Signal.like(self.product)
-        upper = Signal.like(self.product)
+        # Partial products a * b[i] * 2**i (the top one subtracted for a signed b), summed by a
+        # tree of two-input adders whose levels are spread over the three register stages, one
+        # adder level per stage for 8-bit weights: no stage holds more than one carry chain
+        # (plus the AND of the partial product in the same LUT), so the logic multiplier is as
+        # fast as the DSP block. The operands come straight from registers of the PE (``a_in``
+        # is the left neighbour's ``a_out``, ``b`` the active weight register), so there is no
+        # operand register stage. Each node is (value, weight shift, sign); sums are kept
+        # unshifted relative to their lowest term, so the pipeline registers stay narrow. Data
+        # registers have no reset: a value matters only with a valid operand, and the control
+        # that marks valid operands is reset (fewer reset and routing nets in a large array).
         width = self._b_shape.width
-        terms = []
+        nodes: list[tuple[Any, int, int]] = []
         for i in range(width):
-            term = Mux(b[i], a, 0) << i
-            # two's complement: the sign bit of a signed b weighs -2**(width-1)
-            terms.append(-term if self._b_shape.signed and i == width - 1 else term)
-        half = width // 2
-        with m.If(self.enable):
-            m.d.sync += [
-                a.eq(self.a),
-                b.eq(self.b),
-                lower.eq(sum(terms[:half], Const(0))),
-                upper.eq(sum(terms[half:], Const(0))),
-                # the exact product fits the product's shape, so wrapping the halves is harmless
-                self.product.eq(lower + upper),
-            ]
+            negative = self._b_shape.signed and i == width - 1
+            nodes.append((Mux(self.b[i], self.a, 0), i, -1 if negative else 1))
+        levels = (width - 1).bit_length()           # adder levels of the tree
+        for stage in range(MULTIPLIER_LATENCY):
+            stage_levels = -(-levels // (MULTIPLIER_LATENCY - stage))    # ceil
+            levels -= stage_levels
+            for _ in range(stage_levels):
+                nodes = [_add_nodes(*nodes[n:n + 2]) if n + 1 < len(nodes) else nodes[n]
+                         for n in range(0, len(nodes), 2)]
+            if stage == MULTIPLIER_LATENCY - 1:
+                (value, shift, sign), = nodes
+                total = value if sign > 0 else -value
+                product = Signal.like(self.product, reset_less=True)
+                m.d.comb += self.product.eq(product)
+                with m.If(self.enable):
+                    # the exact product fits the product's shape: truncating the sum is harmless
+                    m.d.sync += product.eq(total << shift)
+                break
+            registered = []
+            for n, (value, shift, sign) in enumerate(nodes):
+                reg = Signal(value.shape(), name=f"sum_{stage + 1}_{n}", reset_less=True)
+                with m.If(self.enable):
+                    m.d.sync += reg.eq(value)
+                registered.append((reg, shift, sign))
+            nodes = registered
         return m
+
+
+def _add_nodes(low: tuple[Any, int, int], high: tuple[Any, int, int]) -> tuple[Any, int, int]:
+    """Sum of two nodes (value, weight shift, sign) of the logic multiplier's adder tree, as one
+    addition or subtraction (at most one of them is negative: the top partial product)."""
+    (x, x_shift, x_sign), (y, y_shift, y_sign) = low, high
+    y = y << (y_shift - x_shift)
+    if x_sign == y_sign:
+        return x + y, x_shift, x_sign
+    return (x - y, x_shift, 1) if x_sign > 0 else (y - x, x_shift, 1)
 
 
 class ProcessingElement(wiring.Component):
@@ -211,8 +247,11 @@ class ProcessingElement(wiring.Component):
     ``w_capture_in``, ``w_capture_out``: the shadow register takes ``w_in``; passed right.
     ``w_zero_in``, ``w_zero_out``: the shadow register becomes 0 (a preload row the caller did
     not send); passed right.
-    ``psum_in``, ``psum_out``: partial sum from the PE above and to the PE below, ``acc_bits``;
-    ``psum_out`` = ``psum_in`` + a * w, :data:`MAC_LATENCY` cycles after ``a_in``.
+    ``psum_in``, ``psum_out``: partial sum from the PE above and to the PE below, of shape
+    ``psum_shape`` (default: ``acc_bits``, signed as ``acc_signed``); ``psum_out`` = ``psum_in`` +
+    a * w, wrapped to that shape, :data:`MAC_LATENCY` cycles after ``a_in``. The array gives each
+    row the narrowest shape that holds the exact sum of the products above it (see
+    :func:`~systolic.hw.array.column_sum_shape`), so that nothing wraps before the bottom.
 
     Ports of an output-stationary PE (``config.dataflow == "os"``):
 
@@ -226,15 +265,29 @@ class ProcessingElement(wiring.Component):
     ``use_dsp``: the multiplier is a DSP block (True) or logic (False, see
     :class:`PipelinedMultiplier`); the timing is the same.
 
-    Raises :class:`TypeError` when ``config`` is not an :class:`AcceleratorConfig`.
+    Raises :class:`TypeError` when ``config`` is not an :class:`AcceleratorConfig`, and
+    :class:`ValueError` for a ``psum_shape`` wider than ``acc_bits`` or given to an
+    output-stationary PE.
     """
 
-    def __init__(self, config: AcceleratorConfig, *, use_dsp: bool = True) -> None:
+    def __init__(self, config: AcceleratorConfig, *, use_dsp: bool = True,
+                 psum_shape: Shape | None = None) -> None:
         input_shape, weight_shape, acc_shape = element_shapes(config)
         if not isinstance(use_dsp, bool):
             raise TypeError(f"use_dsp must be True or False, not {use_dsp!r}")
+        if psum_shape is None:
+            psum_shape = acc_shape
+        else:
+            if config.dataflow != "ws":
+                raise ValueError(f"psum_shape needs dataflow 'ws' (an output-stationary PE keeps "
+                                 f"its sums in acc_bits), not {config.dataflow!r}")
+            psum_shape = Shape.cast(psum_shape)
+            if not 1 <= psum_shape.width <= config.acc_bits:
+                raise ValueError(f"psum_shape must be 1 to acc_bits ({config.acc_bits}) bits wide, "
+                                 f"not {psum_shape!r}")
         self.config = config
         self.use_dsp = use_dsp
+        self.psum_shape = psum_shape
         members = {"enable": In(1, init=1)}
         if config.dataflow == "ws":
             members.update({
@@ -243,7 +296,7 @@ class ProcessingElement(wiring.Component):
                 "w_in": In(weight_shape), "w_out": Out(weight_shape),
                 "w_capture_in": In(1), "w_capture_out": Out(1),
                 "w_zero_in": In(1), "w_zero_out": Out(1),
-                "psum_in": In(acc_shape), "psum_out": Out(acc_shape),
+                "psum_in": In(psum_shape), "psum_out": Out(psum_shape),
             })
         else:
             members.update({
@@ -282,7 +335,13 @@ class ProcessingElement(wiring.Component):
             multiplier.a.eq(self.a_in),
             multiplier.b.eq(active),
         ]
-        m.d.sync += self.psum_out.eq(self.psum_in + multiplier.product)   # wraps to acc_bits
+        # data registers without reset (the weights keep theirs: they read as 0 after a reset)
+        a_out = Signal.like(self.a_out, reset_less=True)
+        w_out = Signal.like(self.w_out, reset_less=True)
+        psum_out = Signal.like(self.psum_out, reset_less=True)
+        m.d.comb += [self.a_out.eq(a_out), self.w_out.eq(w_out), self.psum_out.eq(psum_out)]
+        # wraps to the partial sum's width (acc_bits, or a width that holds the column's exact sum)
+        m.d.sync += psum_out.eq(self.psum_in + multiplier.product)
 
         with m.If(self.w_capture_in):
             m.d.sync += shadow.eq(self.w_in)
@@ -290,9 +349,9 @@ class ProcessingElement(wiring.Component):
             m.d.sync += shadow.eq(0)
 
         m.d.sync += [
-            self.a_out.eq(self.a_in),
+            a_out.eq(self.a_in),
             self.new_weights_out.eq(self.new_weights_in),
-            self.w_out.eq(self.w_in),
+            w_out.eq(self.w_in),
             self.w_capture_out.eq(self.w_capture_in),
             self.w_zero_out.eq(self.w_zero_in),
         ]

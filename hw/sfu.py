@@ -114,10 +114,11 @@ def _wrap(value: Value, width: int = _WORD) -> Value:
     return value[:width].as_signed() if len(value) > width else value
 
 
-def _clamp(value: Value, lo: Value | int, hi: Value | int) -> Value:
-    """``min(max(value, lo), hi)``, in that order (as the reference's activation)."""
-    low = Mux(value < lo, lo, value)
-    return Mux(low > hi, hi, low)
+def _clamp(value: Value, lo: int, hi: int) -> Value:
+    """``min(max(value, lo), hi)`` for constant bounds ``lo <= hi``: both comparisons side by
+    side (one comparator deep), then a choice."""
+    assert lo <= hi, (lo, hi)
+    return Mux(value < lo, lo, Mux(value > hi, hi, value))
 
 
 def _saturate(value: Value, width: int, is_signed: bool) -> Value:

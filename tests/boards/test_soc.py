@@ -7,7 +7,7 @@
   ``uart_rx`` bit by bit and decodes ``uart_tx`` in a background testbench; every response is
   decoded with ``boards/protocol.py`` (CRC included) and every status compared with
   ``protocol.check_request``. Memory contents are checked through the back door
-  (``SoCMemory.ram.data``) against a Python model of the memory, byte for byte.
+  (``SoCMemory.banks[k].data``) against a Python model of the memory, byte for byte.
 * The memory's AXI4 side: a random mix of read and write bursts (random strobes, stalls on every
   channel, bursts partly or wholly outside the memory) with the bridge port busy at the same time;
   reads stream one beat per cycle when nothing stalls them.
@@ -33,7 +33,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 from systolic.boards import protocol
 from systolic.boards.bridge import Bridge
-from systolic.boards.memory import SoCMemory
+from systolic.boards.memory import BANK_BYTES, SoCMemory, memory_read_latency
 from systolic.boards.protocol import Command, Status
 from systolic.boards.soc import SoC, baud_divisor, soc_verilog
 from systolic.boards.uart import UARTReceiver, UARTTransmitter
@@ -162,16 +162,18 @@ def _simulate(dut: Any, *testbenches: Any, host: _Host | None = None) -> None:
 
 
 def _ram_bytes(ctx: Any, memory: SoCMemory) -> bytes:
-    """The whole memory through the back door."""
-    words = [ctx.get(memory.ram.data[i]) for i in range(memory.ram.depth)]
+    """The whole memory through the back door (its banks in order)."""
+    words = [ctx.get(bank.data[i]) for bank in memory.banks for i in range(bank.depth)]
     return b"".join(w.to_bytes(memory.bus_bytes, "little") for w in words)
 
 
 def _ram_fill(ctx: Any, memory: SoCMemory, image: bytes) -> None:
     b = memory.bus_bytes
     image = image + bytes(-len(image) % b)
+    bank_words = memory.banks[0].depth
     for i in range(len(image) // b):
-        ctx.set(memory.ram.data[i], int.from_bytes(image[i * b:(i + 1) * b], "little"))
+        ctx.set(memory.banks[i // bank_words].data[i % bank_words],
+                int.from_bytes(image[i * b:(i + 1) * b], "little"))
 
 
 # -- the host link ---------------------------------------------------------------------------------
@@ -191,29 +193,30 @@ def test_info_reports_the_config():
     _simulate(dut, testbench, host=host)
 
 
-@pytest.mark.parametrize("bus_bits", [32, 64, 128])
-def test_memory_round_trips(bus_bits):
+@pytest.mark.parametrize("bus_bits, memory_bytes", [(32, MEMORY_BYTES), (64, MEMORY_BYTES),
+                                                    (128, MEMORY_BYTES), (32, 2 * BANK_BYTES)])
+def test_memory_round_trips(bus_bits, memory_bytes):
     """Random data at random aligned addresses (the first and the last word of the memory
     included, 1 and 64 words), read back through the bridge and through the back door; nothing
-    else changes."""
+    else changes. Also with a banked memory (its reads take 5 cycles)."""
     config = _config(bus_bits)
-    dut = _Link(config)
+    dut = _Link(config, memory_bytes)
     host = _Host(dut)
     rng = random.Random(SEED * 100 + bus_bits)
-    initial = bytes(rng.randrange(256) for _ in range(MEMORY_BYTES))
+    initial = bytes(rng.randrange(256) for _ in range(memory_bytes))
     # the longest transfer on one bus width only: the UART makes it the slowest case
     counts = [1, protocol.MAX_WORDS if bus_bits == 64 else rng.randint(10, 20), 1,
               rng.randint(2, 9), rng.randint(2, 9), 3]
-    addrs = [0, rng.randrange(0, MEMORY_BYTES - 4 * counts[1] + 1, 4), MEMORY_BYTES - 4,
-             MEMORY_BYTES - 4 * counts[3]]
-    addrs += [rng.randrange(0, MEMORY_BYTES - 4 * c + 1, 4) for c in counts[len(addrs):]]
+    addrs = [0, rng.randrange(0, memory_bytes - 4 * counts[1] + 1, 4), memory_bytes - 4,
+             memory_bytes - 4 * counts[3]]
+    addrs += [rng.randrange(0, memory_bytes - 4 * c + 1, 4) for c in counts[len(addrs):]]
 
     async def testbench(ctx):
         _ram_fill(ctx, dut.memory, initial)
         model = bytearray(initial)
         for addr, count in zip(addrs, counts, strict=True):
             data = bytes(rng.randrange(256) for _ in range(4 * count))
-            if count == 1 and addr == MEMORY_BYTES - 4:
+            if count == 1 and addr == memory_bytes - 4:
                 data = b"\x00\xff\x80\x7f"                          # extreme bytes in the last word
             response = await host.transact(ctx, protocol.mem_write_request(addr, data),
                                            cmd=Command.MEM_WRITE, count=count)
@@ -436,16 +439,19 @@ async def _axi_address(ctx: Any, channel: Any, addr: int, beats: int) -> None:
     ctx.set(channel.valid, 0)
 
 
-@pytest.mark.parametrize("bus_bits", [32, 64])
-def test_memory_reads_stream_one_beat_per_cycle(bus_bits):
+@pytest.mark.parametrize("bus_bits, memory_bytes", [(32, 2048), (64, 2048), (64, 2 * BANK_BYTES)])
+def test_memory_reads_stream_one_beat_per_cycle(bus_bits, memory_bytes):
     """Back-to-back read bursts with rready high come out one beat per cycle, without a gap
-    between bursts (the accelerator's throughput depends on it)."""
-    memory_bytes = 2048
+    between bursts (the accelerator's throughput depends on it), also from a banked memory
+    (read latency 5) and across its banks."""
     dut = SoCMemory(memory_bytes=memory_bytes, data_width=bus_bits)
+    assert dut.read_latency == (1 if memory_bytes <= BANK_BYTES else 5)    # 2 banks: 1 select level
     b = bus_bits // 8
     rng = random.Random(SEED + bus_bits)
     image = bytes(rng.randrange(256) for _ in range(memory_bytes))
     bursts = [(0x100, 16), (0x100 + 16 * b, 16), (0x40, 3), (0x300, 1), (0x308 - 0x308 % b, 9)]
+    if memory_bytes > BANK_BYTES:       # bursts across the banks, back and forth
+        bursts += [(BANK_BYTES - 5 * b, 16), (0x200, 2), (BANK_BYTES + 0x80, 16), (BANK_BYTES - b, 1)]
     beat_cycles = []
 
     async def addresses(ctx):
@@ -476,27 +482,28 @@ def test_memory_reads_stream_one_beat_per_cycle(bus_bits):
     assert beat_cycles == list(range(beat_cycles[0], beat_cycles[0] + total))
 
 
-@pytest.mark.parametrize("bus_bits", [32, 128])
-def test_memory_axi_and_bridge_traffic_at_once(bus_bits):
+@pytest.mark.parametrize("bus_bits, memory_bytes", [(32, 2048), (128, 2048), (64, 2 * BANK_BYTES)])
+def test_memory_axi_and_bridge_traffic_at_once(bus_bits, memory_bytes):
     """Random read and write bursts with random strobes and stalls on every channel, bursts
     partly or wholly outside the memory (DECERR: zero data, dropped writes), and random bridge
     port accesses at the same time, each in its own region: every read returns the model's data
-    and the final contents equal the model's."""
-    memory_bytes = 2048
+    and the final contents equal the model's. In a banked memory the regions lie around the
+    boundary of two banks."""
     dut = SoCMemory(memory_bytes=memory_bytes, data_width=bus_bits)
     b = bus_bits // 8
+    base = 0 if memory_bytes <= BANK_BYTES else BANK_BYTES - 768    # reads, then writes, then bridge
     rng = random.Random(SEED * 3 + bus_bits)
     image = bytes(rng.randrange(256) for _ in range(memory_bytes))
     model = bytearray(image)
-    reads = [(rng.randrange(0, 512 - 8 * b, b), rng.randint(1, 8)) for _ in range(10)]
+    reads = [(base + rng.randrange(0, 512 - 8 * b, b), rng.randint(1, 8)) for _ in range(10)]
     reads += [(memory_bytes, 2), (memory_bytes - 2 * b, 4), (0x7FFF_F000, 1), (0, 1)]
-    writes = [(rng.randrange(512, 1024 - 8 * b, b), rng.randint(1, 8)) for _ in range(10)]
-    writes += [(memory_bytes - 2 * b, 4), (memory_bytes + 4 * b, 2), (512, 1), (memory_bytes, 1),
+    writes = [(base + rng.randrange(512, 1024 - 8 * b, b), rng.randint(1, 8)) for _ in range(10)]
+    writes += [(memory_bytes - 2 * b, 4), (memory_bytes + 4 * b, 2), (base + 512, 1), (memory_bytes, 1),
                (memory_bytes - b, 2)]
     write_data = [[(rng.randrange(1 << bus_bits), rng.choice([(1 << b) - 1, 0, rng.randrange(1 << b)]))
                    for _ in range(beats)] for _, beats in writes]
-    bridge_ops = [(rng.random() < 0.5, rng.randrange(1024 // b, 1536 // b), rng.randrange(1 << bus_bits),
-                   rng.randrange(1 << b)) for _ in range(30)]
+    bridge_ops = [(rng.random() < 0.5, rng.randrange((base + 1024) // b, (base + 1536) // b),
+                   rng.randrange(1 << bus_bits), rng.randrange(1 << b)) for _ in range(30)]
     # the expected read data: reads come from a region nobody writes
     expected_beats = []
     for addr, beats in reads:
@@ -583,6 +590,8 @@ def test_memory_axi_and_bridge_traffic_at_once(bus_bits):
             ctx.set(port.payload.mask, mask)
             await ctx.tick().until(port.ready)
             ctx.set(port.valid, 0)
+            if dut.read_latency > 1:
+                await ctx.tick().repeat(dut.read_latency - 1)
             span = slice(word * b, (word + 1) * b)
             if write:
                 for byte in range(b):
@@ -595,7 +604,7 @@ def test_memory_axi_and_bridge_traffic_at_once(bus_bits):
     async def check(ctx):
         await ctx.tick().repeat(3000)
         final = _ram_bytes(ctx, dut)
-        model[1024:1536] = bridge_model[1024:1536]
+        model[base + 1024:base + 1536] = bridge_model[base + 1024:base + 1536]
         assert final == bytes(model)
 
     _simulate(dut, read_addresses, read_data, write_addresses, write_data_beats, write_responses,
@@ -806,6 +815,7 @@ def _spram_testbench() -> list[str]:
     body = []
     for bits, size in _SPRAM_CASES:
         addr_bits = (size // (bits // 8) - 1).bit_length()
+        latency = {kind: memory_read_latency(kind, size) for kind in ("bram", "spram")}
         for kind in ("bram", "spram"):
             name = f"mem_{kind}{bits}"
             verilog = to_verilog(SoCMemory(memory_bytes=size, data_width=bits, kind=kind), name)
@@ -820,23 +830,30 @@ def _spram_testbench() -> list[str]:
             pins = [f".{p}({connections.get(p, chr(39) + '0' if p in inputs else '')})" for p in ports]
             body.append(f"  wire [{bits - 1}:0] rdata_{kind}{bits};\n"
                         f"  {name} {name}_i({', '.join(pins)});\n")
+        # the SPRAM's data delayed to the banked block RAM's read latency
+        delay = latency["bram"] - latency["spram"]
+        body.append(f"  logic [{bits - 1}:0] spram_late{bits} [{delay}:0];\n"
+                    f"  assign spram_late{bits}[0] = rdata_spram{bits};\n")
+        for i in range(delay):
+            body.append(f"  always @(posedge clk) spram_late{bits}[{i + 1}] <= spram_late{bits}[{i}];\n")
         body.append(
             f"  wire [{addr_bits - 1}:0] addr{bits} = "
             f"filling ? {addr_bits}'(cycle) : x1[{addr_bits - 1}:0];\n"
             f"  wire [{bits // 8 - 1}:0] mask{bits} = filling ? '1 : x1[{40 + bits // 8 - 1}:40];\n"
             f"  wire [{bits + bits // 8 + addr_bits}:0] cmd{bits} = "
             f"{{mask{bits}, x2[{bits - 1}:0], write, addr{bits}}};\n"
-            f"  always @(posedge clk) if (!rst && was_read && rdata_bram{bits} != rdata_spram{bits}) begin\n"
+            f"  always @(posedge clk) if (!rst && read_history[{latency['bram'] - 1}] && "
+            f"rdata_bram{bits} != spram_late{bits}[{delay}]) begin\n"
             f"    mismatches <= mismatches + 1;\n"
             f"    if (mismatches < 5) $display(\"mismatch bus {bits} cycle %0d: bram %h spram %h\", "
-            f"cycle, rdata_bram{bits}, rdata_spram{bits});\n"
+            f"cycle, rdata_bram{bits}, spram_late{bits}[{delay}]);\n"
             f"  end\n")
     fill = max(size // (bits // 8) for bits, size in _SPRAM_CASES)
     top = f"""
 module spram_check(input logic clk, input logic rst);
   logic [63:0] x1 = 64'h9E3779B97F4A7C15, x2 = 64'hD1B54A32D192ED03;
   logic [31:0] cycle = 0, reads = 0, mismatches = 0;
-  logic was_read = 0;
+  logic [7:0] read_history = 0;     // a read was issued 1, 2, ... cycles ago
   wire filling = cycle < {fill};
   wire valid = !rst && (filling || x1[62:61] != 0);
   wire write = filling || x1[60];
@@ -848,7 +865,7 @@ module spram_check(input logic clk, input logic rst);
   always @(posedge clk) if (!rst) begin
     x1 <= step(x1); x2 <= step(x2);
     cycle <= cycle + 1;
-    was_read <= valid && !write;
+    read_history <= {{read_history[6:0], valid && !write}};
     if (valid && !write) reads <= reads + 1;
     if (cycle == {fill + _SPRAM_RANDOM_CYCLES}) begin
       $display("compared %0d reads, %0d mismatches", reads, mismatches);

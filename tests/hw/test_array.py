@@ -9,10 +9,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from amaranth import signed, unsigned
 from amaranth.sim import Simulator
 from systolic.hw.array import (
     SystolicArray,
     array_latency,
+    column_sum_shape,
+    default_stall_stages,
     input_layout,
     os_cycles,
     output_layout,
@@ -119,10 +122,10 @@ class Run:
 
 
 def simulate(config: AcceleratorConfig, tiles: list, *, seed: int = 0, gap: float = 0.0,
-             ready: float = 1.0, weight_delay: int = 0) -> Run:
+             ready: float = 1.0, weight_delay: int = 0, stall_stages: int | None = None) -> Run:
     """Stream ``tiles`` through a SystolicArray: producers idle before a beat with probability
     ``gap``, the consumer is ready with probability ``ready`` each cycle."""
-    dut = SystolicArray(config)
+    dut = SystolicArray(config, stall_stages=stall_stages)
     rng = np.random.default_rng(seed)
     run = Run(fires={"weights": [], "inputs": [], "outputs": []})
     ws = config.dataflow == "ws"
@@ -319,6 +322,146 @@ def test_ws_back_to_back_cycle_count(rows: int, cols: int, m: int, k: int, tiles
     assert run.fires["outputs"][0] - fires[0] == array_latency(config)
 
 
+# -- narrow partial sums ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, products, shape", [
+    ({}, 16, signed(20)),                # 16 * (-128 * -128) = 2**18 needs 20 bits
+    ({}, 1, signed(16)),                 # -128 * -128 = 2**14
+    ({}, 2, signed(17)),
+    ({"input_signed": False, "weight_signed": False, "acc_signed": False}, 16, unsigned(20)),
+    ({"input_signed": False}, 16, signed(20)),          # 16 * 255 * -128 = -522240 > -2**19
+    ({"input_signed": False}, 17, signed(21)),
+    ({"acc_bits": 16}, 4, signed(16)),   # the exact bound (18 bits) is wider: acc_bits, wraps
+    ({"input_bits": 16, "weight_bits": 16}, 2, signed(32)),
+])
+def test_column_sum_shape(kwargs: dict, products: int, shape) -> None:
+    assert column_sum_shape(config_for("ws", 16, 4, **kwargs), products) == shape
+
+
+def test_column_sum_shape_rejects_no_products() -> None:
+    with pytest.raises(ValueError, match=r"^products must be at least 1, not 0$"):
+        column_sum_shape(config_for("ws", 4, 4), 0)
+
+
+def _extreme_ws_tiles(config: AcceleratorConfig) -> list[WsTile]:
+    """Every PE row multiplies the same extreme pair: min x min, min x max, max x min,
+    max x max over the full depth (the bound of the column's partial sums), then a mixed tile."""
+    rows, cols = config.rows, config.cols
+    (lo_a, hi_a), (lo_w, hi_w) = config.input_range, config.weight_range
+    tiles = [WsTile(np.full((2, rows), x), np.full((rows, cols), y))
+             for x in (lo_a, hi_a) for y in (lo_w, hi_w)]
+    mixed_w = np.where(np.arange(cols) % 2, hi_w, lo_w)[None, :].repeat(rows, 0)
+    tiles.append(WsTile(np.array([[lo_a] * rows, [hi_a] * rows, [lo_a, hi_a] * (rows // 2)]), mixed_w))
+    return tiles
+
+
+@pytest.mark.parametrize("kwargs", [
+    {},                                                          # 20-bit column sums
+    {"input_signed": False, "weight_signed": False, "acc_signed": False},
+    {"input_signed": False},
+    {"acc_bits": 16},                                            # wraps past row 1
+    {"array_lut_multipliers": 20},
+])
+def test_ws_16_rows_extreme_sums_exact(kwargs: dict) -> None:
+    """16 rows of extreme products: the narrowed partial sums hold every column sum exactly
+    (-128 * -128 * 16 = 2**18 included) and the bottom extends them to acc_bits."""
+    config = config_for("ws", 16, 2, **kwargs)
+    tiles = _extreme_ws_tiles(config)
+    run = simulate(config, tiles, seed=1, ready=0.7)
+    check(config, tiles, run)
+    if not kwargs:
+        assert run.rows[0] == [16 * 16384] * 2 and run.rows[2] == [16 * -128 * 127] * 2
+
+
+# -- registered stall ------------------------------------------------------------------------------
+
+def test_default_stall_stages() -> None:
+    assert [default_stall_stages(config_for("ws", r, c)) for r, c in
+            [(2, 2), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16)]] == [0, 0, 1, 1, 2, 2]
+    assert SystolicArray(config_for("ws", 16, 16)).skid_depth == 4
+
+
+@pytest.mark.parametrize("dataflow", ["ws", "os"])
+@pytest.mark.parametrize("stall_stages", [0, 1, 2, 3])
+def test_stall_stages_lose_nothing(dataflow: str, stall_stages: int) -> None:
+    """Random tiles and a consumer that is ready 15% / 60% of the cycles: every result row
+    arrives once, in order, with any number of stall stages (the skid buffer takes the rows
+    the pipeline produces while the stall travels)."""
+    config = config_for(dataflow, 4, 4)
+    rng = np.random.default_rng(40 + stall_stages)
+    make = random_ws_tiles if dataflow == "ws" else random_os_tiles
+    for ready, gap in ((0.15, 0.0), (0.6, 0.2)):
+        tiles = make(config, rng, 4)
+        check(config, tiles, simulate(config, tiles, seed=stall_stages, ready=ready, gap=gap,
+                                      stall_stages=stall_stages))
+
+
+@pytest.mark.parametrize("dataflow", ["ws", "os"])
+@pytest.mark.parametrize("stall_stages", [1, 2, 3])
+def test_stall_stages_keep_the_cycle_formulas(dataflow: str, stall_stages: int) -> None:
+    """With a ready consumer the skid buffer stays empty: the same cycle counts and latency as
+    a combinational stall, and no bubble in the input stream."""
+    config = config_for(dataflow, 4, 4)
+    rng = np.random.default_rng(stall_stages)
+    if dataflow == "ws":
+        sequence = [WsTile(_values(rng, config.input_range, (6, 4)),
+                           _values(rng, config.weight_range, (4, 4))) for _ in range(3)]
+    else:
+        sequence = [OsTile(_values(rng, config.input_range, (4, 5)),
+                           _values(rng, config.weight_range, (5, 4))) for _ in range(3)]
+    run = simulate(config, sequence, stall_stages=stall_stages)
+    check(config, sequence, run)
+    first = run.fires["weights"][0] if dataflow == "ws" else run.fires["inputs"][0]
+    measured = run.fires["outputs"][-1] - first + 1
+    expected = (ws_cycles(config, m=6, k=4, tiles=3) if dataflow == "ws" else os_cycles(config, k=5, tiles=3))
+    assert measured == expected
+    fires = run.fires["inputs"]
+    assert fires == list(range(fires[0], fires[0] + len(fires))), "bubble in the input stream"
+
+
+@pytest.mark.parametrize("stall_stages", [1, 2])
+def test_registered_stall_ready_does_not_depend_on_output_ready(stall_stages: int) -> None:
+    """With stall stages, the input and weight streams' ready comes from registers: changing
+    outputs.ready changes neither in the same cycle, while a full skid buffer still stops them
+    (after the stall stages) and a ready consumer restarts them."""
+    config = config_for("ws", 2, 2)
+    dut = SystolicArray(config, stall_stages=stall_stages)
+    readies = []
+
+    async def testbench(ctx):
+        # a one-row preload and a stream of rows; the consumer never takes anything
+        ctx.set(dut.weights.payload, {"data": [1, 2], "last": 1})
+        ctx.set(dut.weights.valid, 1)
+        await ctx.tick().until(dut.weights.ready)
+        ctx.set(dut.weights.valid, 0)
+        ctx.set(dut.inputs.payload, {"data": [3, 4], "new_weights": 1, "last": 0})
+        ctx.set(dut.inputs.valid, 1)
+        for _ in range(40):
+            before = (ctx.get(dut.inputs.ready), ctx.get(dut.weights.ready))
+            ctx.set(dut.outputs.ready, 1)
+            after = (ctx.get(dut.inputs.ready), ctx.get(dut.weights.ready))
+            ctx.set(dut.outputs.ready, 0)
+            assert before == after
+            readies.append(before[0])
+            await ctx.tick()
+            ctx.set(dut.inputs.payload.new_weights, 0)
+        assert not readies[-1], "a full skid buffer must stop the input stream"
+        ctx.set(dut.outputs.ready, 1)
+        for _ in range(stall_stages + 1):
+            await ctx.tick()
+        assert ctx.get(dut.inputs.ready)
+
+    _run_simple(dut, testbench)
+    assert readies.count(1) >= array_latency(config)
+
+
+def _run_simple(dut, testbench) -> None:
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(testbench)
+    sim.run()
+
+
 # -- output-stationary -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("rows, cols", SIZES)
@@ -411,6 +554,17 @@ def test_ports_follow_the_config() -> None:
     os_ = SystolicArray(config_for("os", 4, 8))
     assert not hasattr(os_, "weights")
     assert input_layout(os_.config).size == 4 * 8 + 8 * 8 + 1
+
+
+@pytest.mark.parametrize("value, error, message", [
+    (1.0, TypeError, r"^stall_stages must be an integer, not 1\.0$"),
+    (True, TypeError, r"^stall_stages must be an integer, not True$"),
+    (5, ValueError, r"^stall_stages must be between 0 and 4, not 5$"),
+    (-1, ValueError, r"^stall_stages must be between 0 and 4, not -1$"),
+])
+def test_array_rejects_bad_stall_stages(value: object, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        SystolicArray(config_for("ws", 2, 2), stall_stages=value)
 
 
 def test_array_rejects_a_non_config() -> None:

