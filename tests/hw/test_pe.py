@@ -112,6 +112,18 @@ def test_logic_multiplier_every_int8_a() -> None:
     np.testing.assert_array_equal(products, grid[:, 0] * grid[:, 1])
 
 
+async def _activate_weight(ctx, dut: ProcessingElement, weight: int) -> None:
+    """Capture ``weight`` into the WS PE's shadow register, then make it the active weight (two
+    cycles)."""
+    ctx.set(dut.w_in, weight)
+    ctx.set(dut.w_capture_in, 1)
+    await ctx.tick()
+    ctx.set(dut.w_capture_in, 0)
+    ctx.set(dut.new_weights_in, 1)
+    await ctx.tick()
+    ctx.set(dut.new_weights_in, 0)
+
+
 def _stream_products(dut: PipelinedMultiplier, cases: list) -> list[int]:
     """``dut``'s products of the operand pairs ``cases``, one pair per cycle."""
     seen = []
@@ -242,13 +254,7 @@ def test_ws_pe_narrow_partial_sums(kwargs: dict, psum_shape: Shape) -> None:
     trace = []
 
     async def testbench(ctx):
-        ctx.set(dut.w_in, weight)
-        ctx.set(dut.w_capture_in, 1)
-        await ctx.tick()
-        ctx.set(dut.w_capture_in, 0)
-        ctx.set(dut.new_weights_in, 1)
-        await ctx.tick()
-        ctx.set(dut.new_weights_in, 0)
+        await _activate_weight(ctx, dut, weight)
         for t in range(cycles):
             ctx.set(dut.a_in, int(a[t]))
             ctx.set(dut.psum_in, int(psum[t]))
@@ -277,13 +283,7 @@ def test_pe_enable_low_holds_every_register() -> None:
     trace = []
 
     async def testbench(ctx):
-        ctx.set(dut.w_in, -7)
-        ctx.set(dut.w_capture_in, 1)
-        await ctx.tick()
-        ctx.set(dut.w_capture_in, 0)
-        ctx.set(dut.new_weights_in, 1)
-        await ctx.tick()
-        ctx.set(dut.new_weights_in, 0)
+        await _activate_weight(ctx, dut, -7)
         ctx.set(dut.a_in, 5)
         ctx.set(dut.psum_in, 1000)
         await ctx.tick()
