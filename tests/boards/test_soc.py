@@ -33,7 +33,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 from systolic.boards import protocol
 from systolic.boards.bridge import Bridge
-from systolic.boards.memory import BANK_BYTES, SoCMemory, memory_read_latency
+from systolic.boards.memory import BANK_BYTES, MemoryPortSignature, SoCMemory, memory_read_latency
 from systolic.boards.protocol import Command, Status
 from systolic.boards.soc import SoC, baud_divisor, soc_verilog
 from systolic.boards.uart import UARTReceiver, UARTTransmitter
@@ -908,3 +908,10 @@ def test_spram_memory_behaves_like_the_block_ram():
     assert summary is not None, result.stdout
     assert int(summary.group(2)) == 0, result.stdout
     assert int(summary.group(1)) > _SPRAM_RANDOM_CYCLES // 3
+
+
+@pytest.mark.parametrize("latency", [0, -1, True, 1.5])
+def test_memory_port_read_latency_must_be_positive(latency):
+    with pytest.raises(ValueError, match=rf"^read_latency must be a positive integer \(cycles\), "
+                                         rf"not {latency!r}$"):
+        MemoryPortSignature(addr_width=10, data_width=32, read_latency=latency)
