@@ -159,11 +159,11 @@ def column_sum_shape(config: AcceleratorConfig, products: int) -> Shape:
 
 def default_stall_stages(config: AcceleratorConfig) -> int:
     """Register stages between the array's output state and the enable of its registers (see
-    :class:`SystolicArray`): 0 (one combinational enable) up to 16 PEs, 1 up to 64 PEs, 2
-    beyond (a registered enable and one register per PE row and edge block)."""
+    :class:`SystolicArray`): 0 (one combinational enable) up to 16 PEs, 1 up to 64 PEs, 3
+    beyond (a registered enable, one register per PE row and edge block, one per PE)."""
     config = _check_config(config)
     pes = config.rows * config.cols
-    return 0 if pes <= 16 else 1 if pes <= 64 else 2
+    return 0 if pes <= 16 else 1 if pes <= 64 else 3
 
 
 def _delay(m: Module, value: Value, cycles: int, name: str, *, reset_less: bool = False) -> Value:
@@ -222,9 +222,9 @@ class SystolicArray(wiring.Component):
     combinationally on ``outputs.ready``); s in 1..4 — the enable of a cycle is decided s cycles
     before, from the occupancy of a skid buffer of ``2 * s`` result rows at the output, and
     reaches the registers through s register stages (from 2 on, one register per PE row and per
-    edge block); ``inputs.ready``, ``weights.ready`` and ``outputs.valid`` then come from
-    registers. With a ready consumer the buffer stays empty: latency, cycle counts and
-    throughput do not depend on ``stall_stages``.
+    edge block; from 3 on, below those, one per PE); ``inputs.ready``, ``weights.ready`` and
+    ``outputs.valid`` then come from registers. With a ready consumer the buffer stays empty:
+    latency, cycle counts and throughput do not depend on ``stall_stages``.
 
     Raises :class:`TypeError` when ``config`` is not an :class:`AcceleratorConfig` or
     ``stall_stages`` not an integer, :class:`ValueError` for ``stall_stages`` outside 0..4.
@@ -266,7 +266,8 @@ class SystolicArray(wiring.Component):
         # enable, all equal in every cycle (see _elaborate_stall).
         groups = {name: Module() for name in ("inputs", "weights", "outputs")}
         enables = {name: Signal(name=f"enable_{name}") for name in groups}
-        row_enables = [Signal(name=f"enable_row_{i}") for i in range(config.rows)]
+        pe_enables = [[Signal(name=f"enable_pe_{i}_{j}") for j in range(config.cols)]
+                      for i in range(config.rows)]
         for name, group in groups.items():
             m.submodules[name] = EnableInserter(enables[name])(group)
 
@@ -280,21 +281,24 @@ class SystolicArray(wiring.Component):
         for i, row in enumerate(pes):
             for j, pe in enumerate(row):
                 m.submodules[f"pe_{i}_{j}"] = pe
-                m.d.comb += pe.enable.eq(row_enables[i])
+                m.d.comb += pe.enable.eq(pe_enables[i][j])
 
         if ws:
             valid, last, results = self._elaborate_ws(groups, enables["inputs"], pes)
         else:
             valid, last, results = self._elaborate_os(groups, enables["inputs"], pes)
-        self._elaborate_stall(m, platform, [*enables.values(), *row_enables], enables["outputs"],
-                              valid, last, results)
+        self._elaborate_stall(m, platform, [[leaf] for leaf in enables.values()] + pe_enables,
+                              enables["outputs"], valid, last, results)
         return m
 
-    def _elaborate_stall(self, m: Module, platform: Any, leaves: list[Signal], out_enable: Signal,
-                         valid: Value, last: Value, results: list[Value]) -> None:
-        """Drive the enables (``leaves``) and the output stream from the de-skewed result row
-        (``valid``, ``last``, ``results``: the bottom row's sums, each of its column's shape),
-        which leaves the pipeline in every cycle ``out_enable`` is high."""
+    def _elaborate_stall(self, m: Module, platform: Any, branches: list[list[Signal]],
+                         out_enable: Signal, valid: Value, last: Value,
+                         results: list[Value]) -> None:
+        """Drive the enables (``branches``: the edge blocks' enables, each alone, and each PE
+        row's enables) and the output stream from the de-skewed result row (``valid``,
+        ``last``, ``results``: the bottom row's sums, each of its column's shape), which leaves
+        the pipeline in every cycle ``out_enable`` is high."""
+        leaves = [leaf for branch in branches for leaf in branch]
         outputs = self.outputs
         stages = self.stall_stages
         if stages == 0:
@@ -355,15 +359,22 @@ class SystolicArray(wiring.Component):
         m.d.comb += occupancy.eq(count + push - pop)
         m.d.sync += [count.eq(occupancy), buffered.eq(occupancy != 0)]
 
-        # the decision register, then (from 2 stages on) a chain and one register per group
+        # The decision register; from 2 stages on one register per branch (an edge block or a
+        # PE row); from 3 on also one per PE, below its row's register, and a chain above the
+        # branches for the stages beyond 3. No register drives more than max(rows, cols) + 3.
         decision = _stall_register(m, platform, occupancy <= depth - stages, "stall_root")
         if stages == 1:
             m.d.comb += [leaf.eq(decision) for leaf in leaves]
             return
-        for stage in range(2, stages):
+        for stage in range(3, stages):
             decision = _stall_register(m, platform, decision, f"stall_chain_{stage}")
-        for n, leaf in enumerate(leaves):
-            m.d.comb += leaf.eq(_stall_register(m, platform, decision, f"stall_leaf_{n}"))
+        for n, branch in enumerate(branches):
+            trunk = _stall_register(m, platform, decision, f"stall_branch_{n}")
+            for k, leaf in enumerate(branch):
+                if stages == 2:
+                    m.d.comb += leaf.eq(trunk)
+                else:
+                    m.d.comb += leaf.eq(_stall_register(m, platform, trunk, f"stall_leaf_{n}_{k}"))
 
     def _elaborate_ws(self, groups: dict[str, Module], enable: Signal,
                       pes: list[list[ProcessingElement]]) -> tuple[Value, Value, list[Value]]:

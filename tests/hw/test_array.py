@@ -377,8 +377,8 @@ def test_ws_16_rows_extreme_sums_exact(kwargs: dict) -> None:
 
 def test_default_stall_stages() -> None:
     assert [default_stall_stages(config_for("ws", r, c)) for r, c in
-            [(2, 2), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16)]] == [0, 0, 1, 1, 2, 2]
-    assert SystolicArray(config_for("ws", 16, 16)).skid_depth == 4
+            [(2, 2), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16)]] == [0, 0, 1, 1, 3, 3]
+    assert SystolicArray(config_for("ws", 16, 16)).skid_depth == 6
 
 
 @pytest.mark.parametrize("dataflow", ["ws", "os"])
@@ -397,7 +397,7 @@ def test_stall_stages_lose_nothing(dataflow: str, stall_stages: int) -> None:
 
 
 @pytest.mark.parametrize("dataflow", ["ws", "os"])
-@pytest.mark.parametrize("stall_stages", [1, 2, 3])
+@pytest.mark.parametrize("stall_stages", [1, 2, 3, 4])
 def test_stall_stages_keep_the_cycle_formulas(dataflow: str, stall_stages: int) -> None:
     """With a ready consumer the skid buffer stays empty: the same cycle counts and latency as
     a combinational stall, and no bubble in the input stream."""

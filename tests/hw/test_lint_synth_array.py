@@ -87,7 +87,7 @@ def test_array_lut_multipliers_leave_dsp_blocks_free(family: str, dsp_cell: str,
                               "systolic_array"), "systolic_array")
 
 
-@pytest.mark.parametrize("stall_stages", [1, 2])
+@pytest.mark.parametrize("stall_stages", [1, 2, 4])
 def test_registered_stall_lints(stall_stages: int) -> None:
     verilator_lint(to_verilog(SystolicArray(AcceleratorConfig(rows=2, cols=4), stall_stages=stall_stages),
                               "systolic_array"), "systolic_array")
@@ -95,11 +95,14 @@ def test_registered_stall_lints(stall_stages: int) -> None:
 
 def test_ecp5_stall_tree_survives_synthesis() -> None:
     """On ECP5 the stall tree's registers are TRELLIS_FF instances (one root, one per PE row and
-    per edge block), which yosys does not merge back into one register; the skid buffer is
+    per edge block, from 3 stages one per PE and edge block below those, from 4 a chain
+    register), which yosys does not merge back into one register; the skid buffer is
     distributed RAM."""
-    config = AcceleratorConfig(rows=2, cols=2)
-    verilog = to_verilog(SystolicArray(config, stall_stages=2), "systolic_array", platform=_Ecp5Stand())
-    assert verilog.count("TRELLIS_FF ") == 1 + 2 + 3
+    config = AcceleratorConfig(rows=2, cols=4)
+    for stages, registers in [(2, 1 + 2 + 3), (3, 1 + (2 + 3) + (8 + 3)), (4, 2 + (2 + 3) + (8 + 3))]:
+        verilog = to_verilog(SystolicArray(config, stall_stages=stages), "systolic_array",
+                             platform=_Ecp5Stand())
+        assert verilog.count("TRELLIS_FF ") == registers, stages
     tree = _synth(config, "ecp5", platform=_Ecp5Stand(), stall_stages=2)
     single = _synth(config, "ecp5", platform=_Ecp5Stand(), stall_stages=1)
     assert tree["ffs"] >= single["ffs"] + 5
