@@ -951,13 +951,13 @@ class _Timing:
 def _timing(config: AcceleratorConfig) -> _Timing:
     from systolic.hw.accumulator import WRITE_LATENCY
     from systolic.hw.array import array_latency
-    from systolic.hw.sfu import SpecialFunctionUnit
+    from systolic.hw.sfu import sfu_latency
 
-    sfu = SpecialFunctionUnit(config)
     drain = array_latency(config) + WRITE_LATENCY - 1
     if config.dataflow == "os":
         drain += config.rows - 1           # the tile's R result rows drain one per cycle
-    return _Timing(drain, sfu.latency, sfu.avg_latency)
+    avg = sfu_latency(config, avg=True) if "avg" in config.sfu_pooling else 0
+    return _Timing(drain, sfu_latency(config), avg)
 
 
 def _acc_access(row: int, count: int, accumulate: int) -> tuple[tuple[int, int, bool], ...]:
