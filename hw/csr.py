@@ -97,7 +97,8 @@ def register_map() -> dict[str, dict[str, object]]:
 class CSRBank(wiring.Component):
     """AXI4-Lite register file of the accelerator, with the performance counters.
 
-    Ports toward the core: ``start``/``soft_reset`` pulses, ``prog_addr``, ``dram_base``,
+    Ports toward the core: ``start``/``soft_reset`` pulses (registered: high for one cycle, the
+    one in which the write's response becomes valid), ``prog_addr``, ``dram_base``,
     ``busy``/``done``/``error``/``error_pc``/``pc`` status inputs, and per counter its increment in
     this cycle (``increment_<name>``, ``increment_bits[name]`` bits, 1 by default). Unknown
     addresses answer SLVERR.
@@ -281,6 +282,9 @@ class CSRBank(wiring.Component):
         w_strb = Signal(4)
         w_full = Signal()
         m.d.comb += [bus.aw.ready.eq(~aw_full), bus.w.ready.eq(~w_full)]
+        # start and soft_reset are registered pulses (in the cycle the response goes out), so
+        # that the address decode does not lie on the paths into everything they clear
+        m.d.sync += [self.start.eq(0), self.soft_reset.eq(0)]
         with m.If(bus.aw.valid & bus.aw.ready):
             m.d.sync += [aw_addr.eq(bus.aw.payload.addr), aw_full.eq(1)]
         with m.If(bus.w.valid & bus.w.ready):
@@ -293,7 +297,7 @@ class CSRBank(wiring.Component):
             m.d.comb += ok.eq(1)
             with m.Switch(aw_addr[2:]):
                 with m.Case(_BY_NAME["ctrl"].offset >> 2):
-                    m.d.comb += [self.start.eq(w_data[0] & w_strb[0]),
+                    m.d.sync += [self.start.eq(w_data[0] & w_strb[0]),
                                  self.soft_reset.eq(w_data[1] & w_strb[0])]
                 for name in ("prog_addr", "dram_base", "prog_len"):
                     with m.Case(_BY_NAME[name].offset >> 2):
