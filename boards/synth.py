@@ -45,7 +45,14 @@ from amaranth.lib import io, wiring
 from amaranth.lib.wiring import In, Out
 from systolic.hw.array import SystolicArray
 from systolic.hw.config import AcceleratorConfig
-from systolic.sim.tools import SYNTH_FAMILIES, ToolError, classic_abc_commands, tool_env
+from systolic.sim.tools import (
+    SYNTH_FAMILIES,
+    ToolError,
+    YosysSilentExit,
+    classic_abc_commands,
+    raise_yosys_failure,
+    tool_env,
+)
 
 from .boards import Board, BoardError, FitError, get_board, load_preset
 from .clocking import ClockReset, Ecp5Pll, Ice40Pll, PllError, ecp5_pll, ice40_pll
@@ -273,16 +280,12 @@ def _tool_versions(family: str, yosys_log: Path) -> dict[str, str]:
 
 # -- synthesis steps ----------------------------------------------------------------------------------
 
-class _SilentExit(ToolError):
-    pass
-
-
 def _yosys(build: Path, family: str, env: Mapping[str, str]) -> tuple[dict[str, int], str]:
     """Run yosys on ``top.il`` in ``build``: ``top.json``, ``yosys.log``, cell counts."""
     synth = f"{SYNTH_FAMILIES[family]} -top top"
     try:
         return _yosys_script(build, [synth], env), "abc9"
-    except _SilentExit:
+    except YosysSilentExit:
         pass
     return _yosys_script(build, classic_abc_commands(family, synth), env), "abc"
 
@@ -294,13 +297,7 @@ def _yosys_script(build: Path, commands: list[str], env: Mapping[str, str]) -> d
     stat.unlink(missing_ok=True)
     result = _run([tool_path("yosys", env), "-q", "-l", "yosys.log", "-s", "top.ys"], build, env)
     if result.returncode != 0 or not stat.is_file():
-        output = result.stdout + result.stderr
-        errors = [line for line in output.splitlines() if "ERROR" in line]
-        if not errors:
-            tail = "\n".join(output.strip().splitlines()[-20:])
-            raise _SilentExit(f"yosys failed with status {result.returncode} and no ERROR line "
-                              f"(log in {build / 'yosys.log'}); last output:\n{tail}")
-        raise ToolError(f"yosys failed (log in {build / 'yosys.log'}):\n" + "\n".join(errors))
+        raise_yosys_failure(result, f"yosys (log in {build / 'yosys.log'})")
     design = json.loads(stat.read_text()).get("design", {})
     return {str(k): int(v) for k, v in design.get("num_cells_by_type", {}).items()}
 

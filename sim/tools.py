@@ -26,12 +26,13 @@ import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = [
     "ToolError", "VERILATOR_WAIVERS", "COCOTB_WAIVERS", "verilator_root", "verilator_bin",
     "tool_env", "to_verilog", "verilator_lint", "yosys_synth", "build_cache_dir", "build_lock", "design_hash",
     "cocotb_build", "cocotb_test", "waves_enabled", "SYNTH_FAMILIES", "strip_build", "CELL_KINDS",
+    "raise_yosys_failure", "YosysSilentExit",
     "classic_abc_commands",
 ]
 
@@ -265,7 +266,7 @@ def yosys_synth(verilog: str, top: str, family: str, *, netlist: str | Path | No
     try:
         stat = _run_yosys(verilog, [synth], netlist, top)
         mapper = "abc9"
-    except _SilentExit:
+    except YosysSilentExit:
         stat = _run_yosys(verilog, classic_abc_commands(family, synth), netlist, top)
         mapper = "abc"
     summary = _cell_summary(stat, top, family)
@@ -292,8 +293,22 @@ def classic_abc_commands(family: str, synth: str) -> list[str]:
             "opt_lut -tech ice40", f"{synth} -run map_cells:"]
 
 
-class _SilentExit(ToolError):
+class YosysSilentExit(ToolError):
     """yosys failed without printing an ERROR line."""
+
+
+def raise_yosys_failure(result: subprocess.CompletedProcess[str], what: str) -> NoReturn:
+    """Raise for the failed yosys run ``result`` (``what``: how to name the run in the message):
+    :class:`ToolError` quoting its ERROR lines, or, when it printed none (YoWASP's ABC9 exits so on
+    some netlists, see :func:`classic_abc_commands`), :class:`YosysSilentExit` quoting the
+    last 20 lines of its output, which callers catch to retry with classic ABC."""
+    output = (result.stdout or "") + (result.stderr or "")
+    errors = [line for line in output.splitlines() if "ERROR" in line]
+    if not errors:
+        tail = "\n".join(output.strip().splitlines()[-20:])
+        raise YosysSilentExit(f"{what} failed with status {result.returncode} and no ERROR line; "
+                          f"last output:\n{tail}")
+    raise ToolError(f"{what} failed:\n" + "\n".join(errors))
 
 
 def _run_yosys(verilog: str, commands: list[str], netlist: str | Path | None, top: str
@@ -310,15 +325,9 @@ def _run_yosys(verilog: str, commands: list[str], netlist: str | Path | None, to
         result = subprocess.run([*_yosys_command(), "-q", "-s", "synth.ys"],
                                 capture_output=True, text=True, env=tool_env(), cwd=tmp,
                                 check=False)
-        output = result.stdout + result.stderr
         stat_path = Path(tmp, "stat.json")
         if result.returncode != 0 or not stat_path.is_file():
-            errors = [line for line in output.splitlines() if "ERROR" in line]
-            if not errors:
-                tail = "\n".join(output.strip().splitlines()[-20:])
-                raise _SilentExit(f"yosys {commands[0].split()[0]} of {top!r} failed with status "
-                                  f"{result.returncode} and no ERROR line; last output:\n{tail}")
-            raise ToolError(f"yosys {commands[0].split()[0]} of {top!r} failed:\n" + "\n".join(errors))
+            raise_yosys_failure(result, f"yosys {commands[0].split()[0]} of {top!r}")
         stat = json.loads(stat_path.read_text())
         if netlist is not None:
             shutil.copyfile(Path(tmp, "netlist.json"), netlist)

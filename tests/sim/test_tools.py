@@ -153,7 +153,7 @@ def test_synth_falls_back_to_classic_abc(family: str, monkeypatch: pytest.Monkey
     def abc9_exits_silently(verilog: str, commands: list[str], netlist: Any, top: str) -> Any:
         scripts.append(commands)
         if len(commands) == 1:
-            raise tools._SilentExit("yosys exited with status 1 and no ERROR line")
+            raise tools.YosysSilentExit("yosys exited with status 1 and no ERROR line")
         return run(verilog, commands, netlist, top)
 
     monkeypatch.setattr(tools, "_run_yosys", abc9_exits_silently)
@@ -163,6 +163,22 @@ def test_synth_falls_back_to_classic_abc(family: str, monkeypatch: pytest.Monkey
     assert counter["ffs"] == 8 and counter["luts"] + counter["carry"] > 0
     prefix = "SB_" if family == "ice40" else ("LUT4", "CCU2C", "TRELLIS_", "VHI", "VLO")
     assert all(cell.startswith(prefix) for cell in counter["cells"]), counter["cells"]
+
+
+def test_yosys_failure_messages() -> None:
+    """A failed yosys run raises ToolError quoting its ERROR lines, or, with none, the
+    YosysSilentExit that triggers the classic-ABC retry, quoting the end of its output."""
+    failed = subprocess.CompletedProcess(["yosys"], 1, "reading\nERROR: Module `top' not found!\n", "")
+    message = r"^yosys \(log in b/yosys.log\) failed:\nERROR: Module `top' not found!$"
+    with pytest.raises(tools.ToolError, match=message) as info:
+        tools.raise_yosys_failure(failed, "yosys (log in b/yosys.log)")
+    assert not isinstance(info.value, tools.YosysSilentExit)
+    lines = "".join(f"line {i}\n" for i in range(30))
+    silent = subprocess.CompletedProcess(["yosys"], 1, lines, "")
+    message = (r"^yosys synth_ecp5 of 'top' failed with status 1 and no ERROR line; last output:"
+               r"\nline 10\n(.|\n)*line 29$")
+    with pytest.raises(tools.YosysSilentExit, match=message):
+        tools.raise_yosys_failure(silent, "yosys synth_ecp5 of 'top'")
 
 
 def test_classic_abc_commands_errors() -> None:
