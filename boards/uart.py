@@ -52,7 +52,11 @@ class UARTReceiver(wiring.Component):
         timer = Signal(range(self.divisor))
         bit = Signal(range(8))
         shift = Signal(8)
-        m.d.comb += self.data.payload.eq(shift)
+        # the byte's valid is a register (a cycle after the stop bit's sample), so that the
+        # consumer's logic does not start from the bit timer's comparison
+        valid = Signal()
+        m.d.sync += valid.eq(0)
+        m.d.comb += [self.data.payload.eq(shift), self.data.valid.eq(valid)]
 
         with m.FSM(name="rx"):
             with m.State("IDLE"):
@@ -79,7 +83,7 @@ class UARTReceiver(wiring.Component):
                 with m.If(timer != 0):
                     m.d.sync += timer.eq(timer - 1)
                 with m.Elif(rx):
-                    m.d.comb += self.data.valid.eq(1)
+                    m.d.sync += valid.eq(1)
                     m.next = "IDLE"
                 with m.Else():
                     m.next = "BREAK"
