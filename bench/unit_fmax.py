@@ -65,7 +65,7 @@ from amaranth.lib.wiring import Flow
 from systolic.hw.config import AcceleratorConfig
 from systolic.sim.tools import ToolError, to_verilog, tool_env, yosys_synth
 
-__all__ = ["UNITS", "DEVICES", "Harness", "measure", "main"]
+__all__ = ["UNITS", "DEVICES", "Harness", "FamilyPlatform", "measure", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -197,6 +197,16 @@ def _critical_path(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class FamilyPlatform:
+    """Stands in for an Amaranth platform of ``family`` (``"ecp5"``, ``"ice40"``): the units read
+    only ``platform.family``, to instantiate that family's primitives where inference would be
+    slower (ECP5: the array's stall-tree TRELLIS_FFs, the SoC memory's DP16KD output registers),
+    so a unit is measured as it is built for a board."""
+
+    def __init__(self, family: str) -> None:
+        self.family = family
+
+
 def measure(unit_name: str, config: AcceleratorConfig, family: str, *, device: str | None = None,
             mhz: float | None = None, area: bool = False, fmax: bool = True, seed: int = 1
             ) -> dict[str, Any]:
@@ -215,7 +225,7 @@ def measure(unit_name: str, config: AcceleratorConfig, family: str, *, device: s
     seconds: dict[str, float] = {}
     if area:
         start = time.monotonic()
-        bare = to_verilog(UNITS[unit_name](config), "unit")
+        bare = to_verilog(UNITS[unit_name](config), "unit", platform=FamilyPlatform(family))
         summary = yosys_synth(bare, "unit", family)
         summary.pop("cells", None)
         result["area"] = summary
@@ -223,7 +233,8 @@ def measure(unit_name: str, config: AcceleratorConfig, family: str, *, device: s
     if fmax:
         harness = Harness(UNITS[unit_name](config))
         text = amaranth_verilog.convert(harness, name="harness", emit_src=False,
-                                        ports=[harness.din, harness.load, harness.dout])
+                                        ports=[harness.din, harness.load, harness.dout],
+                                        platform=FamilyPlatform(family))
         result["harness_bits"] = {"in": harness.in_bits, "out": harness.out_bits}
         with tempfile.TemporaryDirectory(prefix="unit-fmax-") as tmp:
             start = time.monotonic()

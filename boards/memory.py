@@ -8,10 +8,15 @@ both kinds of core:
   by Amaranth and Verilator). Up to :data:`BANK_BYTES` it is one memory read in one cycle.
   Larger, it is split into up to :data:`MAX_BANKS` banks (256 KiB: 32 banks of four DP16KD) and
   pipelined, so that no path crosses the chip between its block RAMs in one cycle: the access is
-  registered, then copied into registers of its bank (beside the bank's block RAMs), each bank's
-  read data is registered beside it, and the row is selected from 4 banks (or groups of 4) per
-  registered level: read data 7 cycles after the grant for 32 banks
-  (:attr:`SoCMemory.read_latency`), still one access per cycle;
+  registered, then copied into registers of its bank (beside the bank's block RAMs), the block
+  RAM's read data is registered (its output register), registered again beside the bank, and the
+  row is selected from 4 banks (or groups of 4) per registered level: read data 8 cycles after
+  the grant for 32 banks (:attr:`SoCMemory.read_latency`), still one access per cycle. On ECP5
+  (``platform.family == "ecp5"``) banks of :data:`DP16KD_WORDS` words (a 64-bit bus, 16 to 256
+  KiB) are DP16KD instances with their output register (REGMODE_A "OUTREG"), which yosys never
+  uses, so that the block RAM's slow clock-to-output does not share a cycle with the route; other
+  banks, and every bank elsewhere, are amaranth memories followed by a register, with the same
+  latency;
 * ``"spram"``: iCE40UP5K ``SB_SPRAM256KA`` blocks (16K x 16 bits, 32 KiB each; the device has 4),
   side by side for the bus width and stacked for the depth; byte enables become nibble write
   masks.
@@ -34,7 +39,9 @@ Units: addresses in bytes on AXI, in bus words on the memory port; widths in bit
 
 from __future__ import annotations
 
-from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, Signal
+from typing import Any
+
+from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -49,7 +56,7 @@ from systolic.hw.axi import (
 )
 
 __all__ = [
-    "MEMORY_KINDS", "SPRAM_BYTES", "SPRAM_COUNT", "BANK_BYTES", "MAX_BANKS", "check_memory",
+    "MEMORY_KINDS", "SPRAM_BYTES", "SPRAM_COUNT", "BANK_BYTES", "MAX_BANKS", "DP16KD_WORDS", "check_memory",
     "memory_read_latency", "MemoryRequestLayout", "MemoryPortSignature", "SoCMemory",
 ]
 
@@ -68,6 +75,9 @@ _MAX_BRAM_BYTES = 1 << 24
 BANK_BYTES = 8 * 1024
 #: Banks of a "bram" memory at most (larger memories have larger banks).
 MAX_BANKS = 32
+#: Words of one ECP5 DP16KD in its 1024 x 18 mode: banks this deep are built from DP16KD
+#: instances on ECP5 (see :func:`_dp16kd`).
+DP16KD_WORDS = 1024
 _SELECT_FAN_IN = 4      # banks (or groups) one registered select level chooses from
 
 
@@ -114,9 +124,49 @@ def _select_levels(banks: int) -> int:
 
 def memory_read_latency(kind: str, memory_bytes: int) -> int:
     """Cycles from a read's grant to its data on ``rdata``: 1; for a banked "bram" memory (more
-    than :data:`BANK_BYTES`) 4 plus a select level per factor of 4 banks (7 for 32 banks)."""
+    than :data:`BANK_BYTES`) 5 plus a select level per factor of 4 banks (8 for 32 banks), on
+    every platform (request, bank, block RAM, its output register and bank data registers)."""
     banks = _bram_banks(memory_bytes) if kind == "bram" else 1
-    return 1 if banks == 1 else 4 + _select_levels(banks)
+    return 1 if banks == 1 else 5 + _select_levels(banks)
+
+
+def _dp16kd(m: Module, name: str, *, addr: Value, data: Value, enables: Value, enable: Value,
+            write: Value) -> Value:
+    """Add to ``m`` (as submodule ``name``) one ECP5 DP16KD used as a 1024 x 18 single-port RAM on
+    port A with its output register; returns its 16 bits of read data.
+
+    As yosys' brams_map_16kd.v maps a 1024 x 18 port: the word address ``addr`` (up to 10 bits)
+    on ADA13:4 (ADA3:2 zero), the byte enables ``enables`` (2 bits) on ADA1:0, the 16 bits of
+    ``data`` as two 8-bit bytes in the 9-bit byte lanes DIA7:0 and DIA16:9 (DIA8 and DIA17 zero),
+    the read data from DOA7:0 and DOA16:9. ``enable`` is CEA (the port does nothing while it is
+    low), ``write`` WEA (with ``enable``: a write of the enabled bytes, else a read). WRITEMODE
+    NORMAL: the data latch keeps its value during a write. REGMODE_A "OUTREG" with OCEA high: the
+    read data is the data latch one cycle later, so a read's data comes two cycles after the
+    read. Port B is tied off."""
+    assert len(addr) <= 10 and len(data) == 16 and len(enables) == 2, (len(addr), len(data), len(enables))
+    dia = Cat(data[:8], Const(0, 1), data[8:], Const(0, 1))
+    doa = Signal(18, name=f"{name}_doa")
+    ada = Cat(enables, Const(0, 2), addr, Const(0, 10 - len(addr)))
+    zero = Const(0, 1)
+    ports: dict[str, Any] = {
+        "p_DATA_WIDTH_A": 18, "p_DATA_WIDTH_B": 18, "p_REGMODE_A": "OUTREG", "p_REGMODE_B": "NOREG",
+        "p_WRITEMODE_A": "NORMAL", "p_WRITEMODE_B": "NORMAL", "p_RESETMODE": "SYNC",
+        "p_ASYNC_RESET_RELEASE": "SYNC", "p_CSDECODE_A": "0b000", "p_CSDECODE_B": "0b000",
+        "p_CLKAMUX": "CLKA", "p_CLKBMUX": "CLKB", "p_GSR": "AUTO",
+        "i_CLKA": ClockSignal("sync"), "i_CEA": enable, "i_OCEA": Const(1, 1), "i_WEA": write,
+        "i_RSTA": zero, "i_CLKB": zero, "i_CEB": zero, "i_OCEB": zero, "i_WEB": zero, "i_RSTB": zero,
+    }
+    for i in range(3):
+        ports[f"i_CSA{i}"] = ports[f"i_CSB{i}"] = zero
+    for i in range(14):
+        ports[f"i_ADA{i}"] = ada[i]
+        ports[f"i_ADB{i}"] = zero
+    for i in range(18):
+        ports[f"i_DIA{i}"] = dia[i]
+        ports[f"i_DIB{i}"] = zero
+        ports[f"o_DOA{i}"] = doa[i]
+    m.submodules[name] = Instance("DP16KD", **ports)
+    return Cat(doa[:8], doa[9:17])
 
 
 def _spram_columns(data_width: int) -> int:
@@ -164,7 +214,11 @@ class MemoryPortSignature(wiring.Signature):
 
 class _Core(wiring.Component):
     """The single-port RAM: one access per cycle, always ready, read data ``read_latency``
-    cycles later."""
+    cycles later.
+
+    ``banks``: the amaranth memories of a "bram" memory, the simulation back door to its contents.
+    When the banks are DP16KD instances (on ECP5, see :meth:`uses_dp16kd`) they are not
+    elaborated, and the contents are not reachable through them (nor simulated by Amaranth)."""
 
     def __init__(self, kind: str, memory_bytes: int, data_width: int):
         self.kind = kind
@@ -182,46 +236,75 @@ class _Core(wiring.Component):
         self.banks = [Memory(shape=data_width, depth=self.depth // banks, init=[]) for _ in range(banks)]
         self.ram = self.banks[0] if banks == 1 else None
 
-    def _banked(self, m: Module) -> None:
+    def uses_dp16kd(self, platform: Any) -> bool:
+        """Whether the banks are built from DP16KD instances for ``platform``: a banked "bram"
+        memory on an ECP5 platform (``platform.family == "ecp5"``) whose banks are
+        :data:`DP16KD_WORDS` deep (a 64-bit bus, up to 256 KiB)."""
+        return (getattr(platform, "family", None) == "ecp5" and len(self.banks) > 1
+                and self.depth // len(self.banks) == DP16KD_WORDS)
+
+    def _banked(self, m: Module, platform: Any) -> None:
         """The pipelined banks (see the module docstring): request register, bank registers,
-        block RAM, bank data register, select levels of 4 (each a register)."""
+        block RAM, the block RAM's output register, bank data register, select levels of 4
+        (each a register)."""
         banks = len(self.banks)
         index_bits = (self.depth // banks - 1).bit_length()    # word inside a bank; the bank above
+        dp16kd = self.uses_dp16kd(platform)
         request = Signal.like(self.cmd.payload)
         requested = Signal()
         m.d.sync += [request.eq(self.cmd.payload), requested.eq(self.cmd.valid)]
         # the bank of a read, one register per stage: at the bank registers, at the block RAMs'
-        # data, at the bank data registers, then one per select level
+        # data, at their output registers, at the bank data registers, then one per select level
         bank_at = [request.addr[index_bits:]]
-        for _ in range(2 + _select_levels(banks)):
+        for _ in range(3 + _select_levels(banks)):
             delayed = Signal.like(bank_at[0], name=f"bank_at{len(bank_at)}")
             m.d.sync += delayed.eq(bank_at[-1])
             bank_at.append(delayed)
         level = []
         for k, ram in enumerate(self.banks):
-            m.submodules[f"bank{k}"] = ram
-            write = ram.write_port(granularity=8)
-            read = ram.read_port()
             # each bank's own copy of the access (loaded only for it, so that synthesis keeps
             # the copies apart), placed by its block RAMs: no net crosses the chip to them
             here = requested & (bank_at[0] == k)
             addr = Signal(index_bits, name=f"bank{k}_addr")
             data = Signal(self.data_width, name=f"bank{k}_wdata")
             enables = Signal(self.data_width // 8, name=f"bank{k}_we")
-            reading = Signal(name=f"bank{k}_re")
             with m.If(here):
                 m.d.sync += [addr.eq(request.addr[:index_bits]), data.eq(request.data)]
-            m.d.sync += [enables.eq(Mux(here & request.write, request.mask, 0)),
-                         reading.eq(here & ~request.write)]
-            m.d.comb += [write.addr.eq(addr), write.data.eq(data), write.en.eq(enables),
-                         read.addr.eq(addr), read.en.eq(reading)]
-            # beside the block RAM: its clock-to-out and the trip to the select are two cycles
+            m.d.sync += enables.eq(Mux(here & request.write, request.mask, 0))
+            # the block RAM's read data a cycle later (its output register): the last read's
+            # data, kept while the bank writes or is idle
+            held = Signal(self.data_width, name=f"bank{k}_dout")
+            if dp16kd:
+                # the back door is not elaborated: silence its "created but never used" warning
+                ram._MustUse__silence = True
+                # CEA is high in the access's cycle and in the next one, so that the output
+                # register loads the read data even if CEA gates it as well as OCEA (the second
+                # cycle reads the same word again, or keeps the data latch during a write)
+                accessed = Signal(name=f"bank{k}_acc")
+                active = Signal(name=f"bank{k}_ce")
+                writing = Signal(name=f"bank{k}_wr")
+                m.d.sync += [accessed.eq(here), active.eq(here | accessed),
+                             writing.eq(here & request.write)]
+                for j in range(self.data_width // 16):
+                    m.d.comb += held.word_select(j, 16).eq(_dp16kd(
+                        m, f"bank{k}_dp16kd{j}", addr=addr, data=data.word_select(j, 16),
+                        enables=enables.word_select(j, 2), enable=active, write=writing))
+            else:
+                m.submodules[f"bank{k}"] = ram
+                write = ram.write_port(granularity=8)
+                read = ram.read_port()
+                reading = Signal(name=f"bank{k}_re")
+                m.d.sync += reading.eq(here & ~request.write)
+                m.d.comb += [write.addr.eq(addr), write.data.eq(data), write.en.eq(enables),
+                             read.addr.eq(addr), read.en.eq(reading)]
+                m.d.sync += held.eq(read.data)
+            # beside the block RAM: the trip to the select has a cycle of its own
             out = Signal(self.data_width, name=f"bank{k}_rdata")
-            m.d.sync += out.eq(read.data)
+            m.d.sync += out.eq(held)
             level.append(out)
         # select levels: each picks one of 4 with two bits of the bank, into a register
         for depth in range(_select_levels(banks)):
-            bits = bank_at[3 + depth][2 * depth:2 * depth + 2]
+            bits = bank_at[4 + depth][2 * depth:2 * depth + 2]
             chosen = []
             for g in range(0, len(level), _SELECT_FAN_IN):
                 group = level[g:g + _SELECT_FAN_IN]
@@ -242,7 +325,7 @@ class _Core(wiring.Component):
         m = Module()
         cmd = self.cmd
         if len(self.banks) > 1:
-            self._banked(m)
+            self._banked(m, platform)
             return m
         if self.ram is not None:
             m.submodules.ram = ram = self.ram
@@ -395,9 +478,12 @@ class _ReadEngine(wiring.Component):
         head = Signal(range(buffer))      # index of the oldest buffered beat
         tail = Signal(range(buffer))      # index where the next beat is buffered
 
+        # the buffer's credit: ``taken`` is always count + sum(in_flight), kept in a register (an
+        # adder of the in-flight bits in front of the issue would be a long path with 8 of them)
+        taken = Signal(range(buffer + 1))
         inside = ~cur_addr[beats_log2]
         room = Signal()
-        m.d.comb += room.eq(count + sum(in_flight) < buffer)
+        m.d.comb += room.eq(taken < buffer)
         m.d.comb += [
             mem.cmd.valid.eq(cur_valid & room & inside),
             mem.cmd.payload.addr.eq(cur_addr[:beats_log2]),
@@ -453,7 +539,7 @@ class _ReadEngine(wiring.Component):
                     m.d.sync += entry.eq(incoming)
         with m.If(pop):
             m.d.sync += head.eq(Mux(head == buffer - 1, 0, head + 1))
-        m.d.sync += count.eq(count + pending - pop)
+        m.d.sync += [count.eq(count + pending - pop), taken.eq(taken + issue - pop)]
         return m
 
 
@@ -513,8 +599,10 @@ class SoCMemory(wiring.Component):
 
     ``banks`` are the :class:`~amaranth.lib.memory.Memory` banks of a ``"bram"`` memory, each
     holding a contiguous ``1 / len(banks)`` of the words (simulations reach the contents through
-    ``banks[k].data[word]``; empty for ``"spram"``); ``ram`` is the only bank of a memory of one
-    bank, else None. ``read_latency``: cycles from a bridge read's grant to its data."""
+    ``banks[k].data[word]``; empty for ``"spram"``; not for a memory elaborated for ECP5 whose
+    banks are DP16KD instances, see the module docstring); ``ram`` is the only bank of a memory of
+    one bank, else None. ``read_latency``: cycles from a bridge read's grant to its data, the same
+    on every platform."""
 
     def __init__(self, *, memory_bytes: int, data_width: int, kind: str = "bram"):
         if data_width not in (32, 64, 128):

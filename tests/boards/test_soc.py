@@ -43,6 +43,8 @@ from systolic.hw.csr import CSRBank, register_map
 from systolic.sim.golden import run_golden
 from systolic.sim.programs import gemm_case
 
+from tests.boards.clocked_testbench import XORSHIFT64, run_clocked_testbench
+
 SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
 DIVISOR = 4
 TIMEOUT_BITS = 30
@@ -443,9 +445,9 @@ async def _axi_address(ctx: Any, channel: Any, addr: int, beats: int) -> None:
 def test_memory_reads_stream_one_beat_per_cycle(bus_bits, memory_bytes):
     """Back-to-back read bursts with rready high come out one beat per cycle, without a gap
     between bursts (the accelerator's throughput depends on it), also from a banked memory
-    (read latency 5) and across its banks."""
+    (read latency 6) and across its banks."""
     dut = SoCMemory(memory_bytes=memory_bytes, data_width=bus_bits)
-    assert dut.read_latency == (1 if memory_bytes <= BANK_BYTES else 5)    # 2 banks: 1 select level
+    assert dut.read_latency == (1 if memory_bytes <= BANK_BYTES else 6)    # 2 banks: 1 select level
     b = bus_bits // 8
     rng = random.Random(SEED + bus_bits)
     image = bytes(rng.randrange(256) for _ in range(memory_bytes))
@@ -775,25 +777,6 @@ def test_soc_verilog_top_module_and_ports():
 _SPRAM_CASES = ((32, 128 * 1024), (64, 128 * 1024))     # (bus bits, bytes): 2x2 and 4x1 blocks
 _SPRAM_RANDOM_CYCLES = 40_000
 
-_SPRAM_MAIN = r"""
-#include "Vspram_check.h"
-#include "verilated.h"
-int main(int argc, char** argv) {
-    VerilatedContext context;
-    context.commandArgs(argc, argv);
-    Vspram_check top{&context};
-    top.rst = 1;
-    top.clk = 0;
-    for (long i = 0; !context.gotFinish(); i++) {
-        if (i == 8) top.rst = 0;
-        top.clk = !top.clk;
-        top.eval();
-        if (i > 10000000) return 3;
-    }
-    top.final();
-    return 0;
-}
-"""
 
 
 def _sb_spram256ka_model() -> str:
@@ -857,12 +840,7 @@ module spram_check(input logic clk, input logic rst);
   wire filling = cycle < {fill};
   wire valid = !rst && (filling || x1[62:61] != 0);
   wire write = filling || x1[60];
-  function automatic logic [63:0] step(input logic [63:0] x);
-    logic [63:0] y = x ^ (x << 13);
-    y = y ^ (y >> 7);
-    return y ^ (y << 17);
-  endfunction
-  always @(posedge clk) if (!rst) begin
+{XORSHIFT64}  always @(posedge clk) if (!rst) begin
     x1 <= step(x1); x2 <= step(x2);
     cycle <= cycle + 1;
     read_history <= {{read_history[6:0], valid && !write}};
@@ -882,31 +860,10 @@ def test_spram_memory_behaves_like_the_block_ram():
     """The "spram" memory (yosys's SB_SPRAM256KA model: nibble write masks, DATAOUT undefined
     after a write) returns the same read data as the "bram" memory under the same random
     traffic, for a 32-bit bus (two stacks of two blocks) and a 64-bit bus (four side by side)."""
-    import subprocess
-
-    from systolic.sim.tools import VERILATOR_WAIVERS, build_cache_dir, design_hash, tool_env, verilator_bin
-
-    sources = _spram_testbench()
-    args = [*VERILATOR_WAIVERS, "-Wno-fatal", "--x-assign", "unique", "--x-initial", "unique"]
-    build = build_cache_dir("soc-spram", design_hash("\n".join(sources), _SPRAM_MAIN, " ".join(args),
-                                                     str(verilator_bin())))
-    binary = build / "obj" / "spram_check"
-    if not binary.is_file():
-        for i, text in enumerate(sources):
-            (build / f"source{i}.v").write_text(text)
-        (build / "main.cpp").write_text(_SPRAM_MAIN)
-        command = [str(verilator_bin()), "--cc", "--exe", "--build", "-j", "2", *args,
-                   "--top-module", "spram_check", "-Mdir", "obj", "-o", "spram_check", "main.cpp",
-                   *(f"source{i}.v" for i in range(len(sources)))]
-        result = subprocess.run(command, cwd=build, env=tool_env(), capture_output=True, text=True,
-                                check=False)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    result = subprocess.run([str(binary), "+verilator+seed+7", "+verilator+rand+reset+2"],
-                            capture_output=True, text=True, check=False, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    summary = re.search(r"compared (\d+) reads, (\d+) mismatches", result.stdout)
-    assert summary is not None, result.stdout
-    assert int(summary.group(2)) == 0, result.stdout
+    output = run_clocked_testbench("spram_check", _spram_testbench())
+    summary = re.search(r"compared (\d+) reads, (\d+) mismatches", output)
+    assert summary is not None, output
+    assert int(summary.group(2)) == 0, output
     assert int(summary.group(1)) > _SPRAM_RANDOM_CYCLES // 3
 
 

@@ -1,0 +1,63 @@
+"""Build and run a self-checking Verilog testbench in Verilator: a top module with ``clk`` and
+``rst`` inputs that ends the simulation with ``$finish`` (or ``$fatal``) and prints its verdict."""
+
+from __future__ import annotations
+
+import subprocess
+
+from systolic.sim.tools import VERILATOR_WAIVERS, build_cache_dir, design_hash, tool_env, verilator_bin
+
+#: A SystemVerilog function ``step`` (xorshift64) for testbenches' random traffic.
+XORSHIFT64 = """\
+  function automatic logic [63:0] step(input logic [63:0] x);
+    logic [63:0] y = x ^ (x << 13);
+    y = y ^ (y >> 7);
+    return y ^ (y << 17);
+  endfunction
+"""
+
+_MAIN = r"""
+#include "V{top}.h"
+#include "verilated.h"
+int main(int argc, char** argv) {{
+    VerilatedContext context;
+    context.commandArgs(argc, argv);
+    V{top} top{{&context}};
+    top.rst = 1;
+    top.clk = 0;
+    for (long i = 0; !context.gotFinish(); i++) {{
+        if (i == 8) top.rst = 0;
+        top.clk = !top.clk;
+        top.eval();
+        if (i > 10000000) return 3;
+    }}
+    top.final();
+    return 0;
+}}
+"""
+
+
+def run_clocked_testbench(top: str, sources: list[str], *, defines: tuple[str, ...] = ()) -> str:
+    """Build ``sources`` (Verilog texts; ``top`` is the testbench module) with Verilator, cached
+    by their hash, run it with reset high for 4 cycles and return its output. Fails the test when
+    the build fails, the testbench stops with an error or it runs 5 million cycles."""
+    main = _MAIN.format(top=top)
+    args = [*VERILATOR_WAIVERS, "-Wno-fatal", "--x-assign", "unique", "--x-initial", "unique",
+            *(f"-D{define}" for define in defines)]
+    build = build_cache_dir(f"tb-{top}", design_hash("\n".join(sources), main, " ".join(args),
+                                                     str(verilator_bin())))
+    binary = build / "obj" / top
+    if not binary.is_file():
+        for i, text in enumerate(sources):
+            (build / f"source{i}.v").write_text(text)
+        (build / "main.cpp").write_text(main)
+        command = [str(verilator_bin()), "--cc", "--exe", "--build", "-j", "2", *args,
+                   "--top-module", top, "-Mdir", "obj", "-o", top, "main.cpp",
+                   *(f"source{i}.v" for i in range(len(sources)))]
+        result = subprocess.run(command, cwd=build, env=tool_env(), capture_output=True, text=True,
+                                check=False)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = subprocess.run([str(binary), "+verilator+seed+7", "+verilator+rand+reset+2"],
+                            capture_output=True, text=True, check=False, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout

@@ -1,0 +1,96 @@
+// Behavioural model of the parts of the Lattice ECP5 DP16KD (16 Kbit true dual-port block RAM)
+// that boards/memory.py uses, for Verilator: port A in the 1024 x 18 mode, port B unused.
+// yosys ships no simulation model of it (its cells_sim_ecp5.v declares an empty module).
+//
+// From Lattice TN1264 (ECP5 and ECP5-5G Memory Usage Guide) and yosys' mapping of a 1024 x 18
+// port (share/lattice/brams_map_16kd.v):
+// * the 14-bit address ADA13:0: in the x18 mode the word address is ADA13:4 and ADA1:0 are the
+//   write enables of the two 9-bit bytes (DIA8:0 and DIA17:9); ADA3:2 are not used;
+// * CEA is the port's clock enable: at a rising CLKA edge with CEA high (and the chip selects
+//   CSA2:0 equal to CSDECODE_A) the port writes (WEA high) or reads (WEA low); with CEA low it
+//   does nothing and the data latch keeps its value;
+// * a write stores the enabled bytes of DIA at the word; WRITEMODE_A "NORMAL": the data latch
+//   does not change during a write (WRITETHROUGH and READBEFOREWRITE are not modelled);
+// * a read loads the word into the data latch;
+// * REGMODE_A "NOREG": DOA is the data latch; "OUTREG": DOA is the output register, which loads
+//   the data latch at a rising CLKA edge while OCEA (the output clock enable) is high, so a read's
+//   data is on DOA one cycle later than without it. Whether CEA gates the output register too is
+//   not verified here: with DP16KD_CE_GATES_OUTREG defined, it loads only while OCEA and CEA are
+//   both high (the tests run the memory with both readings);
+// * the contents start at INITVAL (0 here: INITVAL_xx parameters are not modelled) and the data
+//   latch and the output register at 0 (after configuration, global set/reset).
+// RSTA (reset of the latch and output register), port B, the other widths and write modes are not
+// modelled: using them stops the simulation with $fatal, so that nothing passes by accident.
+module DP16KD #(
+    parameter DATA_WIDTH_A = 18,
+    parameter DATA_WIDTH_B = 18,
+    parameter REGMODE_A = "NOREG",
+    parameter REGMODE_B = "NOREG",
+    parameter WRITEMODE_A = "NORMAL",
+    parameter WRITEMODE_B = "NORMAL",
+    parameter RESETMODE = "SYNC",
+    parameter ASYNC_RESET_RELEASE = "SYNC",
+    parameter CSDECODE_A = "0b000",
+    parameter CSDECODE_B = "0b000",
+    parameter CLKAMUX = "CLKA",
+    parameter CLKBMUX = "CLKB",
+    parameter GSR = "ENABLED"
+) (
+    input ADA0, ADA1, ADA2, ADA3, ADA4, ADA5, ADA6, ADA7, ADA8, ADA9, ADA10, ADA11, ADA12, ADA13,
+    input DIA0, DIA1, DIA2, DIA3, DIA4, DIA5, DIA6, DIA7, DIA8, DIA9, DIA10, DIA11, DIA12, DIA13,
+    input DIA14, DIA15, DIA16, DIA17,
+    input CLKA, CEA, OCEA, WEA, RSTA, CSA0, CSA1, CSA2,
+    output DOA0, DOA1, DOA2, DOA3, DOA4, DOA5, DOA6, DOA7, DOA8, DOA9, DOA10, DOA11, DOA12, DOA13,
+    output DOA14, DOA15, DOA16, DOA17,
+    input ADB0, ADB1, ADB2, ADB3, ADB4, ADB5, ADB6, ADB7, ADB8, ADB9, ADB10, ADB11, ADB12, ADB13,
+    input DIB0, DIB1, DIB2, DIB3, DIB4, DIB5, DIB6, DIB7, DIB8, DIB9, DIB10, DIB11, DIB12, DIB13,
+    input DIB14, DIB15, DIB16, DIB17,
+    input CLKB, CEB, OCEB, WEB, RSTB, CSB0, CSB1, CSB2,
+    output DOB0, DOB1, DOB2, DOB3, DOB4, DOB5, DOB6, DOB7, DOB8, DOB9, DOB10, DOB11, DOB12, DOB13,
+    output DOB14, DOB15, DOB16, DOB17
+);
+    wire [13:0] ada = {ADA13, ADA12, ADA11, ADA10, ADA9, ADA8, ADA7, ADA6, ADA5, ADA4,
+                       ADA3, ADA2, ADA1, ADA0};
+    wire [17:0] dia = {DIA17, DIA16, DIA15, DIA14, DIA13, DIA12, DIA11, DIA10, DIA9, DIA8,
+                       DIA7, DIA6, DIA5, DIA4, DIA3, DIA2, DIA1, DIA0};
+    wire [9:0] word = ada[13:4];
+    wire [2:0] chip_select = {CSA2, CSA1, CSA0};
+    // CSDECODE_A is a string "0bXYZ": its last three characters are the bits
+    wire [2:0] decode = {CSDECODE_A[16], CSDECODE_A[8], CSDECODE_A[0]};
+
+    reg [17:0] mem [0:1023];
+    reg [17:0] latch = 18'd0;
+    reg [17:0] outreg = 18'd0;
+    integer i;
+    initial begin
+        for (i = 0; i < 1024; i = i + 1) mem[i] = 18'd0;
+        if (DATA_WIDTH_A != 18) $fatal(1, "DP16KD model: DATA_WIDTH_A %0d is not modelled", DATA_WIDTH_A);
+        if (REGMODE_A != "NOREG" && REGMODE_A != "OUTREG")
+            $fatal(1, "DP16KD model: REGMODE_A %s is not modelled", REGMODE_A);
+        if (WRITEMODE_A != "NORMAL") $fatal(1, "DP16KD model: WRITEMODE_A %s is not modelled", WRITEMODE_A);
+        if (CLKAMUX != "CLKA") $fatal(1, "DP16KD model: CLKAMUX %s is not modelled", CLKAMUX);
+    end
+
+    always @(posedge CLKA) begin
+        if (RSTA) $fatal(1, "DP16KD model: RSTA is not modelled");
+        if (CEB || WEB || RSTB) $fatal(1, "DP16KD model: port B is not modelled");
+        if (CEA && chip_select == decode) begin
+            if (WEA) begin
+                if (ada[0]) mem[word][8:0] <= dia[8:0];
+                if (ada[1]) mem[word][17:9] <= dia[17:9];
+            end else begin
+                latch <= mem[word];
+            end
+        end
+`ifdef DP16KD_CE_GATES_OUTREG
+        if (OCEA && CEA) outreg <= latch;
+`else
+        if (OCEA) outreg <= latch;
+`endif
+    end
+    wire [17:0] doa = REGMODE_A == "OUTREG" ? outreg : latch;
+    assign {DOA17, DOA16, DOA15, DOA14, DOA13, DOA12, DOA11, DOA10, DOA9, DOA8,
+            DOA7, DOA6, DOA5, DOA4, DOA3, DOA2, DOA1, DOA0} = doa;
+    assign {DOB17, DOB16, DOB15, DOB14, DOB13, DOB12, DOB11, DOB10, DOB9, DOB8,
+            DOB7, DOB6, DOB5, DOB4, DOB3, DOB2, DOB1, DOB0} = 18'd0;
+endmodule
