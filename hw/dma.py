@@ -12,20 +12,26 @@ decoupled by FIFOs so that many bursts are in flight:
 
 * the *setup* stage computes the next command's coordinate steps (five multiply-adds) and its
   segment and row sizes while the generator still walks the current one, so consecutive commands
-  follow without a gap;
+  follow without a gap (it restarts on a registered copy of the command's acceptance, loading the
+  next offer in that same cycle);
 * the *generator* is a pipeline that queues one run per cycle, and for each read run the bus
   beats it still needs: a run whose first beat is the previous read run's last beat reuses it (the
   aligner keeps the last beat), so consecutive rows or elements sharing a beat fetch it once. Its
   *walker* steps through the loops one *stretch* per cycle (a row, a segment or an element: the
   largest unit the command keeps contiguous in DRAM), with only loop counters and one adder per
-  coordinate on its loop; the next stage cuts the stretch at the image edges into at most three
-  pieces (padding, bytes read, padding), counted in units, the one after multiplies them into
-  bytes, and the *emitter* sends the pieces as runs, one per cycle;
+  coordinate on its loop, and hands the stretch on through a skid register (it advances whenever
+  that register is empty, a registered bit: no later stage's handshake reaches its registers);
+  the next stage cuts the stretch at the image edges into at most three pieces (padding, bytes
+  read, padding), counted in units, the one after multiplies them into bytes, and the *emitter*
+  sends the pieces as runs, one per cycle (a read run's byte range goes to the burst issuer,
+  which counts its beats);
 * the *burst issuer* merges the beat ranges of consecutive runs that are contiguous in DRAM into
   AXI4 INCR bursts and keeps at most ``dma_outstanding`` bursts in flight. It cuts the ranges at
   the boundaries of aligned blocks of ``dma_max_burst`` beats (at most 4 KiB) and merges only
   within a block, so a burst is never longer than ``dma_max_burst`` nor crosses 4 KiB, and
-  whether a piece extends the burst is one bit known a stage ahead. A burst leaves as soon as the
+  whether a piece extends the burst is one bit known a stage ahead; the pieces reach the merge
+  through a skid register, so the merge's handshake (which waits for the address channel) reaches
+  no earlier stage. A burst leaves as soon as the
   address channel is free while fewer beats than the DRAM latency are in flight; otherwise it
   keeps growing until it reaches its block's end or the next range is not contiguous;
 * the *aligner* rotates each returned beat (and the kept previous beat) into place in a row buffer
@@ -33,15 +39,16 @@ decoupled by FIFOs so that many bursts are in flight:
   transfer, one row per cycle when a row needs at most one new beat. A run is decoded (the row
   bytes it covers, its rotation, the slot of its next beat) in a register stage before it
   becomes the current run, so only the rotation and a byte select lie between the bus and the
-  row buffer.
+  row buffer, and whether it needs no or one more beat is a registered bit.
 
 :class:`ScatterWriter` turns each output pixel into runs (the pixel's elements, or each element
 alone when they are not consecutive in DRAM), packs consecutive runs into bus beats (runs that meet
 in one beat share it) and contiguous beats into bursts; address, data and responses are pipelined,
 so the next burst's address goes out while the current one's data flows. Its stages (the pixel
 being split into runs, the run being cut into beats, the beat being filled) are registers with
-handshakes that read only registered state and FIFO room, so the beat arithmetic never lies on a
-ready path.
+handshakes that read only registered state (the FIFOs' room from their levels a cycle earlier;
+whether the beat being filled extends the open burst is a bit kept by the steps), so neither the
+beat arithmetic nor a comparison lies on a ready path.
 
 Element sizes (bytes) are given per command, so one engine serves the scratchpad, the accumulator
 and the requantize table; the consumer converts the bytes of a row into its memory's format.
@@ -198,12 +205,15 @@ class _RunLayout(data.StructLayout):
 
 
 class _RangeLayout(data.StructLayout):
-    """Beats a read run needs from the bus: ``beats`` from beat index ``beat + skip`` (address /
-    beat size; ``skip``: the run's first beat is the previous run's last, already read)."""
+    """Beats a read run needs from the bus: the beats its ``nbytes`` bytes from byte ``offset`` of
+    beat index ``beat`` (address / beat size) lie in, from beat ``beat + skip`` (``skip``: the
+    run's first beat is the previous run's last, already read). (The burst issuer counts the
+    beats: no adder between the emitter and the FIFO.)"""
 
     def __init__(self, row_bytes: int, beat_bits: int):
         super().__init__({"beat": unsigned(_ADDR - beat_bits), "skip": unsigned(1),
-                          "beats": unsigned((row_bytes - 1).bit_length() + 2)})
+                          "offset": unsigned(max(1, beat_bits)),
+                          "nbytes": unsigned((row_bytes - 1).bit_length() + 1)})
 
 
 class GatherReader(wiring.Component):
@@ -283,8 +293,9 @@ class GatherReader(wiring.Component):
         next_sum, next_carry = Signal(_ADDR), Signal(_ADDR)
         left = []
         row_sum, row_carry = total_sum, total_carry
-        for mul, pitch in zip(multiplier, multiplicand, strict=True):
-            negative = mul == -1          # the sign bit's weight is all that is left
+        # a multiplier is -1 (the sign bit's weight is all that is left): registered with it
+        negatives = [Signal(name=f"setup_neg_{a}") for a in "yxc"]
+        for mul, pitch, negative in zip(multiplier, multiplicand, negatives, strict=True):
             term = Mux(mul[0], pitch, 0) ^ negative.replicate(_ADDR)
             # (the carry row moves up a bit: its free bit 0 takes the +1 of the negation)
             row_sum, row_carry = (row_sum ^ row_carry ^ term,
@@ -315,13 +326,24 @@ class GatherReader(wiring.Component):
             values = [Const(d, signed(8)) if isinstance(d, int) else d for d in operands[index]]
             stmts = [total_sum.eq(p.dram_addr if names[index] == "start" else 0), total_carry.eq(0),
                      finished.eq(done_after(values))]
-            for mul, pitch, d, source in zip(multiplier, multiplicand, values, pitches, strict=True):
-                stmts += [mul.eq(d), pitch.eq(source)]
+            for mul, pitch, negative, d, source in zip(multiplier, multiplicand, negatives, values,
+                                                       pitches, strict=True):
+                stmts += [mul.eq(d), pitch.eq(source), negative.eq(d == -1)]
             return stmts
 
         accept = Signal()
-        with m.If(~self.cmd.valid | accept):
-            m.d.sync += [vector.eq(0), loaded.eq(0)]      # (re)start with the next offer
+        # The setup restarts in the cycle after a command is taken (`took`, registered: `accept`
+        # reaches no setup register), loading the next offer's first vector at once, as a
+        # restart in the taking cycle followed by a load would; a taken command's setup state
+        # rests meanwhile (vector == 5, flagged == 2: nothing moves).
+        took = Signal()
+        m.d.sync += took.eq(accept)
+        restart = Signal()
+        m.d.comb += restart.eq(~self.cmd.valid | took)
+        with m.If(restart):
+            m.d.sync += [vector.eq(0), loaded.eq(self.cmd.valid)]
+            with m.If(self.cmd.valid):
+                m.d.sync += load(0)
         with m.Elif(~loaded):
             m.d.sync += load(0) + [loaded.eq(1)]
         with m.Elif(vector != len(names)):
@@ -336,8 +358,9 @@ class GatherReader(wiring.Component):
             with m.Else():
                 m.d.sync += [total_sum.eq(next_sum), total_carry.eq(next_carry),
                              finished.eq(done_after(left))]
-                for mul, pitch, value in zip(multiplier, multiplicand, left, strict=True):
-                    m.d.sync += [mul.eq(value), pitch.eq(pitch << 1)]
+                for mul, pitch, negative, value in zip(multiplier, multiplicand, negatives, left,
+                                                       strict=True):
+                    m.d.sync += [mul.eq(value), pitch.eq(pitch << 1), negative.eq(value == -1)]
 
         # Meanwhile, one cycle each once the element and segment steps are known, what the
         # generator needs of the command besides its fields (so that no product or wide
@@ -351,7 +374,7 @@ class GatherReader(wiring.Component):
         n_merge = Signal()
         n_row_bytes = Signal(pos_shape)
         flagged = Signal(2)               # flag cycles done
-        with m.If(~self.cmd.valid | accept):
+        with m.If(restart):
             m.d.sync += flagged.eq(0)
         with m.Elif(loaded & (vector > names.index("seg"))):
             with m.Switch(flagged):
@@ -377,7 +400,7 @@ class GatherReader(wiring.Component):
                         flagged.eq(2),
                     ]
         set_up = Signal()                 # (registered: off the accept path)
-        m.d.sync += set_up.eq(self.cmd.valid & ~accept & (vector == len(names)) & (flagged == 2))
+        m.d.sync += set_up.eq(self.cmd.valid & ~accept & ~took & (vector == len(names)) & (flagged == 2))
 
         # -- generator: walker ------------------------------------------------------------------
         # The walker steps through the LOAD's loops one *stretch* per cycle: a stretch is a whole
@@ -453,20 +476,33 @@ class GatherReader(wiring.Component):
         walk_last = Signal()              # the current stretch is the command's last
         row_last = Signal()               # ... the last of its destination row
         m.d.comb += [row_last.eq(e_last & s_last), walk_last.eq(row_last & i_last & o_last)]
-        with m.If(go):
-            m.d.sync += [
-                q_valid.eq(1),
-                q.addr.eq(addr_now), q.pos.eq(el_pos), q.row.eq(row_idx),
-                q.row_end.eq(row_last), q.last.eq(walk_last),
-                q.count.eq(count), q.unit_bytes.eq(unit_bytes), q.total.eq(stretch_bytes),
-                q.pad.eq(c.pad_value), q.pad_mask.eq((eb - 1)[:2]),
-                q.mode.eq(mode),
-                q.l_zero.eq(to_left <= 0), q.l_full.eq(to_left >= count), q.l_raw.eq(to_left),
-                q.r_zero.eq(to_right <= 0), q.r_full.eq(to_right >= count), q.r_raw.eq(to_right),
-            ]
-        with m.Elif(q_take):
-            m.d.sync += q_valid.eq(0)
-        m.d.comb += go.eq(active & (~q_valid | q_take))
+        stretch = Signal(q_layout)        # the walker's current stretch, classified
+        m.d.comb += [
+            stretch.addr.eq(addr_now), stretch.pos.eq(el_pos), stretch.row.eq(row_idx),
+            stretch.row_end.eq(row_last), stretch.last.eq(walk_last),
+            stretch.count.eq(count), stretch.unit_bytes.eq(unit_bytes), stretch.total.eq(stretch_bytes),
+            stretch.pad.eq(c.pad_value), stretch.pad_mask.eq((eb - 1)[:2]),
+            stretch.mode.eq(mode),
+            stretch.l_zero.eq(to_left <= 0), stretch.l_full.eq(to_left >= count),
+            stretch.l_raw.eq(to_left),
+            stretch.r_zero.eq(to_right <= 0), stretch.r_full.eq(to_right >= count),
+            stretch.r_raw.eq(to_right),
+        ]
+        # A skid register between the walker and q: the walker advances whenever it is empty (a
+        # registered bit, so the stages after q reach none of the walker's registers); a stretch
+        # that q cannot take in that cycle waits there and goes to q first. It loads whenever it
+        # is empty and q loads whenever it is free: both enables leave the handshake's data.
+        skid_valid = Signal()
+        skid = Signal(q_layout)
+        q_free = Signal()
+        m.d.comb += [q_free.eq(~q_valid | q_take), go.eq(active & ~skid_valid)]
+        with m.If(~skid_valid):
+            m.d.sync += skid.eq(stretch)
+        with m.If(q_free):
+            m.d.sync += [q.eq(Mux(skid_valid, skid, stretch)), q_valid.eq(skid_valid | go),
+                         skid_valid.eq(0)]
+        with m.Elif(go):
+            m.d.sync += skid_valid.eq(1)
 
         # Advancing a loop level moves that level and every level below it to the level's
         # position plus its step: one adder per coordinate, its operands chosen by the loops'
@@ -637,11 +673,9 @@ class GatherReader(wiring.Component):
             run.pad.eq(r.pad),
             run.pad_mask.eq(r.pad_mask),
         ]
-        run_beats = Signal(beats_shape)   # bus beats the read piece's bytes lie in
-        m.d.comb += run_beats.eq((read_addr[:BBL] + (r.b_bytes - r.a_bytes) + BB - 1) >> BBL)
         new_range = Signal(range_layout)
         m.d.comb += [new_range.beat.eq(first_beat), new_range.skip.eq(run.share),
-                     new_range.beats.eq(run_beats - run.share)]
+                     new_range.offset.eq(run.offset), new_range.nbytes.eq(run.nbytes)]
 
         # (the range FIFO's room is asked of every run, so that the emitter's handshake does not
         # wait for the beat comparison)
@@ -680,7 +714,7 @@ class GatherReader(wiring.Component):
         block = min(MB, _PAGE // BB)
         BKL = (block - 1).bit_length()    # bits of a beat's index within its block
         len_shape = range(block + 1)
-        left_shape = range_layout.members["beats"]
+        left_shape = beats_shape
         head = Signal(range_layout)
         m.d.comb += head.eq(ranges.r_data)
 
@@ -708,7 +742,11 @@ class GatherReader(wiring.Component):
         o_beat = Signal(BIX)
         o_len = Signal(len_shape)
         flight_bursts = Signal(range(N + 1))
-        flight_beats = Signal(range((N + 1) * block + 1))  # in o and requested, not yet returned
+        # in o and requested, not yet returned, as of the cycle before (a burst loaded into o and
+        # a returned beat count one cycle late: the handshakes of AR and R reach no adder)
+        flight_beats = Signal(range((N + 1) * block + 2))
+        r_fired = Signal()
+        loaded_len = Signal(len_shape)
 
         ar_fire = self.ar.valid & self.ar.ready
         r_fire = self.r.valid & self.r.ready
@@ -746,25 +784,36 @@ class GatherReader(wiring.Component):
                 m.d.sync += [p_valid.eq(1), p_beat.eq(h_beat), p_len.eq(h_len)]
 
         # cutting: one chunk per cycle, up to the end of the block or of the range
-        b_fits = Signal()                 # the rest of the range is the next chunk
-        m.d.comb += b_fits.eq(b_left <= b_room)
+        b_fits = Signal()                 # the rest of the range is the next chunk (b_left <= b_room,
+                                          # registered: the handshake waits for no comparison)
+        # A skid register between the cutter and h: the cutter moves on whenever it is empty (a
+        # registered bit), so the merge's handshake (which waits for AR) reaches none of the
+        # cutter's or the range stage's registers; a chunk h cannot take at once waits there and
+        # goes to h first.
+        chunk_layout = data.StructLayout({"beat": BIX, "len": len_shape, "full": 1, "cont": 1})
+        chunk = Signal(chunk_layout)
+        m.d.comb += [chunk.beat.eq(b_beat), chunk.len.eq(Mux(b_fits, b_left, b_room)),
+                     chunk.full.eq(~b_fits | ~b_end[:BKL].any()), chunk.cont.eq(b_first & b_cont)]
+        chunk_skid = Signal(chunk_layout)
+        chunk_skid_valid = Signal()
         b_emit = Signal()
         b_load = Signal()
-        m.d.comb += [b_emit.eq(b_valid & (~h_valid | h_take)),
+        m.d.comb += [b_emit.eq(b_valid & ~chunk_skid_valid),
                      b_load.eq(~b_valid | (b_emit & b_fits))]
-        with m.If(b_emit):
-            m.d.sync += [
-                # (a range of no beat, from a read run of no byte, is no chunk)
-                h_valid.eq(b_left != 0), h_beat.eq(b_beat),
-                h_len.eq(Mux(b_fits, b_left, b_room)),
-                h_full.eq(~b_fits | ~b_end[:BKL].any()),
-                h_cont.eq(b_first & b_cont),
-            ]
-            with m.If(~b_fits):
-                m.d.sync += [b_beat.eq(b_beat + b_room), b_left.eq(b_left - b_room),
-                             b_room.eq(block), b_first.eq(0)]
-        with m.Elif(h_take):
-            m.d.sync += h_valid.eq(0)
+        # (a range of no beat, from a read run of no byte, is no chunk)
+        b_chunk = Signal()
+        m.d.comb += b_chunk.eq(b_emit & (b_left != 0))
+        with m.If(~chunk_skid_valid):
+            m.d.sync += chunk_skid.eq(chunk)
+        with m.If(~h_valid | h_take):
+            m.d.sync += [h_valid.eq(chunk_skid_valid | b_chunk), chunk_skid_valid.eq(0)]
+            m.d.sync += [Cat(h_beat, h_len, h_full, h_cont).eq(
+                Mux(chunk_skid_valid, chunk_skid, chunk))]
+        with m.Elif(b_chunk):
+            m.d.sync += chunk_skid_valid.eq(1)
+        with m.If(b_emit & ~b_fits):
+            m.d.sync += [b_beat.eq(b_beat + b_room), b_left.eq(b_left - b_room),
+                         b_room.eq(block), b_fits.eq(b_left - b_room <= block), b_first.eq(0)]
         with m.If(b_load):
             # the previous range's end: of the range finishing now, else of the last one (with
             # beats)
@@ -772,13 +821,14 @@ class GatherReader(wiring.Component):
             m.d.sync += [
                 b_valid.eq(a_valid), b_beat.eq(a_first), b_left.eq(a_beats),
                 b_end.eq(a_first + a_beats), b_room.eq(block - a_first[:BKL]),
+                b_fits.eq(a_beats <= block - a_first[:BKL]),
                 b_first.eq(1), b_cont.eq((a_first == prev) & a_first[:BKL].any()),
                 prev_end.eq(prev),
             ]
         m.d.comb += ranges.r_en.eq(~a_valid | b_load)
         with m.If(ranges.r_en):
             m.d.sync += [a_valid.eq(ranges.r_rdy), a_first.eq(head.beat + head.skip),
-                         a_beats.eq(head.beats)]
+                         a_beats.eq(((head.offset + head.nbytes + BB - 1) >> BBL) - head.skip)]
 
         with m.If(load_o):
             m.d.sync += [o_valid.eq(1), o_beat.eq(load_beat), o_len.eq(load_len)]
@@ -786,7 +836,8 @@ class GatherReader(wiring.Component):
             m.d.sync += o_valid.eq(0)
         m.d.sync += [
             flight_bursts.eq(flight_bursts + ar_fire - r_last_fire),
-            flight_beats.eq(flight_beats + Mux(load_o, load_len, 0) - r_fire),
+            r_fired.eq(r_fire), loaded_len.eq(Mux(load_o, load_len, 0)),
+            flight_beats.eq(flight_beats + loaded_len - r_fired),
         ]
         # a burst's slot is free again in the cycle its last beat is taken (the count only falls
         # while AR waits, so ARVALID stays up until accepted)
@@ -801,6 +852,8 @@ class GatherReader(wiring.Component):
         # The row buffer is the output: a finished row waits in it (rows.valid) and the next
         # row's first write goes in when it is taken. Row byte q = k * BB + l (slot k, lane l).
         pops_left = Signal(beats_shape)   # new beats the current run still needs
+        pops_zero = Signal()              # pops_left == 0 and == 1, registered (the bus handshake
+        pops_one = Signal()               # and the run FIFO's read wait for no comparison)
         kept = Signal(8 * BB)             # the last beat taken from the bus
         buf = Signal(data.ArrayLayout(8, RB))
         mask = Signal(RB)
@@ -841,12 +894,17 @@ class GatherReader(wiring.Component):
             k, lane = divmod(q, BB)
             m.d.comb += head_in_run[q].eq(((~pos_gt[k] & ~pos_eq[k]) | (pos_eq[k] & pos_lane[lane])) &
                                           (end_gt[k] | (end_eq[k] & ~end_lane[lane])))
-        head_base = Signal(signed(len(head_run.pos) + 1))
-        m.d.comb += head_base.eq(head_run.pos - head_run.offset)
-        head_lo = Signal(len(pops_left) + 1)        # lo // BB + 1 (>= 0) of the first new beat
-        m.d.comb += head_lo.eq((head_base >> BBL) + 1 + head_run.share)
-        head_at_lo, _ = _slot_flags(m, head_lo, slots + 2, "lo_slot")
-        head_shift_lane = _lanes_at_least(m, head_base[:BBL], BB, "shift_lane")
+        # lo // BB + 1 (>= 0) of the first new beat is pos // BB + k, k = 1 + share - (a borrow
+        # from the lane): its one-hot is pos // BB's, shifted by k (no adder before the decode)
+        head_base = Signal(BBL)           # (pos - offset) mod BB
+        m.d.comb += head_base.eq(head_run.pos[:BBL] - head_run.offset)
+        head_k = Signal(2)
+        m.d.comb += head_k.eq(1 + head_run.share - (head_run.pos[:BBL] < head_run.offset))
+        pos_slot, _ = _slot_flags(m, head_run.pos[BBL:], slots + 2, "lo_slot")
+        head_at_lo = Signal(slots + 2)
+        m.d.comb += head_at_lo.eq(Mux(head_k == 0, pos_slot,
+                                      Mux(head_k == 1, pos_slot << 1, pos_slot << 2)))
+        head_shift_lane = _lanes_at_least(m, head_base, BB, "shift_lane")
 
         in_run = Signal(RB)
         shift = Signal(BBL)
@@ -881,7 +939,7 @@ class GatherReader(wiring.Component):
         with m.If(cur_valid & out_free_rows):
             with m.If(~cur.read):
                 m.d.comb += [wrote.eq(1), finish_run.eq(1)]
-            with m.Elif(pops_left == 0):
+            with m.Elif(pops_zero):
                 # the whole run lies in the kept beat
                 m.d.comb += [wrote.eq(1), finish_run.eq(1)]
             with m.Else():
@@ -890,9 +948,10 @@ class GatherReader(wiring.Component):
                     m.d.comb += [from_new.eq(1), resp_now.eq(self.r.payload.resp)]
                     with m.If(self.r.payload.resp != RESP_OKAY):
                         m.d.sync += self.error.eq(self.r.payload.resp)
-                    m.d.sync += [pops_left.eq(pops_left - 1), at_lo.eq(at_lo << 1),
+                    m.d.sync += [pops_left.eq(pops_left - 1), pops_zero.eq(pops_one),
+                                 pops_one.eq(pops_left == 2), at_lo.eq(at_lo << 1),
                                  kept.eq(self.r.payload.data)]
-                    m.d.comb += [wrote.eq(1), finish_run.eq(pops_left == 1)]
+                    m.d.comb += [wrote.eq(1), finish_run.eq(pops_one)]
         row_resp_next = Signal(2)
         m.d.comb += row_resp_next.eq(Mux(row_resp != RESP_OKAY, row_resp, resp_now))
         with m.If(wrote):
@@ -916,18 +975,20 @@ class GatherReader(wiring.Component):
                      runs.r_en.eq(~head_valid | take_run)]
         with m.If(runs.r_en):
             m.d.sync += [head_run.eq(runs.r_data), head_valid.eq(runs.r_rdy)]
+        head_pops = Signal(beats_shape)
+        m.d.comb += head_pops.eq(((head_run.offset + head_run.nbytes + BB - 1) >> BBL) - head_run.share)
         with m.If(take_run):
             m.d.sync += [cur.eq(head_run), cur_valid.eq(head_valid),
-                         pops_left.eq(((head_run.offset + head_run.nbytes + BB - 1) >> BBL) -
-                                      head_run.share),
-                         in_run.eq(head_in_run), shift.eq(head_base[:BBL]),
+                         pops_left.eq(head_pops), pops_zero.eq(head_pops == 0),
+                         pops_one.eq(head_pops == 1),
+                         in_run.eq(head_in_run), shift.eq(head_base),
                          shift_lane.eq(head_shift_lane), at_lo.eq(head_at_lo)]
 
         with m.If(self.clear_error):
             m.d.sync += self.error.eq(0)
         # runs.level counts a run from the edge that writes it, so there is no gap between the
         # generator's last run and the aligner
-        m.d.comb += self.busy.eq(active | q_valid | r_valid | (runs.level != 0) | head_valid |
+        m.d.comb += self.busy.eq(active | skid_valid | q_valid | r_valid | (runs.level != 0) | head_valid |
                                  cur_valid | self.rows.valid)
         return m
 
@@ -996,8 +1057,9 @@ class ScatterWriter(wiring.Component):
         # more, see `room`)
         beat_depth = max(2 * MB, MB + 4)
         m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=beat_layout.size, depth=beat_depth)
-        m.submodules.bursts = bursts = fifo.SyncFIFOBuffered(width=burst_layout.size, depth=4)
-        m.submodules.lengths = lengths = fifo.SyncFIFOBuffered(width=8, depth=4)
+        burst_depth = 8
+        m.submodules.bursts = bursts = fifo.SyncFIFOBuffered(width=burst_layout.size, depth=burst_depth)
+        m.submodules.lengths = lengths = fifo.SyncFIFOBuffered(width=8, depth=burst_depth)
 
         # -- write responses ----------------------------------------------------------------------
         outstanding = Signal(16)          # bursts sent on AW without a write response
@@ -1061,6 +1123,7 @@ class ScatterWriter(wiring.Component):
         p_left = Signal(8)                # runs left of it, counting the next one
         p_final = Signal()                # the next run is its last
         last_beat = Signal(BIX)           # the last beat of the previous run of this command
+        last_next = Signal(BIX)           # ... plus one
         have_last = Signal()
 
         r_valid = Signal()                # the run being cut into beats, placed at its offset
@@ -1070,6 +1133,7 @@ class ScatterWriter(wiring.Component):
         r_span = Signal(span_shape)       # beats of it not yet taken
         r_share = Signal()                # its first beat is the previous run's last one
         r_final = Signal()                # the packer's next step takes its last beat
+        r_next = Signal()                 # r_beat follows the beat being filled (when there is one)
         r_done = Signal()                 # the packer takes its last beat now
         r_free = Signal()
         m.d.comb += r_free.eq(~r_valid | r_done)
@@ -1094,7 +1158,8 @@ class ScatterWriter(wiring.Component):
                 r_share.eq(share),
                 # a shared first beat is merged in the step that takes the second one
                 r_final.eq(span <= Mux(share, 2, 1)),
-                last_beat.eq(end_addr[BBL:]),
+                r_next.eq(p_addr[BBL:] == last_next),
+                last_beat.eq(end_addr[BBL:]), last_next.eq(end_addr[BBL:] + 1),
                 have_last.eq(1),
                 p_addr.eq(p_addr + c.pitch_c),
                 p_data.eq(p_data >> (eb * 8)),
@@ -1141,8 +1206,16 @@ class ScatterWriter(wiring.Component):
         e_valid = Signal()                # the beat that leaves now (to the beat FIFO)
         e_data = Signal(8 * BB)
         e_strb = Signal(BB)
+        # The beat that leaves is always the one being filled (a run sharing it merges into it
+        # first); whether it follows the open burst is a registered bit, `follows`
+        # (cur_beat == b_next while a beat is being filled), kept up to date by the packer's steps:
+        # after a beat leaves, b_next is its index plus one, so the next beat being filled follows
+        # it when it is the second beat of a run sharing it, the next beat of the same run, or
+        # the first beat of a run starting right after it (r_next, compared when the run was
+        # made).
+        follows = Signal()
         extends = Signal()
-        m.d.comb += extends.eq(b_open & (cur_beat == b_next) & (b_len != b_cap))
+        m.d.comb += extends.eq(b_open & follows & (b_len != b_cap))
         close = Signal()                  # push the open burst (to AW and W length FIFOs)
         burst_out = Signal(burst_layout)
         m.d.comb += [
@@ -1156,13 +1229,12 @@ class ScatterWriter(wiring.Component):
         m.d.comb += [beats.w_data.eq(beat_in), beats.w_en.eq(beat_in_valid)]
         # Room for whatever a step may push (asked of every step, so that the handshake does not
         # wait for the beat comparisons; the FIFOs drain on their own: the open burst holds at
-        # most `MB` beats, fewer than `beat_depth - 2`). The beat FIFO's is registered: its level
-        # one cycle ago below `beat_depth - 2` leaves room for the beat in the register and the
-        # one of this step. (The burst FIFOs' is not: with one-beat bursts they run nearly full.)
-        beat_room = Signal()
-        m.d.sync += beat_room.eq(beats.level < beat_depth - 2)
+        # most `MB` beats, fewer than `beat_depth - 2`), registered: the beat FIFO's level one
+        # cycle ago below `beat_depth - 2` leaves room for the beat in the register and the one
+        # of this step, a burst FIFO's below `burst_depth - 1` for the burst a step may close.
         room = Signal()
-        m.d.comb += room.eq(beat_room & bursts.w_rdy & lengths.w_rdy)
+        m.d.sync += room.eq((beats.level < beat_depth - 2) & (bursts.level < burst_depth - 1) &
+                            (lengths.level < burst_depth - 1))
         go = Signal()                     # the step (or flush) happens this cycle
         m.d.sync += [beat_in_valid.eq(go & e_valid), beat_in.data.eq(e_data), beat_in.strb.eq(e_strb)]
         with m.If(go):
@@ -1194,18 +1266,21 @@ class ScatterWriter(wiring.Component):
             with m.If(r_share & (r_span == 1)):
                 m.d.sync += [cur_data.eq(merged), cur_strb.eq(cur_strb | mask0)]
             with m.Elif(r_share):
-                m.d.sync += [cur_beat.eq(r_beat + 1), cur_data.eq(slot1), cur_strb.eq(mask1)]
+                m.d.sync += [cur_beat.eq(r_beat + 1), cur_data.eq(slot1), cur_strb.eq(mask1),
+                             follows.eq(1)]
             with m.Else():
                 m.d.sync += [cur_valid.eq(1), cur_beat.eq(r_beat), cur_data.eq(slot0),
-                             cur_strb.eq(mask0)]
+                             cur_strb.eq(mask0), follows.eq(r_next)]
+        # (a comparison with a constant beyond r_span's range is left out: lint)
+        at_most_3 = r_span <= 3 if (1 << len(r_span)) - 1 > 3 else Const(1)
         with m.If(step & ~r_final):       # (a finished run leaves r to the next one)
             m.d.sync += [
                 r_data.eq(Mux(taken == 2, r_data >> (16 * BB), r_data >> (8 * BB))),
                 r_mask.eq(Mux(taken == 2, r_mask >> (2 * BB), r_mask >> BB)),
                 r_beat.eq(r_beat + taken),
                 r_span.eq(r_span - taken),
-                r_share.eq(0),
-                r_final.eq(r_span - taken <= 1),
+                r_share.eq(0), r_next.eq(1),
+                r_final.eq(Mux(taken == 2, at_most_3, r_span <= 2)),      # r_span - taken <= 1
             ]
         with m.If(p_take):
             m.d.sync += r_valid.eq(1)
