@@ -147,6 +147,33 @@ def test_the_counters_share_one_high_word_latch() -> None:
     assert got == [(5, RESP_OKAY), (5, RESP_OKAY)]
 
 
+@pytest.mark.parametrize("value, pulse", [(1, "start"), (2, "soft_reset"), (3, "both"), (0, "none")])
+def test_ctrl_pulses_are_registered_and_one_cycle_long(value: int, pulse: str) -> None:
+    """A CTRL write raises start (bit 0) and soft_reset (bit 1) for exactly one cycle, from a
+    register: the first cycle of the write's response, not the cycle the write is decoded."""
+    dut = CSRBank(0, counter_bits=32)
+    trace = []
+
+    async def testbench(ctx: Any) -> None:
+        ctx.set(dut.bus.aw.valid, 1)
+        ctx.set(dut.bus.aw.payload.addr, REG["ctrl"])
+        ctx.set(dut.bus.w.valid, 1)
+        ctx.set(dut.bus.w.payload.data, value)
+        ctx.set(dut.bus.w.payload.strb, 0xF)
+        await ctx.tick().until(dut.bus.aw.ready & dut.bus.w.ready)
+        ctx.set(dut.bus.aw.valid, 0)
+        ctx.set(dut.bus.w.valid, 0)
+        for _ in range(6):          # b.ready low: the response stays valid
+            trace.append((ctx.get(dut.bus.b.valid), ctx.get(dut.start), ctx.get(dut.soft_reset)))
+            await ctx.tick()
+
+    _simulate(dut, testbench)
+    first = [b for b, _, _ in trace].index(1)
+    expect_start, expect_reset = value & 1, value >> 1 & 1
+    assert [s for _, s, _ in trace] == [expect_start if i == first else 0 for i in range(len(trace))]
+    assert [r for _, _, r in trace] == [expect_reset if i == first else 0 for i in range(len(trace))]
+
+
 def test_start_clears_the_counters() -> None:
     """After start every counter reads 0 (also before the pipeline has written it) and counts
     anew; a soft reset clears them too."""
