@@ -956,8 +956,7 @@ def _timing(config: AcceleratorConfig) -> _Timing:
     drain = array_latency(config) + WRITE_LATENCY - 1
     if config.dataflow == "os":
         drain += config.rows - 1           # the tile's R result rows drain one per cycle
-    avg = sfu_latency(config, avg=True) if "avg" in config.sfu_pooling else 0
-    return _Timing(drain, sfu_latency(config), avg)
+    return _Timing(drain, sfu_latency(config), sfu_latency(config, avg=True))
 
 
 def _acc_access(row: int, count: int, accumulate: int) -> tuple[tuple[int, int, bool], ...]:
