@@ -19,8 +19,9 @@ Ports (see docs/arch-memory-sfu.md):
 * ``dma_write`` — stream of (row, C values, element mask) from the DMA (LOAD dst=acc). Waits
   (``ready`` low) while an array beat for the same bank is in stages 1 to 3.
 * ``read`` — store-path read port (:func:`~systolic.hw.scratchpad.read_port_signature`): the row
-  arrives :data:`~systolic.hw.scratchpad.READ_LATENCY` cycle after the request is accepted. A
-  request waits only in a cycle where an accumulating array beat reads the same bank.
+  arrives :data:`~systolic.hw.scratchpad.READ_LATENCY` cycles after the request is accepted (one
+  row per cycle while the consumer takes them). A request waits only in a cycle where an
+  accumulating array beat reads the same bank, or while two responses are owed.
 
 All writes take effect in accept order (a DMA write before the array beat accepted in the same
 cycle). A ``read`` accepted in cycle n sees the DMA writes accepted up to cycle n and the array
@@ -143,8 +144,9 @@ class Accumulator(wiring.Component):
         req = self.read.req.payload
         req_bank = req.addr[index_bits:]
         grant_read = Signal()
-        m.d.comb += grant_read.eq(self.read.req.valid & (~self.read.resp.valid | self.read.resp.ready)
-                                  & ~(beat_reads & (beat_bank == req_bank)))
+        resp_row = Signal(row_layout)         # the bank's read data, the cycle after grant_read
+        free = drive_read_response(m, self.read.resp, grant_read, resp_row)
+        m.d.comb += grant_read.eq(self.read.req.valid & free & ~(beat_reads & (beat_bank == req_bank)))
         m.d.comb += [self.read.req.ready.eq(grant_read), self.array_write.ready.eq(1)]
         for k, (_, read_port) in enumerate(banks):
             beat_here = beat_reads & (beat_bank == k)
@@ -157,12 +159,10 @@ class Accumulator(wiring.Component):
         resp_bank = Signal.like(req_bank)
         with m.If(grant_read):
             m.d.sync += resp_bank.eq(req_bank)
-        resp_row = Signal(row_layout)
         with m.Switch(resp_bank):
             for k, (_, read_port) in enumerate(banks):
                 with m.Case(k):
                     m.d.comb += resp_row.eq(read_port.data)
-        drive_read_response(m, self.read.resp, grant_read, resp_row, hold=True)
 
         # -- stage 1: the block RAM's row goes straight into a register (its clock-to-out is most
         # of a cycle on ECP5); the forwarding decisions for stage 2 are made here ----------------

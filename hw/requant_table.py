@@ -18,7 +18,9 @@ Ports (see docs/arch-memory-sfu.md):
   cycle with one word per row; otherwise after W - 1 cycles writing the earlier words, the payload
   held as the stream requires). Written entries are readable from the next cycle.
 * ``read`` — a :func:`~systolic.hw.scratchpad.read_port_signature` port: ``req`` carries a row
-  address, ``resp`` returns the row exactly :data:`READ_LATENCY` cycle after ``req`` is accepted.
+  address, ``resp`` returns the row exactly :data:`TABLE_READ_LATENCY` (1) cycle after ``req`` is
+  accepted, from the memory's read data (the row is read once per STORE; the operand and
+  accumulator ports register theirs, :data:`~systolic.hw.scratchpad.READ_LATENCY`).
   ``req`` is accepted whenever no response is pending or the pending one is taken in the same cycle
   (with W words: in the cycle it reads the last word, the W - 1 earlier words read in the cycles
   before, from the first cycle it could have been accepted). A read sees a write of the same cycle
@@ -35,9 +37,10 @@ from amaranth.lib.wiring import In
 
 from ..sim.arith import MAX_SHIFT, MULT_BITS
 from .config import AcceleratorConfig
-from .scratchpad import READ_LATENCY, drive_read_response, read_port_signature
+from .scratchpad import read_port_signature
 
-__all__ = ["REQUANT_ENTRY", "RequantTable", "requant_row_layout", "requant_word_bits", "requant_write_layout"]
+__all__ = ["REQUANT_ENTRY", "TABLE_READ_LATENCY", "RequantTable", "requant_row_layout", "requant_word_bits",
+           "requant_write_layout"]
 
 #: One channel's requantize entry: int32 bias, int32 multiplier, shift 0..62 (6 bits).
 REQUANT_ENTRY = data.StructLayout({
@@ -45,6 +48,19 @@ REQUANT_ENTRY = data.StructLayout({
     "mult": signed(MULT_BITS),
     "shift": unsigned(MAX_SHIFT.bit_length()),
 })
+
+#: Cycles from an accepted read request to its response: the memory's read data is the response.
+TABLE_READ_LATENCY = 1
+
+
+def _drive_response(m: Module, resp: stream.Interface, granted: Value, row: Value) -> None:
+    """``resp`` is valid from the cycle after ``granted`` until taken, with ``row`` (the memory's
+    read data, which holds while no new read is enabled: requests wait for a free response)."""
+    with m.If(granted):
+        m.d.sync += resp.valid.eq(1)
+    with m.Elif(resp.ready):
+        m.d.sync += resp.valid.eq(0)
+    m.d.comb += resp.payload.eq(row)
 
 
 def requant_row_layout(config: AcceleratorConfig) -> data.ArrayLayout:
@@ -100,7 +116,7 @@ class RequantTable(wiring.Component):
     @property
     def read_latency(self) -> int:
         """Cycles from an accepted read request to its response."""
-        return READ_LATENCY
+        return TABLE_READ_LATENCY
 
     def elaborate(self, platform: object) -> Module:
         cfg = self._config
@@ -133,7 +149,7 @@ class RequantTable(wiring.Component):
                 read_port.addr.eq(self.read.req.payload.addr),
                 read_port.en.eq(granted),
             ]
-            drive_read_response(m, self.read.resp, granted, read_port.data, hold=False)
+            _drive_response(m, self.read.resp, granted, read_port.data)
             return m
 
         width = requant_word_bits(cfg)
@@ -188,5 +204,5 @@ class RequantTable(wiring.Component):
                 m.d.sync += register.eq(read_port.data)
         row = Signal(requant_row_layout(cfg))
         m.d.comb += row.eq(Cat(*earlier, read_port.data)[:len(row.as_value())])
-        drive_read_response(m, self.read.resp, granted, row, hold=False)
+        _drive_response(m, self.read.resp, granted, row)
         return m

@@ -12,8 +12,10 @@ Ports (see docs/arch-memory-sfu.md):
   its own write port, so a write never waits, whichever banks the readers use. Bit ``e`` of the
   mask enables element ``e``; masked-off elements keep their value.
 * ``read_a``, ``read_b`` — read ports for the array's A and B operands
-  (:func:`read_port_signature`): ``req`` carries a row address, ``resp`` returns the row exactly
-  :data:`READ_LATENCY` cycle after ``req`` was accepted and holds it until taken.
+  (:func:`read_port_signature`): ``req`` carries a row address, ``resp`` returns the row
+  :data:`READ_LATENCY` cycles after ``req`` was accepted (later only while an earlier response
+  waits) and holds it until taken; two requests may be outstanding, so a port reads one row per
+  cycle.
 
 Arbitration: a bank serves one read per cycle. When ``read_a`` and ``read_b`` request the same bank
 in the same cycle, one waits (``req.ready`` low); the winner alternates between conflicts
@@ -38,17 +40,22 @@ __all__ = [
     "spad_row_layout", "spad_write_layout",
 ]
 
-#: Cycles from an accepted read request to its response, for every memory block of the datapath
-#: (scratchpad, accumulator, requantize table).
-READ_LATENCY = 1
+#: Cycles from an accepted read request to its response, for the scratchpad's and the
+#: accumulator's read ports (the requantize table's is 1): the block RAM reads in the cycle after the grant,
+#: and its row goes into a register beside it, so that the block RAM's clock-to-output and the
+#: route to the consumer (across the die on large FPGAs) are in different cycles.
+READ_LATENCY = 2
 
 
 def read_port_signature(addr_layout: ShapeLike, data_layout: ShapeLike) -> wiring.Signature:
     """A memory read port, seen from the requester: ``req`` (an address stream) goes out,
     ``resp`` (a data stream) comes in. A memory block has ``In(read_port_signature(...))``.
 
-    Protocol: a request accepted in cycle t has its response valid from cycle t + READ_LATENCY;
-    the response stays valid, unchanged, until ``resp.ready``. Responses come in request order.
+    Protocol: a request accepted in cycle t has its response valid from cycle t + READ_LATENCY,
+    or from the cycle after the previous response was taken if that is later; the response stays
+    valid, unchanged, until ``resp.ready``. Responses come in request order.
+    A port may accept a request while earlier responses are pending; with ``resp.ready`` held
+    high it accepts one request per cycle.
     """
     return wiring.Signature({
         "req": Out(stream.Signature(addr_layout)),
@@ -56,29 +63,45 @@ def read_port_signature(addr_layout: ShapeLike, data_layout: ShapeLike) -> wirin
     })
 
 
-def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: Value, *,
-                        hold: bool) -> None:
-    """Drive the response stream of a read port whose memory read port was enabled in the cycle
-    where ``granted`` is high; ``row`` is that memory read port's data (valid the next cycle).
+def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: Value) -> Value:
+    """Drive the response stream of a read port whose memory read port was enabled in the cycles
+    where ``granted`` is high; ``row`` is that memory read port's data (valid the next cycle,
+    the memory may be read for someone else after that).
 
-    With ``hold``, the row is copied into a register in the first cycle the response waits, because
-    the memory read port may be reused by another requester meanwhile. Without it the caller
-    guarantees that the read port is not enabled while a response is pending.
+    The row goes into the response register ``out`` the cycle after the read; if ``out`` still
+    waits for its consumer, into a spare register, so at most two responses are owed at once
+    (read, in ``out``, in the spare) and a port reads one row per cycle while its consumer takes
+    one per cycle. ``resp.payload`` comes from a register only.
+
+    Returns ``free``: high in a cycle where a request may be granted; the caller's ``granted``
+    must imply it.
     """
-    with m.If(granted):
-        m.d.sync += resp.valid.eq(1)
-    with m.Elif(resp.ready):
-        m.d.sync += resp.valid.eq(0)
-    if not hold:
-        m.d.comb += resp.payload.eq(row)
-        return
-    held = Signal(name=f"{resp.valid.name}_held")
-    held_row = Signal.like(row, name=f"{resp.valid.name}_held_row")
-    with m.If(resp.valid & ~resp.ready & ~held):
-        m.d.sync += [held.eq(1), held_row.eq(row)]
-    with m.Elif(resp.ready):
-        m.d.sync += held.eq(0)
-    m.d.comb += resp.payload.eq(Mux(held, held_row, row))
+    name = resp.valid.name
+    fetched = Signal(name=f"{name}_fetched")           # row holds the read of last cycle's grant
+    spare_valid = Signal(name=f"{name}_spare_valid")
+    spare = Signal.like(row, name=f"{name}_spare")
+    out = Signal.like(row, name=f"{name}_out")
+    free = Signal(name=f"{name}_free")
+    taken = resp.valid & resp.ready
+    owed = Signal(range(4), name=f"{name}_owed")
+    m.d.comb += [
+        owed.eq(fetched + resp.valid + spare_valid),
+        free.eq((owed < 2) | taken),
+        resp.payload.eq(out),
+    ]
+    m.d.sync += fetched.eq(granted)
+    with m.If(~resp.valid | resp.ready):                # out is empty or emptied in this cycle
+        with m.If(spare_valid):
+            m.d.sync += [out.eq(spare), resp.valid.eq(1)]
+            with m.If(fetched):
+                m.d.sync += spare.eq(row)
+            with m.Else():
+                m.d.sync += spare_valid.eq(0)
+        with m.Else():
+            m.d.sync += [out.eq(row), resp.valid.eq(fetched)]
+    with m.Elif(fetched):                               # out waits: no spare is owed (owed <= 2)
+        m.d.sync += [spare.eq(row), spare_valid.eq(1)]
+    return free
 
 
 def spad_row_layout(config: AcceleratorConfig) -> data.ArrayLayout:
@@ -158,12 +181,16 @@ class Scratchpad(wiring.Component):
         a, b = self.read_a, self.read_b
         a_bank = a.req.payload.addr[index_bits:]
         b_bank = b.req.payload.addr[index_bits:]
-        want_a = a.req.valid & (~a.resp.valid | a.resp.ready)
-        want_b = b.req.valid & (~b.resp.valid | b.resp.ready)
-        conflict = want_a & want_b & (a_bank == b_bank)
-        prefer_b = Signal()     # who wins the next conflict; flips after each conflict
         grant_a = Signal()
         grant_b = Signal()
+        row_a = Signal(spad_row_layout(cfg))     # the bank's read data, the cycle after a grant
+        row_b = Signal(spad_row_layout(cfg))
+        free_a = drive_read_response(m, a.resp, grant_a, row_a)
+        free_b = drive_read_response(m, b.resp, grant_b, row_b)
+        want_a = a.req.valid & free_a
+        want_b = b.req.valid & free_b
+        conflict = want_a & want_b & (a_bank == b_bank)
+        prefer_b = Signal()     # who wins the next conflict; flips after each conflict
         m.d.comb += [
             grant_a.eq(want_a & ~(conflict & prefer_b)),
             grant_b.eq(want_b & ~(conflict & ~prefer_b)),
@@ -182,14 +209,12 @@ class Scratchpad(wiring.Component):
                                       b.req.payload.addr[:index_bits])),
             ]
 
-        for port, bank, granted in ((a, a_bank, grant_a), (b, b_bank, grant_b)):
+        for bank, granted, row in ((a_bank, grant_a, row_a), (b_bank, grant_b, row_b)):
             bank_of_resp = Signal.like(bank)
             with m.If(granted):
                 m.d.sync += bank_of_resp.eq(bank)
-            row = Signal(spad_row_layout(cfg))
             with m.Switch(bank_of_resp):
                 for k, (_, read_port) in enumerate(banks):
                     with m.Case(k):
                         m.d.comb += row.eq(read_port.data)
-            drive_read_response(m, port.resp, granted, row, hold=True)
         return m

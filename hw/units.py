@@ -331,8 +331,9 @@ class ComputeUnit(wiring.Component):
             head = Signal(layout, name=f"{name}_head")
             m.d.comb += head.eq(fifo_.r_data)
             row = Signal(16, name=f"{name}_row")
-            # first-word-fall-through: an entry is readable the cycle after it is written, in
-            # step with the memory's response (READ_LATENCY = 1)
+            # first-word-fall-through: an entry is readable the cycle after it is written, no
+            # later than the memory's response (READ_LATENCY = 2); 4 entries cover the two
+            # responses a read port owes at most
             meta = fifo.SyncFIFO(width=meta_layout.size, depth=4)
             m.submodules[f"{name}_meta"] = meta
             m.d.comb += [

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from systolic.hw.accumulator import ACC_BANKS, WRITE_LATENCY, Accumulator
 from systolic.hw.config import AcceleratorConfig
+from systolic.hw.scratchpad import READ_LATENCY
 from systolic.sim.arith import wrap
 
 from .test_scratchpad import collect, construct_rejected, drive, simulate
@@ -203,7 +204,7 @@ def test_store_read_waits_only_for_accumulating_reads_of_its_bank() -> None:
     reads_other = [bank, bank + 1, bank + 2]
     result = run_traffic(config, array, [], reads_other, seed=SEED, gap=0.0, stall=0.0, starts=(0, 0, 1))
     assert result["req"] == [2, 3, 4]
-    assert [e for e, _ in result["resp"]] == [3, 4, 5], "one cycle read latency"
+    assert [e for e, _ in result["resp"]] == [2 + READ_LATENCY, 3 + READ_LATENCY, 4 + READ_LATENCY]
     check_against_model(config, array, [], reads_other, result)
 
 

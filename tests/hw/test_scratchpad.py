@@ -315,6 +315,56 @@ def test_pending_response_holds_while_other_port_reuses_the_bank() -> None:
     assert result["b_req"][-1] < result["a_req"][-1], "B ran ahead while A's response waited"
 
 
+def test_a_port_owes_two_responses_at_most_and_otherwise_runs_at_full_rate() -> None:
+    """One port, requests offered every cycle, a consumer that stalls at random: exact cycles.
+    A response is taken at the first edge with ``ready`` from READ_LATENCY after its request and
+    after the previous one; a request is accepted at the first edge after the previous one where
+    at most two responses are owed with it (one taken at the same edge no longer counts)."""
+    config = SMALL
+    rng = random.Random(SEED + 2)
+    writes = [{"addr": k, "data": _random_row(rng, config), "mask": 0b1111} for k in range(16)]
+    reads = [rng.randrange(16) for _ in range(80)]
+    dut = Scratchpad(config)
+    result: dict[str, Any] = {}
+
+    async def writer(ctx):
+        result["write"] = await drive(ctx, dut.write, writes, rng=rng)
+
+    async def requester(ctx):
+        result["a_req"] = await drive(ctx, dut.read_a.req, [{"addr": a} for a in reads], rng=rng,
+                                      start=16)
+
+    async def receiver(ctx):
+        pattern = random.Random(SEED + 3)
+        edge, ready_at, taken = 0, set(), []
+        while len(taken) < len(reads):
+            ready = pattern.random() < 0.5 or edge > 150
+            ctx.set(dut.read_a.resp.ready, ready)
+            _, _, valid, row = await ctx.tick().sample(dut.read_a.resp.valid, dut.read_a.resp.payload)
+            edge += 1
+            if ready:
+                ready_at.add(edge)
+            if valid and ready:
+                taken.append((edge, [row[e] for e in range(4)]))
+        result["a_resp"], result["ready_at"] = taken, ready_at
+
+    simulate(dut, writer, requester, receiver)
+    result["b_req"], result["b_resp"] = [], []
+    check_against_model(config, writes, reads, [], result)
+    requests, taken = result["a_req"], [e for e, _ in result["a_resp"]]
+    previous_take = 0
+    for k, request in enumerate(requests):
+        due = max(request + READ_LATENCY, previous_take + 1)
+        assert taken[k] == min(e for e in result["ready_at"] if e >= due), f"response {k}"
+        previous_take = taken[k]
+    for k in range(1, len(requests)):
+        def owed(edge: int, k: int = k) -> int:
+            return k + 1 - sum(t <= edge for t in taken)
+        expected = next(e for e in range(requests[k - 1] + 1, requests[k] + 1) if owed(e) <= 2)
+        assert requests[k] == expected, f"request {k}"
+    assert max(k + 1 - sum(t <= e for t in taken) for k, e in enumerate(requests)) == 2
+
+
 def test_config_must_be_an_accelerator_config() -> None:
     with pytest.raises(TypeError, match=r"^config must be an AcceleratorConfig, not None$"):
         construct_rejected(lambda: Scratchpad(None))  # type: ignore[arg-type]
