@@ -126,8 +126,8 @@ _NEXTPNR = {"ecp5": "NEXTPNR_ECP5", "ice40": "NEXTPNR_ICE40"}
 class Harness(Elaboratable):
     """``unit`` with every port registered: inputs from a shift register fed by ``din``, outputs
     captured and shifted out on ``dout`` (parallel load two cycles after ``load``; the unit's reset
-    is a register of the harness's). Sizes: ``in_bits`` and
-    ``out_bits``, the unit's input and output port bits."""
+    is a register of the harness's; the harness's registers are reset-less). Sizes: ``in_bits``
+    and ``out_bits``, the unit's input and output port bits."""
 
     def __init__(self, unit: wiring.Component):
         if not isinstance(unit, wiring.Component):
@@ -150,17 +150,19 @@ class Harness(Elaboratable):
         m.d.comb += ClockSignal("unit").eq(ClockSignal("sync"))
         m.d.sync += ResetSignal("unit").eq(ResetSignal("sync"))
         m.submodules.unit = DomainRenamer("unit")(self.unit)
-        # ``load`` fans out to every capture bit: two registers between the pin and that net
-        load = Signal(2)
+        # ``load`` fans out to every capture bit: two registers between the pin and that net. The
+        # harness's own registers have no reset (only the unit's reset register sees the reset
+        # pin), so that nextpnr never reports a path from the pin as the critical one.
+        load = Signal(2, reset_less=True)
         m.d.sync += load.eq(Cat(self.load, load[0]))
-        chain = Signal(max(1, self.in_bits))
+        chain = Signal(max(1, self.in_bits), reset_less=True)
         m.d.sync += chain.eq(Cat(self.din, chain[:-1]))
         offset = 0
         for value in self._inputs:
             m.d.comb += value.eq(chain[offset:offset + len(value)])
             offset += len(value)
-        captured = Signal(max(1, self.out_bits))
-        shifter = Signal(max(1, self.out_bits))
+        captured = Signal(max(1, self.out_bits), reset_less=True)
+        shifter = Signal(max(1, self.out_bits), reset_less=True)
         m.d.sync += [captured.eq(Cat(*self._outputs)),
                      shifter.eq(Mux(load[1], captured, shifter >> 1))]
         m.d.comb += self.dout.eq(shifter[0])
