@@ -35,6 +35,7 @@ ModelSource = str | os.PathLike[str] | onnx.ModelProto | Graph
 
 def compile_model(model: ModelSource, *, config: AcceleratorConfig | None = None,
                   calibration: Any = None, strict: bool = False, relaxed: bool = False,
+                  ort_exact_pooling: bool = False,
                   shapes: Mapping[str, Sequence[int]] | None = None, images_per_run: int = 1,
                   keep_intermediates: bool = False) -> CompiledModel:
     """Compile an ONNX model (a path or a ``ModelProto``; or an already optimized
@@ -43,9 +44,12 @@ def compile_model(model: ModelSource, *, config: AcceleratorConfig | None = None
     ``calibration``: inputs to quantize a float model with (a mapping of arrays, batches on axis
     0, or an ``.npz`` path). ``strict``: nodes that would run on the host are an error instead of
     a :class:`~systolic.compiler.passes.HostFallbackWarning`. ``relaxed``: fuse across
-    requantizations the model specifies (see ``optimize``). ``shapes``: the shapes of inputs
-    with symbolic dimensions. ``images_per_run``: images each program run computes.
-    ``keep_intermediates``: every layer's output stays readable after a run.
+    requantizations the model specifies (see ``optimize``). ``ort_exact_pooling``: the average
+    pools of an int8 model whose accelerator result could differ from onnxruntime's (which
+    computes them in float32) run on the host, emulating onnxruntime's kernels bit for bit;
+    ``strict`` allows these host nodes. ``shapes``: the shapes of inputs with symbolic
+    dimensions. ``images_per_run``: images each program run computes. ``keep_intermediates``:
+    every layer's output stays readable after a run.
 
     Errors are :class:`~systolic.compiler.errors.CompileError` subclasses (``ValueError``) with a
     one-line message naming the file, node or tensor."""
@@ -54,24 +58,24 @@ def compile_model(model: ModelSource, *, config: AcceleratorConfig | None = None
         graph = model.replace(config=config) if model.config != config else model
     else:
         graph = optimize(load_model(model, shapes, config=config), calibration=calibration,
-                         strict=strict, relaxed=relaxed)
+                         strict=strict, relaxed=relaxed, ort_exact_pooling=ort_exact_pooling)
     return compile_graph(graph, images_per_run=images_per_run,
                          keep_intermediates=keep_intermediates)
 
 
 def run_model(model: CompiledModel | ModelSource, inputs: Mapping[str, np.ndarray], *,
               backend: str = "golden", config: AcceleratorConfig | None = None,
-              calibration: Any = None, strict: bool = False,
+              calibration: Any = None, strict: bool = False, ort_exact_pooling: bool = False,
               shapes: Mapping[str, Sequence[int]] | None = None, images_per_run: int = 1,
               check_hazards: bool = True, capture: bool = False,
               progress: bool | None = None, port: str | None = None, baud: int | None = None,
               board: str | None = None) -> ModelRun:
     """Run a compiled model -- or compile ``model`` first (with ``config``, ``calibration``,
-    ``strict``, ``shapes``, ``images_per_run``) -- on ``inputs`` (input name -> array; the first
-    axis may hold k times the model's batch, for k images) on ``backend`` (``"golden"``,
-    ``"rtl"`` or ``"board"``). Returns a :class:`~systolic.compiler.runtime.ModelRun`:
-    ``outputs``, ``report`` (cycles, MACs, utilization, DRAM traffic, per layer) and, with
-    ``capture``, every tensor.
+    ``strict``, ``ort_exact_pooling``, ``shapes``, ``images_per_run``) -- on ``inputs`` (input
+    name -> array; the first axis may hold k times the model's batch, for k images) on
+    ``backend`` (``"golden"``, ``"rtl"`` or ``"board"``). Returns a
+    :class:`~systolic.compiler.runtime.ModelRun`: ``outputs``, ``report`` (cycles, MACs,
+    utilization, DRAM traffic, per layer) and, with ``capture``, every tensor.
 
     ``board``: a board preset (``systolic.boards.boards``); without ``config`` a model is compiled
     for the preset's config. The board backend talks to the board on ``port`` (a serial device
@@ -82,8 +86,8 @@ def run_model(model: CompiledModel | ModelSource, inputs: Mapping[str, np.ndarra
             from systolic.boards.boards import load_preset
             config = load_preset(board)
         model = compile_model(model, config=config, calibration=calibration, strict=strict,
-                              shapes=shapes, images_per_run=images_per_run,
-                              keep_intermediates=capture)
+                              ort_exact_pooling=ort_exact_pooling, shapes=shapes,
+                              images_per_run=images_per_run, keep_intermediates=capture)
     elif config is not None and config != model.config:
         raise ValueError(f"the model was compiled for config {model.config.hash_hex}, not "
                          f"{config.hash_hex}; compile it again for this config")

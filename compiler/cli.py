@@ -219,6 +219,10 @@ def _add_model_arguments(p: Any) -> None:
     p.add_argument("--relaxed", action="store_true",
                    help="also fuse across requantizations the model specifies (fewer stores, "
                         "results within about 2 LSB)")
+    p.add_argument("--ort-exact-pooling", action="store_true",
+                   help="run the average pools of an int8 model whose result could differ from "
+                        "onnxruntime's on the host, emulating onnxruntime's float32 kernels bit "
+                        "for bit (allowed with --strict)")
     p.add_argument("--shape", dest="shapes", action="append", default=[], metavar="NAME=DIMS",
                    help="shape of an input with symbolic dimensions, e.g. input=1,3,224,224; "
                         "repeatable")
@@ -241,7 +245,8 @@ def _optimize_args(args: argparse.Namespace) -> Any:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         graph = optimize(load_model(args.model, shapes or None, config=config),
-                         calibration=args.calibrate, strict=args.strict, relaxed=args.relaxed)
+                         calibration=args.calibrate, strict=args.strict, relaxed=args.relaxed,
+                         ort_exact_pooling=args.ort_exact_pooling)
     for warning in caught:
         print(f"{PROG}: warning: {' '.join(str(warning.message).split())}", file=sys.stderr)
     return graph

@@ -62,11 +62,14 @@ def load_model(model: str | os.PathLike[str] | onnx.ModelProto,
             _check_known(node, node.name or f"{node.op_type}_{index}", source, opset)
     _check_valid(proto, source)
     _apply_input_shapes(proto, shapes or {}, source)
-    _expand_qoperator(proto)
+    qoperator_pools = _expand_qoperator(proto)
     proto = _infer_shapes(proto, source)
     if _fold_shape_computations(proto):
         proto = _infer_shapes(proto, source)
     graph = _to_graph(proto, opset, source, config or AcceleratorConfig())
+    if qoperator_pools:
+        notes = {name: f"{QOPERATOR_POOL_NOTE} {op}" for name, op in qoperator_pools.items()}
+        graph = graph.replace(notes={**notes, **graph.notes})
     return verify(graph)
 
 
@@ -266,9 +269,17 @@ QOPERATOR_OPS = ("QLinearConv", "QLinearMatMul", "QGemm", "QLinearAdd", "QLinear
                  "QLinearGlobalAveragePool", "QLinearConcat")
 
 
-def _expand_qoperator(proto: onnx.ModelProto) -> None:
+#: The note (``Graph.notes``) on an AveragePool/GlobalAveragePool node expanded from a QOperator
+#: pool: onnxruntime runs that pool on the model's own integer type (``emulate_ort_pooling``).
+QOPERATOR_POOL_NOTE = "expanded from onnxruntime's"
+
+
+def _expand_qoperator(proto: onnx.ModelProto) -> dict[str, str]:
     """Rewrite QOperator nodes in place (the int8 semantics are the QDQ semantics of the same
-    scales and zero points; onnxruntime's own QDQ fusions produce these ops)."""
+    scales and zero points; onnxruntime's own QDQ fusions produce these ops). Returns the
+    names of the float pool nodes made from QLinearAveragePool/QLinearGlobalAveragePool, with
+    the op each came from."""
+    pools: dict[str, str] = {}
     inits = {t.name: t for t in proto.graph.initializer}
     taken = {n for node in proto.graph.node for n in list(node.input) + list(node.output)} | set(inits)
     new_inits: list[onnx.TensorProto] = []
@@ -361,6 +372,7 @@ def _expand_qoperator(proto: onnx.ModelProto) -> None:
             yf = fresh(f"{y}/float")
             float_op = "AveragePool" if op == "QLinearAveragePool" else "GlobalAveragePool"
             out.append(helper.make_node(float_op, [xf], [yf], name=tag, **attrs))
+            pools[tag] = op
             q(yf, ys, yz, y, tag)
         else:  # QLinearConcat: y_scale, y_zp, then (x, scale, zp) triples
             ys, yz = node.input[0], node.input[1]
@@ -372,6 +384,7 @@ def _expand_qoperator(proto: onnx.ModelProto) -> None:
     del proto.graph.node[:]
     proto.graph.node.extend(out)
     proto.graph.initializer.extend(new_inits)
+    return pools
 
 
 def _size(tensor: onnx.TensorProto | None) -> int:

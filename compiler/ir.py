@@ -362,7 +362,8 @@ AnyNode = Node | AccelOp
 class Graph:
     """A whole model: nodes in topological order, every tensor by name, the graph's inputs and
     outputs (names), the ONNX opset and the accelerator configuration it targets. ``notes`` keeps,
-    by node name, why a pass left a node on the host."""
+    by node name, why a pass left a node on the host (and, from the front end, which pools were
+    onnxruntime QOperator nodes: ``frontend.QOPERATOR_POOL_NOTE``)."""
 
     name: str
     nodes: tuple[AnyNode, ...]

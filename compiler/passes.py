@@ -1,6 +1,7 @@
 """The optimization pipeline: named passes from graph to graph, checked by ``verify`` in between.
 
-``optimize(graph, calibration=..., strict=..., relaxed=..., config=...)`` runs :data:`PIPELINE`:
+``optimize(graph, calibration=..., strict=..., relaxed=..., ort_exact_pooling=..., config=...)``
+runs :data:`PIPELINE`:
 
 ==================== ==========================================================================
 pass                 what it does
@@ -8,6 +9,10 @@ pass                 what it does
 fold_constants       evaluate nodes whose inputs are all constants (and Shape/Size of static
                      shapes); DequantizeLinear of constant weights is kept (int8 stays int8)
 remove_identities    drop Identity, inference-mode Dropout and one-input Sum; two-input Sum is Add
+emulate_ort_pooling  (ort_exact_pooling only) DequantizeLinear -> AveragePool/GlobalAveragePool ->
+                     QuantizeLinear whose accelerator result could differ from onnxruntime's
+                     becomes onnxruntime's QLinearAveragePool/QLinearGlobalAveragePool, run on
+                     the host by a bit-exact numpy emulation of its float32 kernel
 shift_uint8          uint8 tensors become int8: q - 128 with zero point - 128 (exact); uint8
                      graph inputs/outputs are converted at the boundary
 fold_batchnorm       BatchNormalization after Conv/Gemm folded into the weights (int8 weights:
@@ -43,6 +48,14 @@ terms of a residual Add rounded separately). BatchNormalization, bias Adds and r
 folded into the layer before them only when the model has no quantization in between -- float
 models, whose quantization the compiler chooses -- or with ``relaxed``.
 
+onnxruntime's average pools. The SFU rounds the exact window mean (fixed-point multiplier, ties
+to even); onnxruntime's QLinearAveragePool computes in float32 (QLinearGlobalAveragePool scales
+an exact sum by a float32 factor), which lands on the other side of a tie, or of a value very
+close to one, now and then. With ``ort_exact_pooling`` such pools run on the host as numpy
+emulations of onnxruntime's kernels (``reference.QLinearAveragePool``), bit for bit; a pool
+whose accelerator result provably equals onnxruntime's for every input (:func:`ort_pool_may_differ`)
+stays on the accelerator.
+
 Layout: accelerator ops work on NHWC tensors (a pixel is a row of channels, as the STORE writes
 and an im2col LOAD gathers). Transposes are inserted where NCHW host nodes meet them.
 """
@@ -51,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import platform
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -61,6 +75,7 @@ from systolic.hw.config import AcceleratorConfig
 from systolic.sim.arith import choose_multiplier
 
 from .errors import QuantizationError, UnsupportedOpError, VerifyError
+from .frontend import QOPERATOR_POOL_NOTE
 from .ir import (
     AccelOp,
     ConvGeometry,
@@ -75,11 +90,13 @@ from .ir import (
     verify,
 )
 from .quantize import Calibration, quantize_bias, quantize_graph, quantize_weights
-from .reference import dequantize_linear, quantize_linear, resolve_pads, run_node
+from .reference import EMULATION_DOMAIN, dequantize_linear, quantize_linear, resolve_pads, run_node
 
 __all__ = [
     "Pass", "PassOptions", "PIPELINE", "optimize", "HostFallbackWarning", "VIEW_OPS", "BOUNDARY_OPS",
-    "fold_constants", "remove_identities", "shift_uint8", "fold_batchnorm", "fuse_bias_add",
+    "ORT_POOL_OPS", "ORT_INT8_QDQ_AS_UINT8", "ort_pool_may_differ",
+    "fold_constants", "remove_identities", "emulate_ort_pooling", "shift_uint8", "fold_batchnorm",
+    "fuse_bias_add",
     "quantize", "sink_dequantize", "fold_qdq_pairs", "lower_layers", "choose_layout",
     "fuse_activation", "fuse_pooling", "fuse_residual", "resolve_views", "eliminate_dead_code",
     "report_host_nodes",
@@ -101,11 +118,13 @@ class HostFallbackWarning(UserWarning):
 
 @dataclass(frozen=True, eq=False)
 class PassOptions:
-    """Options every pass may read: the calibration set (float models), strictness, and whether
-    fusions may drop a requantization step the model itself specifies (``relaxed``)."""
+    """Options every pass may read: the calibration set (float models), strictness, whether
+    fusions may drop a requantization step the model itself specifies (``relaxed``), and whether
+    average pools follow onnxruntime's float32 kernels bit for bit (``ort_exact_pooling``)."""
     calibration: Calibration | None = None
     strict: bool = False
     relaxed: bool = False
+    ort_exact_pooling: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,7 +139,7 @@ class Pass:
 
 
 def optimize(graph: Graph, *, calibration: Any = None, strict: bool = False, relaxed: bool = False,
-             config: AcceleratorConfig | None = None,
+             ort_exact_pooling: bool = False, config: AcceleratorConfig | None = None,
              trace: Callable[[str, Graph], None] | None = None) -> Graph:
     """Run :data:`PIPELINE` on ``graph`` and return the optimized, quantized graph.
 
@@ -131,8 +150,11 @@ def optimize(graph: Graph, *, calibration: Any = None, strict: bool = False, rel
     on the host. ``relaxed``: also fuse across a QuantizeLinear/DequantizeLinear pair that the
     model itself contains (BatchNormalization or a bias Add after a quantized Conv/Gemm, a residual
     Add after a quantized Conv/Gemm): one store less, but results may differ from the model's by
-    up to about 2 LSB instead of 1. ``config`` replaces the graph's accelerator configuration (its
-    input type must be int8). ``trace(name, graph)`` is called after every pass.
+    up to about 2 LSB instead of 1. ``ort_exact_pooling``: the average pools of an int8 model
+    whose accelerator result could differ from onnxruntime's run on the host, emulating
+    onnxruntime's kernels bit for bit (:func:`emulate_ort_pooling`); ``strict`` still allows
+    them. ``config`` replaces the graph's accelerator configuration (its input type must be
+    int8). ``trace(name, graph)`` is called after every pass.
     """
     if config is not None:
         graph = graph.replace(config=config)
@@ -142,7 +164,7 @@ def optimize(graph: Graph, *, calibration: Any = None, strict: bool = False, rel
                                 f"input {'int' if cfg.input_signed else 'uint'}{cfg.input_bits} and "
                                 f"weight {'int' if cfg.weight_signed else 'uint'}{cfg.weight_bits}")
     options = PassOptions(Calibration.load(calibration) if calibration is not None else None, strict,
-                          relaxed)
+                          relaxed, ort_exact_pooling)
     graph = verify(graph)
     for step in PIPELINE:
         graph = step.run(graph, options)
@@ -340,6 +362,171 @@ def remove_identities(graph: Graph, options: PassOptions) -> Graph:
         e.alias(node.outputs[0], node.inputs[0])
         e.remove(node)
     return e.graph()
+
+
+# -- onnxruntime-exact average pools -----------------------------------------------------------
+
+#: The ops emulate_ort_pooling creates (domain ``reference.EMULATION_DOMAIN``): host nodes that
+#: strict allows.
+ORT_POOL_OPS = frozenset({"QLinearAveragePool", "QLinearGlobalAveragePool"})
+#: onnxruntime converts int8 QDQ activations to uint8 except on ARM (its ``QDQIsInt8Allowed``).
+ORT_INT8_QDQ_AS_UINT8 = not platform.machine().lower().startswith(("arm", "aarch"))
+_U = 2.0 ** -24          # float32 unit roundoff
+
+
+def _power_of_two(value: float) -> bool:
+    return 2.0 ** -100 <= value <= 2.0 ** 100 and math.frexp(value)[0] == 0.5
+
+
+def ort_pool_may_differ(x_scale: float, y_scale: float, zero_point: int, count: int, whole_image: bool,
+                        dtype_range: tuple[int, int] = _INT8) -> bool:
+    """Whether onnxruntime's quantized average pool and the SFU's can give different outputs
+    for some input. Every window has ``count`` elements; input and output share
+    ``zero_point`` (in the integer type ``dtype_range`` onnxruntime computes in);
+    ``whole_image``: onnxruntime's global kernel (the exact integer sum times the float32
+    ``x_scale / (y_scale * count)``, rounded, plus the zero point) instead of the windowed one
+    (float32 dequantize, sum, divide by the count and by ``y_scale``, add the zero point, round).
+
+    False -- they agree for every input -- when either (a) every float32 step is exact (scales
+    and count powers of two, sums within 24 bits) and so is the SFU's multiplier: both round
+    the same exact value, ties by the same rule (``reference.store_ties``); or (b) for every
+    possible window sum S the exact value ``S * x_scale / (y_scale * count)`` lies farther from
+    a rounding boundary (a half integer) than the worst-case float32 error of onnxruntime's
+    kernel plus the error of the SFU's fixed-point multiplier."""
+    lo, hi = dtype_range
+    ratio = float(x_scale) / (float(y_scale) * count)
+    if not 0.0 < ratio < 2.0 ** 30:
+        return True
+    try:
+        mult, shift = choose_multiplier(ratio)
+    except ValueError:
+        return True
+    sfu_ratio = mult * 2.0 ** -shift
+    k_max = max(abs(lo - zero_point), abs(hi - zero_point))
+    if k_max * count >= 1 << 24:
+        return True
+    z_max = max(abs(lo), abs(hi))
+    if sfu_ratio == ratio and all(_power_of_two(v) for v in (float(x_scale), float(y_scale), float(count))):
+        # (a); the windowed kernel also adds the zero point in float32: exact within 24 bits
+        if whole_image or (k_max * count * ratio + z_max) / min(ratio, 1.0) < 2.0 ** 24:
+            return False
+    sums = np.arange(count * (lo - zero_point), count * (hi - zero_point) + 1, dtype=np.float64)
+    value = sums * ratio
+    margin = np.abs(value - np.floor(value) - 0.5)
+    v_max = k_max * count * ratio
+    if whole_image:     # the scale: two roundings; the product: one
+        float_error = 3 * _U * v_max
+    else:               # products, a count-term sum, two divisions, the zero point's addition
+        float_error = (count + 4) * _U * v_max + _U * (v_max + z_max)
+    sfu_error = np.abs(sums) * abs(sfu_ratio - ratio)
+    return bool(np.any(margin <= 1.01 * float_error + sfu_error + 2.0 ** -30))
+
+
+def _ort_pool_attrs(e: _Edit, node: Node, x_shape: tuple[int, ...]) -> tuple[dict[str, Any], int, bool,
+                                                                                bool] | None:
+    """(QLinearAveragePool attributes, window size, whether the window is the whole unpadded
+    image, whether the SFU can pool it -- 2-D, the same count in every window) of an
+    AveragePool node; None if onnxruntime's QLinearAveragePool cannot take it (dilations)."""
+    if any(d != 1 for d in node.attrs.get("dilations") or ()):
+        return None
+    spatial = x_shape[2:]
+    kernel = tuple(node.attrs["kernel_shape"])
+    strides = tuple(node.attrs.get("strides") or (1,) * len(kernel))
+    begin, end = resolve_pads(spatial, kernel, strides, (1,) * len(kernel),
+                              node.attrs.get("auto_pad", "NOTSET"), node.attrs.get("pads"))
+    attrs = {k: v for k, v in node.attrs.items() if k != "dilations"}
+    whole = tuple(spatial) == kernel and not any(begin) and not any(end)
+    out = e.tensors[node.outputs[0]].shape[2:]
+    padded = any(begin) or any(end)
+    overhang = any((out[i] - 1) * strides[i] + kernel[i] > spatial[i] + begin[i] + end[i]
+                   for i in range(len(kernel)))
+    in_padding = any((out[i] - 1) * strides[i] - begin[i] >= spatial[i] or begin[i] >= kernel[i]
+                     for i in range(len(kernel)))
+    uniform = len(kernel) == 2 and not overhang and not in_padding and max(kernel + strides) <= 255 \
+        and (not padded or bool(node.attrs.get("count_include_pad", 0)))
+    return attrs, math.prod(kernel), whole, uniform
+
+
+def _has_zero_point(node: Node) -> bool:
+    return len(node.inputs) > 2 and bool(node.inputs[2])
+
+
+def _qdq_pair_to_uint8(e: _Edit, q: Any, dq: Any, users: Mapping[str, list[Any]]) -> bool:
+    """Whether onnxruntime (x86) turns the int8 QuantizeLinear ``q`` -> DequantizeLinear ``dq``
+    pair into uint8: q's output read by dq alone (and dq by at most one node, else onnxruntime
+    first duplicates it), not a graph output, equal constant scalar zero points."""
+    pq, pdq = _dq_params(e, q), _dq_params(e, dq)
+    if pq is None or pdq is None or q.op != "QuantizeLinear" or pq.dtype != "int8" or pq.per_channel \
+            or pdq.per_channel or not _has_zero_point(q) or not _has_zero_point(dq):
+        return False
+    out = q.outputs[0]
+    return users.get(out, []) == [dq] and not _is_graph_output(e, out) and \
+        len(users.get(dq.outputs[0], [])) <= 1 and int(pq.zero_point) == int(pdq.zero_point)
+
+
+def emulate_ort_pooling(graph: Graph, options: PassOptions) -> Graph:
+    """(ort_exact_pooling only) DequantizeLinear -> AveragePool/GlobalAveragePool ->
+    QuantizeLinear, which onnxruntime runs as its QLinearAveragePool/QLinearGlobalAveragePool
+    (per-tensor constant parameters, one integer type on both sides, the pool read only by the
+    QuantizeLinear), becomes that op in ``reference.EMULATION_DOMAIN``: a host node whose numpy
+    handler computes what onnxruntime's kernel computes, bit for bit -- unless the SFU provably
+    gives the same result (:func:`ort_pool_may_differ`). On x86 onnxruntime runs an int8 QDQ
+    pool on uint8 data when it converts the Q/DQ pairs on both sides (``onnxruntime_uint8``);
+    a pool with only one side converted it runs in float, and this pass leaves it alone.
+    QOperator pools keep the model's integer type: onnxruntime runs those nodes as they are."""
+    if not options.ort_exact_pooling:
+        return graph
+    e = _Edit(graph)
+    producers, users = _producers(e), _consumers(e)
+    cfg = graph.config
+    for node in graph.nodes:
+        if not isinstance(node, Node) or node.domain or node.op not in ("AveragePool", "GlobalAveragePool"):
+            continue
+        dq = producers.get(e.resolve(node.inputs[0]))
+        readers = users.get(node.outputs[0], [])
+        if len(readers) != 1 or _is_graph_output(e, node.outputs[0]):
+            continue
+        q = readers[0]
+        px, py = _dq_params(e, dq), _dq_params(e, q)
+        if px is None or py is None or dq.op != "DequantizeLinear" or q.op != "QuantizeLinear" \
+                or px.per_channel or py.per_channel or px.dtype != py.dtype \
+                or px.dtype not in ("int8", "uint8") or not _has_zero_point(dq) or not _has_zero_point(q):
+            continue
+        x = e.resolve(dq.inputs[0])
+        shape = e.tensors[x].shape
+        if e.tensors[x].is_constant or len(shape) < 3 or (node.op == "AveragePool" and len(shape) > 5):
+            continue
+        as_uint8 = False
+        if px.dtype == "int8" and ORT_INT8_QDQ_AS_UINT8 and \
+                not graph.notes.get(node.name, "").startswith(QOPERATOR_POOL_NOTE):
+            src = producers.get(x)
+            to_u8_in = isinstance(src, Node) and _qdq_pair_to_uint8(e, src, dq, users)
+            next_dq = users.get(q.outputs[0], [None])[0]
+            to_u8_out = isinstance(next_dq, Node) and next_dq.op == "DequantizeLinear" and \
+                _qdq_pair_to_uint8(e, q, next_dq, users)
+            if to_u8_in != to_u8_out:
+                continue            # onnxruntime runs this pool in float: not emulated
+            as_uint8 = to_u8_in
+        if node.op == "GlobalAveragePool":
+            attrs, count, whole = {}, math.prod(shape[2:]), True
+            uniform = len(shape) == 4 and max(shape[2:]) <= 255
+        else:
+            found = _ort_pool_attrs(e, node, shape)
+            if found is None:
+                continue
+            attrs, count, whole, uniform = found
+        zx, zy = int(px.zero_point), int(py.zero_point)
+        info = np.iinfo(px.dtype)
+        ort_range, ort_zp = ((0, 255), zx + 128) if as_uint8 else ((info.min, info.max), zx)
+        if "avg" in cfg.sfu_pooling and uniform and zx == zy and \
+                not ort_pool_may_differ(float(px.scale), float(py.scale), ort_zp, count, whole, ort_range):
+            continue        # the accelerator gives onnxruntime's result
+        op = "QLinearGlobalAveragePool" if node.op == "GlobalAveragePool" else "QLinearAveragePool"
+        e.remove(node, q)
+        e.add(Node(op, node.name, (x, dq.inputs[1], dq.inputs[2], q.inputs[1], q.inputs[2]), q.outputs,
+                   {**attrs, "onnxruntime_uint8": int(as_uint8)}, EMULATION_DOMAIN))
+        e.notes[node.name] = f"{node.label}: onnxruntime's kernel emulated bit for bit (ort_exact_pooling)"
+    return eliminate_dead_code(e.graph(), options)
 
 
 # Input slots that read uint8 data correctly once values and zero point are both shifted by -128,
@@ -1769,14 +1956,18 @@ def _is_boundary(graph: Graph, node: Node) -> bool:
 
 
 def report_host_nodes(graph: Graph, options: PassOptions) -> Graph:
-    """Warn once, listing each node that computes on the host (strict: raise instead); data
-    movement (Reshape, Transpose, Concat, Identity) and the int8/float conversions
+    """Warn once, listing each node that computes on the host (strict: raise instead, except for
+    the pools that ``ort_exact_pooling`` moves to the host on purpose); data movement (Reshape,
+    Transpose, Concat, Identity) and the int8/float conversions
     (QuantizeLinear, DequantizeLinear) where host and accelerator meet do not count."""
     host = [n for n in graph.host_nodes if not _is_boundary(graph, n)]
     if not host:
         return graph
-    if options.strict:
-        node = host[0]
+    # the pools ort_exact_pooling moved to the host were asked for: strict allows them
+    unrequested = [n for n in host if not (options.ort_exact_pooling and n.domain == EMULATION_DOMAIN
+                                           and n.op in ORT_POOL_OPS)]
+    if options.strict and unrequested:
+        node = unrequested[0]
         why = graph.notes.get(node.name)
         raise UnsupportedOpError(f"{node.label} cannot run on the accelerator"
                                  f"{' (' + why.split(': ', 1)[-1] + ')' if why else ''}; strict=True "
@@ -1792,7 +1983,7 @@ def report_host_nodes(graph: Graph, options: PassOptions) -> Graph:
 
 #: The pipeline, in order.
 PIPELINE: tuple[Pass, ...] = tuple(Pass(f.__name__, f) for f in (
-    fold_constants, remove_identities, shift_uint8, fold_batchnorm, fuse_bias_add, quantize,
-    sink_dequantize, fold_qdq_pairs, lower_layers, choose_layout, fuse_activation, fuse_pooling,
+    fold_constants, remove_identities, emulate_ort_pooling, shift_uint8, fold_batchnorm, fuse_bias_add,
+    quantize, sink_dequantize, fold_qdq_pairs, lower_layers, choose_layout, fuse_activation, fuse_pooling,
     fuse_residual, resolve_views, eliminate_dead_code, report_host_nodes,
 ))

@@ -36,7 +36,8 @@ from .ir import AccelOp, Graph, Node, conv_output_size
 
 __all__ = [
     "run_host_node",
-    "execute", "run_node", "HOST_OPS", "resolve_pads", "onnx_dtype_to_numpy",
+    "execute", "run_node", "HOST_OPS", "EMULATION_DOMAIN", "EMULATED_OPS", "QLinearAveragePool",
+    "QLinearGlobalAveragePool", "resolve_pads", "onnx_dtype_to_numpy",
     "quantize_linear", "dequantize_linear", "accel_accumulate", "run_accel", "store_ties",
 ]
 
@@ -104,7 +105,10 @@ def run_node(node: Node, args: Sequence[np.ndarray | None], opset: int,
              out_dtypes: Sequence[str] | None = None) -> tuple[np.ndarray, ...]:
     """Run one host node on its input arrays (None for an absent optional input) and return its
     outputs in order. ``out_dtypes`` (numpy names) type the outputs of an onnxruntime fallback."""
-    handler = HOST_OPS.get(node.op) if node.domain in ("", "ai.onnx") else None
+    if node.domain in ("", "ai.onnx"):
+        handler = HOST_OPS.get(node.op)
+    else:
+        handler = EMULATED_OPS.get(node.op) if node.domain == EMULATION_DOMAIN else None
     if handler is not None and opset >= _MIN_OPSET.get(node.op, 0) \
             and len(node.outputs) <= _MAX_OUTPUTS.get(node.op, len(node.outputs)):
         while args and args[-1] is None:
@@ -627,6 +631,128 @@ def DequantizeLinear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, out
     if block_size or not np.issubdtype(x.dtype, np.integer):
         raise NotImplementedError("blocked or non-integer dequantization")
     return dequantize_linear(x, x_scale, x_zero_point, axis)
+
+
+# -- onnxruntime's quantized average pools (com.microsoft), emulated bit for bit -----------------
+
+
+def _f32_to_int32(v: np.ndarray) -> np.ndarray:
+    """``static_cast<int32_t>`` of already integral float32 values as x86 does it: out-of-range
+    values become INT32_MIN."""
+    inside = np.abs(v) < np.float32(2.0 ** 31)
+    return np.where(inside, v, np.float32(-(2.0 ** 31))).astype(np.int64)
+
+
+def _global_average_pool_ort(x: np.ndarray, x_scale: np.float32, x_zp: int, y_scale: np.float32, y_zp: int,
+                             axes: tuple[int, ...]) -> np.ndarray:
+    """onnxruntime's MLAS QLinearGlobalAveragePool over ``axes`` (kept, size 1): the integer sum
+    minus count x input zero point, converted to float32, times the float32 scale
+    ``x_scale / (y_scale * count)``, clamped to the output range minus the zero point, rounded
+    half to even, plus the output zero point."""
+    count = math.prod(x.shape[a] for a in axes)
+    scale = np.float32(np.float32(x_scale) / np.float32(np.float32(y_scale) * np.float32(count)))
+    if count >= 1 << 24 or not 2.0 ** -32 <= scale < 256.0:
+        raise UnsupportedOpError(f"onnxruntime's QLinearGlobalAveragePool rejects scale {float(scale)!r} "
+                                 f"and image size {count} (out of its computation range)")
+    acc = x.astype(np.int64).sum(axis=axes, keepdims=True) - count * x_zp
+    info = np.iinfo(x.dtype)
+    v = acc.astype(np.int32).astype(np.float32) * scale
+    v = np.clip(v, np.float32(info.min - y_zp), np.float32(info.max - y_zp))
+    return (np.rint(v).astype(np.int64) + y_zp).astype(x.dtype)
+
+
+def QLinearAveragePool(x, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None, *, auto_pad="NOTSET",
+                       ceil_mode=0, channels_last=0, count_include_pad=0, kernel_shape, pads=None,
+                       strides=None):
+    """com.microsoft QLinearAveragePool exactly as onnxruntime's CPU kernel computes it
+    (qlinear_pool.cc): each element dequantized to float32 (``x_scale * (x - x_zp)``), the
+    window's in-image elements summed in float32 row by row, divided by the count (the window
+    size with count_include_pad -- also for ceil_mode windows past the padding -- else the
+    in-image elements), then ``nearbyintf(y / y_scale + y_zp)`` saturated. A window covering
+    the whole unpadded image takes onnxruntime's global-average kernel instead (integer sum,
+    one float32 scale: ``QLinearGlobalAveragePool``)."""
+    if channels_last:
+        moved = np.moveaxis(x, -1, 1)
+        y = QLinearAveragePool(moved, x_scale, x_zero_point, y_scale, y_zero_point, auto_pad=auto_pad,
+                               ceil_mode=ceil_mode, count_include_pad=count_include_pad,
+                               kernel_shape=kernel_shape, pads=pads, strides=strides)
+        return np.moveaxis(y, 1, -1)
+    if x.dtype not in (np.int8, np.uint8):
+        raise NotImplementedError(f"QLinearAveragePool of {x.dtype}")
+    sx, sy = np.float32(x_scale), np.float32(y_scale)
+    zx = int(x_zero_point) if x_zero_point is not None else 0
+    zy = int(y_zero_point) if y_zero_point is not None else 0
+    kernel, strides, _, begin, end = _window_attrs(x, kernel_shape, strides, None, auto_pad, pads)
+    nd = len(kernel)
+    spatial = x.shape[2:]
+    if tuple(spatial) == kernel and not any(begin) and not any(end):
+        return _global_average_pool_ort(x, sx, zx, sy, zy, tuple(range(2, 2 + nd)))
+    out = [conv_output_size(spatial[i], kernel[i], strides[i], begin[i], end[i], 1, bool(ceil_mode))
+           for i in range(nd)]
+    xf = sx * (x.astype(np.int32) - zx).astype(np.float32)           # float32 products
+    # zeros around the image: adding 0.0 leaves a float32 sum unchanged, so the padded window
+    # sums the in-image elements in onnxruntime's (row-major) order
+    need = [(out[i] - 1) * strides[i] + kernel[i] for i in range(nd)]
+    widths = [(begin[i], max(end[i], need[i] - begin[i] - spatial[i], 0)) for i in range(nd)]
+    padded = np.pad(xf, [(0, 0), (0, 0)] + widths)
+    total = np.zeros(x.shape[:2] + tuple(out), np.float32)
+    for offset in np.ndindex(*kernel):
+        index = tuple(slice(offset[i], offset[i] + (out[i] - 1) * strides[i] + 1, strides[i])
+                      for i in range(nd))
+        total = total + padded[(slice(None), slice(None)) + index]
+    if count_include_pad:
+        count = np.full(tuple(out), math.prod(kernel), np.int64)
+    else:
+        per_axis = []
+        for i in range(nd):
+            start = np.arange(out[i]) * strides[i] - begin[i]
+            per_axis.append(np.minimum(start + kernel[i], spatial[i]) - np.maximum(start, 0))
+        count = math.prod(np.ix_(*per_axis))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = total / count.astype(np.float32)
+        v = np.rint(mean / sy + np.float32(zy))
+    info = np.iinfo(x.dtype)
+    return np.clip(_f32_to_int32(v), info.min, info.max).astype(x.dtype)
+
+
+def QLinearGlobalAveragePool(x, x_scale, x_zero_point, y_scale, y_zero_point, *, channels_last=0):
+    """com.microsoft QLinearGlobalAveragePool as onnxruntime's MLAS kernel computes it (see
+    ``_global_average_pool_ort``): exact integer sums, one float32 multiplication, rounded half
+    to even before the output zero point is added."""
+    if x.dtype not in (np.int8, np.uint8):
+        raise NotImplementedError(f"QLinearGlobalAveragePool of {x.dtype}")
+    axes = tuple(range(1, x.ndim - 1)) if channels_last else tuple(range(2, x.ndim))
+    return _global_average_pool_ort(x, np.float32(x_scale), int(x_zero_point), np.float32(y_scale),
+                                    int(y_zero_point), axes)
+
+
+#: Domain of the host nodes that emulate onnxruntime's quantized average pools
+#: (``passes.emulate_ort_pooling``): com.microsoft's QLinearAveragePool and
+#: QLinearGlobalAveragePool, plus the attribute ``onnxruntime_uint8``.
+EMULATION_DOMAIN = "systolic.onnxruntime"
+
+
+def _emulation(kernel: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    """A handler running ``kernel`` on int8 data as onnxruntime does: with ``onnxruntime_uint8``
+    on the uint8 version of the int8 tensors (values and zero points + 128) -- onnxruntime's
+    x86 builds convert int8 QDQ activations to uint8 before fusing, and the windowed kernel adds
+    the output zero point in float32, so the representation changes its rounding."""
+    def handler(x, x_scale, x_zero_point, y_scale, y_zero_point, *, onnxruntime_uint8=0, **attrs):
+        if onnxruntime_uint8 and x.dtype == np.int8:
+            def up(a: np.ndarray) -> np.ndarray:
+                return (np.asarray(a).astype(np.int16) + 128).astype(np.uint8)
+            y = kernel(up(x), x_scale, up(x_zero_point), y_scale, up(y_zero_point), **attrs)
+            return (y.astype(np.int16) - 128).astype(np.int8)
+        return kernel(x, x_scale, x_zero_point, y_scale, y_zero_point, **attrs)
+    handler.__name__ = kernel.__name__
+    handler.__doc__ = kernel.__doc__
+    return handler
+
+
+#: Handlers of the EMULATION_DOMAIN ops: onnxruntime's quantized average pools, bit for bit.
+EMULATED_OPS: dict[str, Callable[..., Any]] = {
+    f.__name__: _emulation(f) for f in (QLinearAveragePool, QLinearGlobalAveragePool)
+}
 
 
 #: The numpy handlers of host nodes, by ONNX op type.

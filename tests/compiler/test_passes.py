@@ -57,10 +57,10 @@ def _x(graph: Graph, seed: int = 0) -> np.ndarray:
 
 def test_pipeline_is_a_list_of_named_passes() -> None:
     names = [p.name for p in PIPELINE]
-    assert names == ["fold_constants", "remove_identities", "shift_uint8", "fold_batchnorm", "fuse_bias_add",
-                     "quantize", "sink_dequantize", "fold_qdq_pairs", "lower_layers", "choose_layout",
-                     "fuse_activation", "fuse_pooling", "fuse_residual", "resolve_views",
-                     "eliminate_dead_code", "report_host_nodes"]
+    assert names == ["fold_constants", "remove_identities", "emulate_ort_pooling", "shift_uint8",
+                     "fold_batchnorm", "fuse_bias_add", "quantize", "sink_dequantize", "fold_qdq_pairs",
+                     "lower_layers", "choose_layout", "fuse_activation", "fuse_pooling", "fuse_residual",
+                     "resolve_views", "eliminate_dead_code", "report_host_nodes"]
     assert all(p.doc for p in PIPELINE)
     seen = []
     model = models.conv_relu_pool_gemm()
