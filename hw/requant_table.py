@@ -6,10 +6,10 @@ channel ``c`` of a STORE whose ``qrow`` names the row (docs/isa.md, STORE). The 
 keeps the response pending (``resp.valid`` high, ``resp.ready`` low) while the SFU uses it.
 
 A row is ``config.requant_row_words`` memory words of :func:`requant_word_bits` bits (the row's
-bits in order, the last word padded). With one word per row the row stays on the memory's read
-data while pending, without any extra register. With W > 1 words, narrower and deeper block RAMs
-(on iCE40 a 16 x 70-bit-entry x 2-channel table is one 256 x 16 RAM instead of nine) cost W cycles
-per row written or read and a register for the row's first W - 1 words.
+bits in order, the last word padded). A row read goes into registers, word by word, and the
+response comes from them. With W > 1 words, narrower and deeper block RAMs (on iCE40 a 16 x
+70-bit-entry x 2-channel table is one 256 x 16 RAM instead of nine) cost W cycles per row written
+or read.
 
 Ports (see docs/arch-memory-sfu.md):
 
@@ -18,13 +18,13 @@ Ports (see docs/arch-memory-sfu.md):
   cycle with one word per row; otherwise after W - 1 cycles writing the earlier words, the payload
   held as the stream requires). Written entries are readable from the next cycle.
 * ``read`` — a :func:`~systolic.hw.scratchpad.read_port_signature` port: ``req`` carries a row
-  address, ``resp`` returns the row exactly :data:`TABLE_READ_LATENCY` (1) cycle after ``req`` is
-  accepted, from the memory's read data (the row is read once per STORE; the operand and
-  accumulator ports register theirs, :data:`~systolic.hw.scratchpad.READ_LATENCY`).
-  ``req`` is accepted whenever no response is pending or the pending one is taken in the same cycle
-  (with W words: in the cycle it reads the last word, the W - 1 earlier words read in the cycles
-  before, from the first cycle it could have been accepted). A read sees a write of the same cycle
-  (transparent) word by word; a pending response does not change.
+  address, ``resp`` returns the row :data:`~systolic.hw.scratchpad.READ_LATENCY` (2) cycles after
+  ``req`` is accepted, from registers. One response at a time (the table is read once per
+  STORE): ``req`` is accepted whenever no response is owed or the pending one is taken in the same
+  cycle (with W words: in the cycle it reads the last word, the W - 1 earlier words read in the
+  cycles before, from the first cycle it could have been accepted), so back-to-back reads are
+  W + 1 cycles apart. A read sees a write of the same cycle (transparent) word by word; a pending
+  response does not change.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from amaranth.lib.wiring import In
 
 from ..sim.arith import MAX_SHIFT, MULT_BITS
 from .config import AcceleratorConfig
-from .scratchpad import read_port_signature
+from .scratchpad import READ_LATENCY, read_port_signature
 
-__all__ = ["REQUANT_ENTRY", "TABLE_READ_LATENCY", "RequantTable", "requant_row_layout", "requant_word_bits",
+__all__ = ["REQUANT_ENTRY", "RequantTable", "requant_row_layout", "requant_word_bits",
            "requant_write_layout"]
 
 #: One channel's requantize entry: int32 bias, int32 multiplier, shift 0..62 (6 bits).
@@ -48,20 +48,6 @@ REQUANT_ENTRY = data.StructLayout({
     "mult": signed(MULT_BITS),
     "shift": unsigned(MAX_SHIFT.bit_length()),
 })
-
-#: Cycles from an accepted read request to its response: the memory's read data is the response.
-TABLE_READ_LATENCY = 1
-
-
-def _drive_response(m: Module, resp: stream.Interface, granted: Value, row: Value) -> None:
-    """``resp`` is valid from the cycle after ``granted`` until taken, with ``row`` (the memory's
-    read data, which holds while no new read is enabled: requests wait for a free response)."""
-    with m.If(granted):
-        m.d.sync += resp.valid.eq(1)
-    with m.Elif(resp.ready):
-        m.d.sync += resp.valid.eq(0)
-    m.d.comb += resp.payload.eq(row)
-
 
 def requant_row_layout(config: AcceleratorConfig) -> data.ArrayLayout:
     """One table row: ``config.cols`` entries of :data:`REQUANT_ENTRY` (70 bits each)."""
@@ -116,7 +102,7 @@ class RequantTable(wiring.Component):
     @property
     def read_latency(self) -> int:
         """Cycles from an accepted read request to its response."""
-        return TABLE_READ_LATENCY
+        return READ_LATENCY
 
     def elaborate(self, platform: object) -> Module:
         cfg = self._config
@@ -131,7 +117,19 @@ class RequantTable(wiring.Component):
         m.submodules.memory = memory
         write_port = memory.write_port(granularity=1)
         read_port = memory.read_port(transparent_for=(write_port,))   # cheapest collision rule
-        free = ~self.read.resp.valid | self.read.resp.ready
+        # -- read: the row goes into registers (with W words, word by word as read); the response
+        # comes from them the cycle after (READ_LATENCY), so the block RAM's clock-to-output and
+        # the SFU's use of the entries are in different cycles. One response at a time: a request
+        # is accepted (with its last word) only while no response is owed or one is taken.
+        resp = self.read.resp
+        fetched = Signal()                  # the accepted request's last word was read last cycle
+        free = ~fetched & (~resp.valid | resp.ready)
+        with m.If(fetched):
+            m.d.sync += resp.valid.eq(1)
+        with m.Elif(resp.ready):
+            m.d.sync += resp.valid.eq(0)
+        row = Signal(requant_row_layout(cfg))
+        m.d.comb += resp.payload.eq(row)
         if words == 1:
             m.d.comb += [
                 write_port.addr.eq(self.write.payload.addr),
@@ -141,15 +139,15 @@ class RequantTable(wiring.Component):
             with m.If(self.write.valid):
                 m.d.comb += write_port.en.eq(self.write.payload.mask)
 
-            # The only reader: the port's data register keeps the row while no new read is enabled,
-            # so a pending response needs no hold register.
             granted = self.read.req.valid & free
             m.d.comb += [
                 self.read.req.ready.eq(granted),
                 read_port.addr.eq(self.read.req.payload.addr),
                 read_port.en.eq(granted),
             ]
-            _drive_response(m, self.read.resp, granted, read_port.data)
+            m.d.sync += fetched.eq(granted)
+            with m.If(fetched):
+                m.d.sync += row.eq(read_port.data)
             return m
 
         width = requant_word_bits(cfg)
@@ -179,9 +177,8 @@ class RequantTable(wiring.Component):
         with m.Else():
             m.d.sync += write_word.eq(0)
 
-        # -- read: words 0 .. W-2 into registers, the last one stays on the port's data while the
-        # response is pending (the port is not enabled then: a read starts only when free, and
-        # then no response is valid until it ends)
+        # -- read: word k into register k the cycle after it is read; the request is accepted with
+        # the last word, whose register completes the row (fetched)
         read_word = Signal(range(words))
         last_read = read_word == words - 1
         reading = self.read.req.valid & free
@@ -197,12 +194,10 @@ class RequantTable(wiring.Component):
             m.d.sync += read_word.eq(0)
         was_reading = Signal()
         previous = Signal(range(words))          # the word read last cycle, if was_reading
-        m.d.sync += [was_reading.eq(reading), previous.eq(read_word)]
-        earlier = [Signal(width, name=f"row_word{k}") for k in range(words - 1)]
-        for k, register in enumerate(earlier):
+        m.d.sync += [was_reading.eq(reading), previous.eq(read_word), fetched.eq(granted)]
+        registers = [Signal(width, name=f"row_word{k}") for k in range(words)]
+        for k, register in enumerate(registers):
             with m.If(was_reading & (previous == k)):
                 m.d.sync += register.eq(read_port.data)
-        row = Signal(requant_row_layout(cfg))
-        m.d.comb += row.eq(Cat(*earlier, read_port.data)[:len(row.as_value())])
-        _drive_response(m, self.read.resp, granted, row)
+        m.d.comb += row.eq(Cat(*registers)[:len(row.as_value())])
         return m

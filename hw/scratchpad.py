@@ -40,9 +40,9 @@ __all__ = [
     "spad_row_layout", "spad_write_layout",
 ]
 
-#: Cycles from an accepted read request to its response, for the scratchpad's and the
-#: accumulator's read ports (the requantize table's is 1): the block RAM reads in the cycle after the grant,
-#: and its row goes into a register beside it, so that the block RAM's clock-to-output and the
+#: Cycles from an accepted read request to its response, for every memory block of the datapath
+#: (scratchpad, accumulator, requantize table): the block RAM's read data, the cycle after the
+#: grant, goes into a register beside it, so that the block RAM's clock-to-output and the
 #: route to the consumer (across the die on large FPGAs) are in different cycles.
 READ_LATENCY = 2
 

@@ -748,16 +748,17 @@ class StoreUnit(wiring.Component):
                 with m.If(self.read_table.req.ready):
                     m.next = "PARAMS"
             with m.State("PARAMS"):
-                # the table row is on resp.payload from now on; the SFU samples params a cycle
-                # before the first beat
+                # wait for the table row (READ_LATENCY): it is on resp.payload from then on, and
+                # the SFU samples params a cycle before the first beat
                 m.d.comb += self.busy.eq(1)
-                if residual is not None:
-                    with m.If(s.residual):
-                        m.next = "RESIDUAL"
-                    with m.Else():
+                with m.If(self.read_table.resp.valid):
+                    if residual is not None:
+                        with m.If(s.residual):
+                            m.next = "RESIDUAL"
+                        with m.Else():
+                            m.next = "START"
+                    else:
                         m.next = "START"
-                else:
-                    m.next = "START"
             if residual is not None:
                 with m.State("RESIDUAL"):
                     # the residual read waits for the shared GatherReader

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from systolic.hw.config import AcceleratorConfig, ConfigError
 from systolic.hw.requant_table import REQUANT_ENTRY, RequantTable, requant_word_bits
+from systolic.hw.scratchpad import READ_LATENCY
 from systolic.sim.arith import MAX_SHIFT
 
 from .test_lint_synth_memories import synth
@@ -114,7 +115,7 @@ def test_random_masked_writes_and_reads_match_model(config: AcceleratorConfig) -
     result = run_traffic(config, writes, reads, seed=SEED, gap=0.3, stall=0.5)
     assert [row for _, row in result["resp"]] == model(config, writes, result, reads)
     for (resp_edge, _), req_edge in zip(result["resp"], result["req"], strict=True):
-        assert resp_edge >= req_edge + 1
+        assert resp_edge >= req_edge + READ_LATENCY
 
 
 @pytest.mark.parametrize("config", [SMALL, WORDS], ids=["1-word", "9-words"])
@@ -143,6 +144,7 @@ def test_pending_row_stays_while_the_table_is_written(config: AcceleratorConfig)
             await ctx.tick()
         await drive(ctx, dut.read.req, [{"addr": 3}], rng=rng)
         progress["requested"] = True
+        await ctx.tick().repeat(READ_LATENCY - 1)
         for _ in range(12 * config.requant_row_words):      # pending, not taken, while written
             _, _, valid, row = await ctx.tick().sample(dut.read.resp.valid, dut.read.resp.payload)
             seen.append((valid, entries(row)))
@@ -150,6 +152,7 @@ def test_pending_row_stays_while_the_table_is_written(config: AcceleratorConfig)
         await ctx.tick()
         ctx.set(dut.read.resp.ready, 0)
         await drive(ctx, dut.read.req, [{"addr": 3}], rng=rng)
+        await ctx.tick().repeat(READ_LATENCY - 1)
         _, _, valid, row = await ctx.tick().sample(dut.read.resp.valid, dut.read.resp.payload)
         seen.append((valid, entries(row)))
 
@@ -159,15 +162,17 @@ def test_pending_row_stays_while_the_table_is_written(config: AcceleratorConfig)
     assert seen[-1] == (1, as_tuples[1])
 
 
-def test_narrow_words_take_a_cycle_each() -> None:
-    # with W words per row, back-to-back rows are accepted every W cycles, reads and writes alike
-    config = WORDS
+@pytest.mark.parametrize("config", [SMALL, WORDS], ids=["1-word", "9-words"])
+def test_narrow_words_take_a_cycle_each(config: AcceleratorConfig) -> None:
+    # with W words per row, back-to-back rows are written every W cycles, and read every W + 1
+    # (the words, then the cycle the last one goes into its register: one response at a time)
     rng = random.Random(SEED + 1)
     writes = [{"addr": k, "data": [_entry(rng) for _ in range(4)], "mask": 0b1111} for k in range(5)]
     result = run_traffic(config, writes, [0, 1, 2], seed=SEED, gap=0.0, stall=0.0)
     words = config.requant_row_words
     assert [result["write"][k + 1] - result["write"][k] for k in range(4)] == [words] * 4
-    assert [result["req"][k + 1] - result["req"][k] for k in range(2)] == [words] * 2
+    assert [result["req"][k + 1] - result["req"][k] for k in range(2)] == [words + 1] * 2
+    assert [e for e, _ in result["resp"]] == [e + READ_LATENCY for e in result["req"]]
 
 
 @pytest.mark.parametrize("value", [0, 65, -1])
