@@ -21,7 +21,7 @@ Ports (see docs/arch-memory-sfu.md):
 * ``read`` — store-path read port (:func:`~systolic.hw.scratchpad.read_port_signature`): the row
   arrives :data:`~systolic.hw.scratchpad.READ_LATENCY` cycles after the request is accepted (one
   row per cycle while the consumer takes them). A request waits only in a cycle where an
-  accumulating array beat reads the same bank, or while two responses are owed.
+  accumulating array beat reads the same bank, or while READ_LATENCY responses are owed.
 
 All writes take effect in accept order (a DMA write before the array beat accepted in the same
 cycle). A ``read`` accepted in cycle n sees the DMA writes accepted up to cycle n and the array
@@ -144,7 +144,7 @@ class Accumulator(wiring.Component):
         req = self.read.req.payload
         req_bank = req.addr[index_bits:]
         grant_read = Signal()
-        resp_row = Signal(row_layout)         # the bank's read data, the cycle after grant_read
+        resp_row = Signal(row_layout)         # the bank's read data, two cycles after grant_read
         free = drive_read_response(m, self.read.resp, grant_read, resp_row)
         m.d.comb += grant_read.eq(self.read.req.valid & free & ~(beat_reads & (beat_bank == req_bank)))
         m.d.comb += [self.read.req.ready.eq(grant_read), self.array_write.ready.eq(1)]
@@ -155,14 +155,18 @@ class Accumulator(wiring.Component):
                 read_port.addr.eq(Mux(beat_here, beat.addr[:index_bits], req.addr[:index_bits])),
             ]
 
-        # -- store-path response --------------------------------------------------------------
-        resp_bank = Signal.like(req_bank)
-        with m.If(grant_read):
-            m.d.sync += resp_bank.eq(req_bank)
-        with m.Switch(resp_bank):
-            for k, (_, read_port) in enumerate(banks):
+        # -- store-path response: each bank's read data into a register with no logic before it,
+        # the row selected from those registers two cycles after the grant --------------------------
+        bank_data = [Signal(row_layout, name=f"bank{k}_data") for k in range(len(banks))]
+        for register, (_, read_port) in zip(bank_data, banks, strict=True):
+            m.d.sync += register.eq(read_port.data)
+        bank_read = Signal.like(req_bank)           # the bank requested last cycle
+        bank_registered = Signal.like(req_bank)     # ... and the cycle before: its data is registered
+        m.d.sync += [bank_read.eq(req_bank), bank_registered.eq(bank_read)]
+        with m.Switch(bank_registered):
+            for k, register in enumerate(bank_data):
                 with m.Case(k):
-                    m.d.comb += resp_row.eq(read_port.data)
+                    m.d.comb += resp_row.eq(register)
 
         # -- stage 1: the block RAM's row goes straight into a register (its clock-to-out is most
         # of a cycle on ECP5); the forwarding decisions for stage 2 are made here ----------------

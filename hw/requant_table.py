@@ -18,8 +18,8 @@ Ports (see docs/arch-memory-sfu.md):
   cycle with one word per row; otherwise after W - 1 cycles writing the earlier words, the payload
   held as the stream requires). Written entries are readable from the next cycle.
 * ``read`` — a :func:`~systolic.hw.scratchpad.read_port_signature` port: ``req`` carries a row
-  address, ``resp`` returns the row :data:`~systolic.hw.scratchpad.READ_LATENCY` (2) cycles after
-  ``req`` is accepted, from registers. One response at a time (the table is read once per
+  address, ``resp`` returns the row :data:`TABLE_READ_LATENCY` (2) cycles after ``req`` is
+  accepted, from registers. One response at a time (the table is read once per
   STORE): ``req`` is accepted whenever no response is owed or the pending one is taken in the same
   cycle (with W words: in the cycle it reads the last word, the W - 1 earlier words read in the
   cycles before, from the first cycle it could have been accepted), so back-to-back reads are
@@ -37,9 +37,9 @@ from amaranth.lib.wiring import In
 
 from ..sim.arith import MAX_SHIFT, MULT_BITS
 from .config import AcceleratorConfig
-from .scratchpad import READ_LATENCY, read_port_signature
+from .scratchpad import read_port_signature
 
-__all__ = ["REQUANT_ENTRY", "RequantTable", "requant_row_layout", "requant_word_bits",
+__all__ = ["REQUANT_ENTRY", "TABLE_READ_LATENCY", "RequantTable", "requant_row_layout", "requant_word_bits",
            "requant_write_layout"]
 
 #: One channel's requantize entry: int32 bias, int32 multiplier, shift 0..62 (6 bits).
@@ -48,6 +48,11 @@ REQUANT_ENTRY = data.StructLayout({
     "mult": signed(MULT_BITS),
     "shift": unsigned(MAX_SHIFT.bit_length()),
 })
+#: Cycles from an accepted read request to its response: the block RAM's read data goes straight
+#: into the response registers (the operand and accumulator ports, whose rows also pass a bank
+#: select, take :data:`~systolic.hw.scratchpad.READ_LATENCY`).
+TABLE_READ_LATENCY = 2
+
 
 def requant_row_layout(config: AcceleratorConfig) -> data.ArrayLayout:
     """One table row: ``config.cols`` entries of :data:`REQUANT_ENTRY` (70 bits each)."""
@@ -102,7 +107,7 @@ class RequantTable(wiring.Component):
     @property
     def read_latency(self) -> int:
         """Cycles from an accepted read request to its response."""
-        return READ_LATENCY
+        return TABLE_READ_LATENCY
 
     def elaborate(self, platform: object) -> Module:
         cfg = self._config
@@ -118,7 +123,7 @@ class RequantTable(wiring.Component):
         write_port = memory.write_port(granularity=1)
         read_port = memory.read_port(transparent_for=(write_port,))   # cheapest collision rule
         # -- read: the row goes into registers (with W words, word by word as read); the response
-        # comes from them the cycle after (READ_LATENCY), so the block RAM's clock-to-output and
+        # comes from them the cycle after (TABLE_READ_LATENCY), so the block RAM's clock-to-output and
         # the SFU's use of the entries are in different cycles. One response at a time: a request
         # is accepted (with its last word) only while no response is owed or one is taken.
         resp = self.read.resp

@@ -14,8 +14,8 @@ Ports (see docs/arch-memory-sfu.md):
 * ``read_a``, ``read_b`` — read ports for the array's A and B operands
   (:func:`read_port_signature`): ``req`` carries a row address, ``resp`` returns the row
   :data:`READ_LATENCY` cycles after ``req`` was accepted (later only while an earlier response
-  waits) and holds it until taken; two requests may be outstanding, so a port reads one row per
-  cycle.
+  waits) and holds it until taken; READ_LATENCY requests may be outstanding, so a port reads
+  one row per cycle.
 
 Arbitration: a bank serves one read per cycle. When ``read_a`` and ``read_b`` request the same bank
 in the same cycle, one waits (``req.ready`` low); the winner alternates between conflicts
@@ -26,7 +26,7 @@ returns the new contents (transparent; the ISA's token rules forbid such an unor
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal, unsigned
+from amaranth import Const, Module, Mux, Signal, unsigned
 from amaranth.hdl import ShapeLike, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
@@ -40,11 +40,13 @@ __all__ = [
     "spad_row_layout", "spad_write_layout",
 ]
 
-#: Cycles from an accepted read request to its response, for every memory block of the datapath
-#: (scratchpad, accumulator, requantize table): the block RAM's read data, the cycle after the
-#: grant, goes into a register beside it, so that the block RAM's clock-to-output and the
-#: route to the consumer (across the die on large FPGAs) are in different cycles.
-READ_LATENCY = 2
+#: Cycles from an accepted read request to its response, for the scratchpad's and the
+#: accumulator's read ports: the block RAM's read data, the cycle after the grant, goes into a
+#: register of its bank with no logic before it (beside the block RAM, wherever the placer puts
+#: that), then through the bank select into the response register: the block RAM's
+#: clock-to-output and the route to the consumer (across the die on large FPGAs) are in
+#: different cycles.
+READ_LATENCY = 3
 
 
 def read_port_signature(addr_layout: ShapeLike, data_layout: ShapeLike) -> wiring.Signature:
@@ -64,43 +66,48 @@ def read_port_signature(addr_layout: ShapeLike, data_layout: ShapeLike) -> wirin
 
 
 def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: Value) -> Value:
-    """Drive the response stream of a read port whose memory read port was enabled in the cycles
-    where ``granted`` is high; ``row`` is that memory read port's data (valid the next cycle,
-    the memory may be read for someone else after that).
+    """Drive the response stream of a read port whose memory was read for it in the cycles where
+    ``granted`` is high; ``row`` is the data of that read READ_LATENCY - 1 cycles later (the
+    memory and the registers after it are not held: they may serve someone else after that).
 
-    The row goes into the response register ``out`` the cycle after the read; if ``out`` still
-    waits for its consumer, into a spare register, so at most two responses are owed at once
-    (read, in ``out``, in the spare) and a port reads one row per cycle while its consumer takes
-    one per cycle. ``resp.payload`` comes from a register only.
+    The rows go into a queue of READ_LATENCY registers whose head is the response
+    (``resp.payload`` comes from a register only): a row arriving when the queue, after this
+    cycle's take, has k entries goes into entry k. At most READ_LATENCY responses are owed (in
+    flight or queued), so a port reads one row per cycle while its consumer takes one per cycle,
+    and a response comes READ_LATENCY cycles after its request when the ones before it have been
+    taken.
 
     Returns ``free``: high in a cycle where a request may be granted; the caller's ``granted``
     must imply it.
     """
     name = resp.valid.name
-    fetched = Signal(name=f"{name}_fetched")           # row holds the read of last cycle's grant
-    spare_valid = Signal(name=f"{name}_spare_valid")
-    spare = Signal.like(row, name=f"{name}_spare")
-    out = Signal.like(row, name=f"{name}_out")
-    free = Signal(name=f"{name}_free")
+    delay = READ_LATENCY - 1
+    depth = READ_LATENCY
+    in_flight = [Signal(name=f"{name}_in_flight{k}") for k in range(delay)]   # granted k+1 ago
+    m.d.sync += [in_flight[0].eq(granted), *(in_flight[k].eq(in_flight[k - 1]) for k in range(1, delay))]
+    arrives = in_flight[-1]
+    rows = [Signal.like(row, name=f"{name}_queue{k}") for k in range(depth)]
+    valid = [resp.valid, *(Signal(name=f"{name}_queue{k}_valid") for k in range(1, depth))]
     taken = resp.valid & resp.ready
-    owed = Signal(range(4), name=f"{name}_owed")
+    owed = Signal(range(2 * depth + 1), name=f"{name}_owed")
+    free = Signal(name=f"{name}_free")
     m.d.comb += [
-        owed.eq(fetched + resp.valid + spare_valid),
-        free.eq((owed < 2) | taken),
-        resp.payload.eq(out),
+        owed.eq(sum(in_flight) + sum(valid)),
+        free.eq((owed < depth) | taken),
+        resp.payload.eq(rows[0]),
     ]
-    m.d.sync += fetched.eq(granted)
-    with m.If(~resp.valid | resp.ready):                # out is empty or emptied in this cycle
-        with m.If(spare_valid):
-            m.d.sync += [out.eq(spare), resp.valid.eq(1)]
-            with m.If(fetched):
-                m.d.sync += spare.eq(row)
-            with m.Else():
-                m.d.sync += spare_valid.eq(0)
+    # after this cycle's take the queue moves up one entry; the arriving row goes behind the last
+    # valid entry (entries are valid from the head on, without gaps)
+    moved = [Mux(taken, valid[k + 1], valid[k]) if k + 1 < depth else ~taken & valid[k] for k in range(depth)]
+    for k in range(depth):
+        behind = moved[k - 1] if k else Const(1)
+        with m.If(arrives & behind & ~moved[k]):
+            m.d.sync += [rows[k].eq(row), valid[k].eq(1)]
         with m.Else():
-            m.d.sync += [out.eq(row), resp.valid.eq(fetched)]
-    with m.Elif(fetched):                               # out waits: no spare is owed (owed <= 2)
-        m.d.sync += [spare.eq(row), spare_valid.eq(1)]
+            m.d.sync += valid[k].eq(moved[k])
+            if k + 1 < depth:
+                with m.If(taken):
+                    m.d.sync += rows[k].eq(rows[k + 1])
     return free
 
 
@@ -183,7 +190,7 @@ class Scratchpad(wiring.Component):
         b_bank = b.req.payload.addr[index_bits:]
         grant_a = Signal()
         grant_b = Signal()
-        row_a = Signal(spad_row_layout(cfg))     # the bank's read data, the cycle after a grant
+        row_a = Signal(spad_row_layout(cfg))     # the bank's read data, two cycles after a grant
         row_b = Signal(spad_row_layout(cfg))
         free_a = drive_read_response(m, a.resp, grant_a, row_a)
         free_b = drive_read_response(m, b.resp, grant_b, row_b)
@@ -209,12 +216,17 @@ class Scratchpad(wiring.Component):
                                       b.req.payload.addr[:index_bits])),
             ]
 
-        for bank, granted, row in ((a_bank, grant_a, row_a), (b_bank, grant_b, row_b)):
-            bank_of_resp = Signal.like(bank)
-            with m.If(granted):
-                m.d.sync += bank_of_resp.eq(bank)
-            with m.Switch(bank_of_resp):
-                for k, (_, read_port) in enumerate(banks):
+        # each bank's read data into a register, with no logic before it; a port's row is selected
+        # from those registers two cycles after its grant
+        bank_data = [Signal(spad_row_layout(cfg), name=f"bank{k}_data") for k in range(len(banks))]
+        for register, (_, read_port) in zip(bank_data, banks, strict=True):
+            m.d.sync += register.eq(read_port.data)
+        for bank, row in ((a_bank, row_a), (b_bank, row_b)):
+            bank_read = Signal.like(bank)           # the bank granted last cycle
+            bank_registered = Signal.like(bank)     # ... and the cycle before: its data is registered
+            m.d.sync += [bank_read.eq(bank), bank_registered.eq(bank_read)]
+            with m.Switch(bank_registered):
+                for k, register in enumerate(bank_data):
                     with m.Case(k):
-                        m.d.comb += row.eq(read_port.data)
+                        m.d.comb += row.eq(register)
         return m

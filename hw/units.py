@@ -332,7 +332,7 @@ class ComputeUnit(wiring.Component):
             m.d.comb += head.eq(fifo_.r_data)
             row = Signal(16, name=f"{name}_row")
             # first-word-fall-through: an entry is readable the cycle after it is written, no
-            # later than the memory's response (READ_LATENCY = 2); 4 entries cover the two
+            # later than the memory's response (READ_LATENCY = 3); 4 entries cover the three
             # responses a read port owes at most
             meta = fifo.SyncFIFO(width=meta_layout.size, depth=4)
             m.submodules[f"{name}_meta"] = meta

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 from systolic.hw.config import AcceleratorConfig, ConfigError
-from systolic.hw.requant_table import REQUANT_ENTRY, RequantTable, requant_word_bits
-from systolic.hw.scratchpad import READ_LATENCY
+from systolic.hw.requant_table import REQUANT_ENTRY, TABLE_READ_LATENCY, RequantTable, requant_word_bits
 from systolic.sim.arith import MAX_SHIFT
 
 from .test_lint_synth_memories import synth
@@ -115,7 +114,7 @@ def test_random_masked_writes_and_reads_match_model(config: AcceleratorConfig) -
     result = run_traffic(config, writes, reads, seed=SEED, gap=0.3, stall=0.5)
     assert [row for _, row in result["resp"]] == model(config, writes, result, reads)
     for (resp_edge, _), req_edge in zip(result["resp"], result["req"], strict=True):
-        assert resp_edge >= req_edge + READ_LATENCY
+        assert resp_edge >= req_edge + TABLE_READ_LATENCY
 
 
 @pytest.mark.parametrize("config", [SMALL, WORDS], ids=["1-word", "9-words"])
@@ -144,7 +143,7 @@ def test_pending_row_stays_while_the_table_is_written(config: AcceleratorConfig)
             await ctx.tick()
         await drive(ctx, dut.read.req, [{"addr": 3}], rng=rng)
         progress["requested"] = True
-        await ctx.tick().repeat(READ_LATENCY - 1)
+        await ctx.tick().repeat(TABLE_READ_LATENCY - 1)
         for _ in range(12 * config.requant_row_words):      # pending, not taken, while written
             _, _, valid, row = await ctx.tick().sample(dut.read.resp.valid, dut.read.resp.payload)
             seen.append((valid, entries(row)))
@@ -152,7 +151,7 @@ def test_pending_row_stays_while_the_table_is_written(config: AcceleratorConfig)
         await ctx.tick()
         ctx.set(dut.read.resp.ready, 0)
         await drive(ctx, dut.read.req, [{"addr": 3}], rng=rng)
-        await ctx.tick().repeat(READ_LATENCY - 1)
+        await ctx.tick().repeat(TABLE_READ_LATENCY - 1)
         _, _, valid, row = await ctx.tick().sample(dut.read.resp.valid, dut.read.resp.payload)
         seen.append((valid, entries(row)))
 
@@ -172,7 +171,7 @@ def test_narrow_words_take_a_cycle_each(config: AcceleratorConfig) -> None:
     words = config.requant_row_words
     assert [result["write"][k + 1] - result["write"][k] for k in range(4)] == [words] * 4
     assert [result["req"][k + 1] - result["req"][k] for k in range(2)] == [words + 1] * 2
-    assert [e for e, _ in result["resp"]] == [e + READ_LATENCY for e in result["req"]]
+    assert [e for e, _ in result["resp"]] == [e + TABLE_READ_LATENCY for e in result["req"]]
 
 
 @pytest.mark.parametrize("value", [0, 65, -1])

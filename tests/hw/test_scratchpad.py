@@ -315,11 +315,11 @@ def test_pending_response_holds_while_other_port_reuses_the_bank() -> None:
     assert result["b_req"][-1] < result["a_req"][-1], "B ran ahead while A's response waited"
 
 
-def test_a_port_owes_two_responses_at_most_and_otherwise_runs_at_full_rate() -> None:
+def test_a_port_owes_read_latency_responses_at_most_and_otherwise_runs_at_full_rate() -> None:
     """One port, requests offered every cycle, a consumer that stalls at random: exact cycles.
     A response is taken at the first edge with ``ready`` from READ_LATENCY after its request and
     after the previous one; a request is accepted at the first edge after the previous one where
-    at most two responses are owed with it (one taken at the same edge no longer counts)."""
+    at most READ_LATENCY responses are owed with it (one taken at the same edge no longer counts)."""
     config = SMALL
     rng = random.Random(SEED + 2)
     writes = [{"addr": k, "data": _random_row(rng, config), "mask": 0b1111} for k in range(16)]
@@ -360,9 +360,9 @@ def test_a_port_owes_two_responses_at_most_and_otherwise_runs_at_full_rate() -> 
     for k in range(1, len(requests)):
         def owed(edge: int, k: int = k) -> int:
             return k + 1 - sum(t <= edge for t in taken)
-        expected = next(e for e in range(requests[k - 1] + 1, requests[k] + 1) if owed(e) <= 2)
+        expected = next(e for e in range(requests[k - 1] + 1, requests[k] + 1) if owed(e) <= READ_LATENCY)
         assert requests[k] == expected, f"request {k}"
-    assert max(k + 1 - sum(t <= e for t in taken) for k, e in enumerate(requests)) == 2
+    assert max(k + 1 - sum(t <= e for t in taken) for k, e in enumerate(requests)) == READ_LATENCY
 
 
 def test_config_must_be_an_accelerator_config() -> None:
