@@ -1,4 +1,6 @@
-"""AXI4 read arbiter: several read managers (instruction fetch, LOAD, residual reads) share one
+"""Interconnect: the AXI4 read arbiter and a stream register.
+
+:class:`ReadArbiter` — several read managers (instruction fetch, LOAD, residual reads) share one
 AXI4 read channel pair with a single ID.
 
 Bursts are granted round-robin on AR; the owner of each granted burst is queued so that the
@@ -8,13 +10,14 @@ order). The owner FIFO is deep enough for every burst the managers can have in f
 
 from __future__ import annotations
 
-from amaranth import Module, Signal
+from amaranth import Module, Mux, Signal
+from amaranth.hdl import ShapeLike
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .axi import AddressLayout, ReadDataLayout
 
-__all__ = ["ReadArbiter"]
+__all__ = ["ReadArbiter", "StreamRegister"]
 
 
 class ReadArbiter(wiring.Component):
@@ -76,4 +79,33 @@ class ReadArbiter(wiring.Component):
                         self.bus.r.ready.eq(self.managers[i].r.ready & owners.r_rdy),
                     ]
         m.d.comb += owners.r_en.eq(self.bus.r.valid & self.bus.r.ready & self.bus.r.payload.last)
+        return m
+
+
+class StreamRegister(wiring.Component):
+    """A two-entry stream register (skid buffer) that cuts every combinational path between its
+    two sides: ``o.valid`` and ``o.payload`` come from registers, and ``i.ready`` is a register
+    (high while the spare entry is empty), so a consumer's ``ready`` does not reach the producer
+    in the same cycle. One cycle of latency; a transfer every cycle while ``o.ready`` stays high.
+    Items leave in order, none lost or repeated."""
+
+    def __init__(self, payload_shape: ShapeLike):
+        super().__init__({
+            "i": In(stream.Signature(payload_shape)),
+            "o": Out(stream.Signature(payload_shape)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        spare = Signal.like(self.i.payload)
+        spare_valid = Signal()
+        m.d.comb += self.i.ready.eq(~spare_valid)
+        with m.If(~self.o.valid | self.o.ready):        # the output register is free this cycle
+            m.d.sync += [
+                self.o.valid.eq(spare_valid | self.i.valid),
+                self.o.payload.eq(Mux(spare_valid, spare, self.i.payload)),
+                spare_valid.eq(0),
+            ]
+        with m.Elif(self.i.valid & ~spare_valid):       # the output waits: the item into the spare
+            m.d.sync += [spare.eq(self.i.payload), spare_valid.eq(1)]
         return m

@@ -31,6 +31,7 @@ from .axi import AddressLayout, ReadDataLayout, ResponseLayout, WriteDataLayout
 from .config import AcceleratorConfig
 from .controller import InstructionLayout
 from .dma import GatherReader, LoadCommandLayout, RowWriteLayout, ScatterWriter, row_buffer_bytes
+from .interconnect import StreamRegister
 from .isa import LAYOUTS, Memory, Opcode, OutType, PoolMode
 from .requant_table import requant_row_layout, requant_write_layout
 from .scratchpad import read_port_signature, spad_row_layout, spad_write_layout
@@ -644,14 +645,19 @@ class StoreUnit(wiring.Component):
         res_ok = Signal()
         m.d.comb += res_ok.eq(1)
         if residual is not None:
-            res_row = residual.rows.payload
+            # the residual rows through a stream register: the SFU's ready does not reach the
+            # shared GatherReader (and through it the AXI read channel) in the same cycle
+            m.submodules.residual_rows = rows_in = StreamRegister(residual.rows.payload.shape())
+            wiring.connect(m, wiring.flipped(residual.rows), rows_in.i)
+            residual_rows = rows_in.o
+            res_row = residual_rows.payload
             ib = cfg.input_bytes
             for c in range(C):
                 m.d.comb += sfu_in.residual[c].eq(_bytes_le(res_row.data, c * ib, ib))
-            m.d.comb += res_ok.eq(~s.residual | residual.rows.valid)
-            m.d.comb += residual.rows.ready.eq(s.residual & sfu.i.valid & sfu.i.ready)
+            m.d.comb += res_ok.eq(~s.residual | residual_rows.valid)
+            m.d.comb += residual_rows.ready.eq(s.residual & sfu.i.valid & sfu.i.ready)
             # the first error response of the STORE's residual rows
-            with m.If(residual.rows.valid & residual.rows.ready & (res_row.resp != 0) &
+            with m.If(residual_rows.valid & residual_rows.ready & (res_row.resp != 0) &
                       (self.error == 0)):
                 m.d.sync += [self.error.eq(res_row.resp), self.error_pc.eq(pc)]
         m.d.comb += [
