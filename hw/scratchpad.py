@@ -13,9 +13,11 @@ Ports (see docs/arch-memory-sfu.md):
   mask enables element ``e``; masked-off elements keep their value.
 * ``read_a``, ``read_b`` — read ports for the array's A and B operands
   (:func:`read_port_signature`): ``req`` carries a row address, ``resp`` returns the row
-  :data:`READ_LATENCY` cycles after ``req`` was accepted (later only while an earlier response
-  waits) and holds it until taken; READ_LATENCY requests may be outstanding, so a port reads
-  one row per cycle.
+  :data:`SPAD_READ_LATENCY` cycles after ``req`` was accepted (later only while an earlier
+  response waits) and holds it until taken; SPAD_READ_LATENCY requests may be outstanding, so a
+  port reads one row per cycle. Reads and writes reach a bank's block RAM through registers
+  beside it, one cycle after they are accepted, so a read sees the writes accepted up to its own
+  cycle.
 
 Arbitration: a bank serves one read per cycle. When ``read_a`` and ``read_b`` request the same bank
 in the same cycle, one waits (``req.ready`` low); the winner alternates between conflicts
@@ -36,7 +38,7 @@ from amaranth.utils import exact_log2
 from .config import AcceleratorConfig
 
 __all__ = [
-    "READ_LATENCY", "Scratchpad", "read_port_signature", "drive_read_response",
+    "READ_LATENCY", "SPAD_READ_LATENCY", "Scratchpad", "read_port_signature", "drive_read_response",
     "spad_row_layout", "spad_write_layout",
 ]
 
@@ -47,6 +49,11 @@ __all__ = [
 #: clock-to-output and the route to the consumer (across the die on large FPGAs) are in
 #: different cycles.
 READ_LATENCY = 3
+#: Cycles from an accepted read request to its response on the scratchpad's operand ports: one
+#: more than READ_LATENCY, because every bank's requests (reads and writes alike, so their order
+#: is kept) are registered beside the bank before its block RAM sees them: the arbitration's
+#: logic and the route to a block RAM across the die are in different cycles.
+SPAD_READ_LATENCY = READ_LATENCY + 1
 
 
 def read_port_signature(addr_layout: ShapeLike, data_layout: ShapeLike) -> wiring.Signature:
@@ -65,24 +72,28 @@ def read_port_signature(addr_layout: ShapeLike, data_layout: ShapeLike) -> wirin
     })
 
 
-def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: Value) -> Value:
+def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: Value, *,
+                        latency: int = READ_LATENCY) -> Value:
     """Drive the response stream of a read port whose memory was read for it in the cycles where
-    ``granted`` is high; ``row`` is the data of that read READ_LATENCY - 1 cycles later (the
+    ``granted`` is high; ``row`` is the data of that read ``latency - 1`` cycles later (the
     memory and the registers after it are not held: they may serve someone else after that).
 
-    The rows go into a queue of READ_LATENCY registers whose head is the response
+    The rows go into a queue of ``latency`` registers whose head is the response
     (``resp.payload`` comes from a register only): a row arriving when the queue, after this
-    cycle's take, has k entries goes into entry k. At most READ_LATENCY responses are owed (in
+    cycle's take, has k entries goes into entry k. At most ``latency`` responses are owed (in
     flight or queued), so a port reads one row per cycle while its consumer takes one per cycle,
-    and a response comes READ_LATENCY cycles after its request when the ones before it have been
+    and a response comes ``latency`` cycles after its request when the ones before it have been
     taken.
 
     Returns ``free``: high in a cycle where a request may be granted; the caller's ``granted``
     must imply it.
     """
+    if latency not in (READ_LATENCY, SPAD_READ_LATENCY):
+        raise ValueError(f"latency must be READ_LATENCY ({READ_LATENCY}) or SPAD_READ_LATENCY "
+                         f"({SPAD_READ_LATENCY}), not {latency!r}")
     name = resp.valid.name
-    delay = READ_LATENCY - 1
-    depth = READ_LATENCY
+    delay = latency - 1
+    depth = latency
     in_flight = [Signal(name=f"{name}_in_flight{k}") for k in range(delay)]   # granted k+1 ago
     m.d.sync += [in_flight[0].eq(granted), *(in_flight[k].eq(in_flight[k - 1]) for k in range(1, delay))]
     arrives = in_flight[-1]
@@ -156,8 +167,8 @@ class Scratchpad(wiring.Component):
 
     @property
     def read_latency(self) -> int:
-        """Cycles from an accepted read request to its response."""
-        return READ_LATENCY
+        """Cycles from an accepted read request to its response (:data:`SPAD_READ_LATENCY`)."""
+        return SPAD_READ_LATENCY
 
     def elaborate(self, platform: object) -> Module:
         cfg = self._config
@@ -173,16 +184,18 @@ class Scratchpad(wiring.Component):
             write_port = memory.write_port(granularity=1)
             banks.append((write_port, memory.read_port(transparent_for=(write_port,))))
 
-        # -- write: the DMA owns every bank's write port --------------------------------------
+        # -- write: the DMA owns every bank's write port; the write is registered beside the bank
+        # (as the reads are, so a read still sees the writes accepted up to its own cycle) --------
         write = self.write.payload
         m.d.comb += self.write.ready.eq(1)
         for k, (write_port, _) in enumerate(banks):
-            m.d.comb += [
+            enable = Signal.like(write_port.en, name=f"bank{k}_write_en")
+            m.d.sync += [
                 write_port.addr.eq(write.addr[:index_bits]),
                 write_port.data.eq(write.data),
+                enable.eq(Mux(self.write.valid & (write.addr[index_bits:] == k), write.mask, 0)),
             ]
-            with m.If(self.write.valid & (write.addr[index_bits:] == k)):
-                m.d.comb += write_port.en.eq(write.mask)
+            m.d.comb += write_port.en.eq(enable)
 
         # -- reads: A and B share each bank's read port ---------------------------------------
         a, b = self.read_a, self.read_b
@@ -190,10 +203,10 @@ class Scratchpad(wiring.Component):
         b_bank = b.req.payload.addr[index_bits:]
         grant_a = Signal()
         grant_b = Signal()
-        row_a = Signal(spad_row_layout(cfg))     # the bank's read data, two cycles after a grant
+        row_a = Signal(spad_row_layout(cfg))     # the bank's read data, three cycles after a grant
         row_b = Signal(spad_row_layout(cfg))
-        free_a = drive_read_response(m, a.resp, grant_a, row_a)
-        free_b = drive_read_response(m, b.resp, grant_b, row_b)
+        free_a = drive_read_response(m, a.resp, grant_a, row_a, latency=SPAD_READ_LATENCY)
+        free_b = drive_read_response(m, b.resp, grant_b, row_b, latency=SPAD_READ_LATENCY)
         want_a = a.req.valid & free_a
         want_b = b.req.valid & free_b
         conflict = want_a & want_b & (a_bank == b_bank)
@@ -210,21 +223,24 @@ class Scratchpad(wiring.Component):
         for k, (_, read_port) in enumerate(banks):
             a_here = grant_a & (a_bank == k)
             b_here = grant_b & (b_bank == k)
-            m.d.comb += [
+            m.d.sync += [
                 read_port.en.eq(a_here | b_here),
                 read_port.addr.eq(Mux(a_here, a.req.payload.addr[:index_bits],
                                       b.req.payload.addr[:index_bits])),
             ]
 
-        # each bank's read data into a register, with no logic before it; a port's row is selected
-        # from those registers two cycles after its grant
+        # the request registered beside the bank (cycle t+1: the block RAM reads), each bank's read
+        # data into a register with no logic before it (t+2); a port's row is selected from those
+        # registers three cycles after its grant
         bank_data = [Signal(spad_row_layout(cfg), name=f"bank{k}_data") for k in range(len(banks))]
         for register, (_, read_port) in zip(bank_data, banks, strict=True):
             m.d.sync += register.eq(read_port.data)
         for bank, row in ((a_bank, row_a), (b_bank, row_b)):
-            bank_read = Signal.like(bank)           # the bank granted last cycle
-            bank_registered = Signal.like(bank)     # ... and the cycle before: its data is registered
-            m.d.sync += [bank_read.eq(bank), bank_registered.eq(bank_read)]
+            bank_requested = Signal.like(bank)      # the bank granted last cycle: reads now
+            bank_read = Signal.like(bank)           # ... the cycle before: its data is out
+            bank_registered = Signal.like(bank)     # ... and before that: its data is registered
+            m.d.sync += [bank_requested.eq(bank), bank_read.eq(bank_requested),
+                         bank_registered.eq(bank_read)]
             with m.Switch(bank_registered):
                 for k, register in enumerate(bank_data):
                     with m.Case(k):

@@ -34,7 +34,7 @@ from .dma import GatherReader, LoadCommandLayout, RowWriteLayout, ScatterWriter,
 from .interconnect import StreamRegister
 from .isa import LAYOUTS, Memory, Opcode, OutType, PoolMode
 from .requant_table import requant_row_layout, requant_write_layout
-from .scratchpad import read_port_signature, spad_row_layout, spad_write_layout
+from .scratchpad import SPAD_READ_LATENCY, read_port_signature, spad_row_layout, spad_write_layout
 from .sfu import SFU_REGS, SpecialFunctionUnit
 
 __all__ = ["LoadUnit", "ComputeUnit", "StoreUnit", "residual_read_signature"]
@@ -235,7 +235,8 @@ class LoadUnit(wiring.Component):
                                          reader.rows.ready.eq(port.ready)]
         written = reader.rows.valid & reader.rows.ready
         is_load = ~info.residual
-        # the row is in its memory from the next cycle on: the LOAD is complete with its last row
+        # a read accepted from the next cycle on sees the row (the memories keep the order of
+        # accepted writes and reads): the LOAD is complete with its last row
         m.d.comb += [self.completed.eq(written & rows.last & is_load),
                      inflight.r_en.eq(written & rows.last)]
         with m.If(written & is_load & (rows.resp != 0) & (self.error == 0)):
@@ -333,9 +334,9 @@ class ComputeUnit(wiring.Component):
             m.d.comb += head.eq(fifo_.r_data)
             row = Signal(16, name=f"{name}_row")
             # first-word-fall-through: an entry is readable the cycle after it is written, no
-            # later than the memory's response (READ_LATENCY = 3); 4 entries cover the three
-            # responses a read port owes at most
-            meta = fifo.SyncFIFO(width=meta_layout.size, depth=4)
+            # later than the memory's response; one entry more than the SPAD_READ_LATENCY
+            # responses a read port owes at most, so a full queue never holds up a request
+            meta = fifo.SyncFIFO(width=meta_layout.size, depth=SPAD_READ_LATENCY + 1)
             m.submodules[f"{name}_meta"] = meta
             m.d.comb += [
                 port.req.valid.eq(fifo_.r_rdy & meta.w_rdy),
@@ -405,7 +406,7 @@ class ComputeUnit(wiring.Component):
             m.d.comb += a_head.eq(feeds.r_data)
             a_row = Signal(16)
             b_row = Signal(16)
-            ameta = fifo.SyncFIFO(width=ameta_layout.size, depth=4)
+            ameta = fifo.SyncFIFO(width=ameta_layout.size, depth=SPAD_READ_LATENCY + 1)
             m.submodules.ameta = ameta
             # A and B are requested row by row, neither running ahead of the other
             both = Signal()
