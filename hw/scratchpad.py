@@ -60,9 +60,11 @@ def read_port_signature(addr_layout: ShapeLike, data_layout: ShapeLike) -> wirin
     """A memory read port, seen from the requester: ``req`` (an address stream) goes out,
     ``resp`` (a data stream) comes in. A memory block has ``In(read_port_signature(...))``.
 
-    Protocol: a request accepted in cycle t has its response valid from cycle t + READ_LATENCY,
-    or from the cycle after the previous response was taken if that is later; the response stays
-    valid, unchanged, until ``resp.ready``. Responses come in request order.
+    Protocol: a request accepted in cycle t has its response valid from cycle t + L, the memory's
+    ``read_latency`` (:data:`SPAD_READ_LATENCY` for the scratchpad, :data:`READ_LATENCY` for the
+    accumulator, ``TABLE_READ_LATENCY`` for the requantize table), or from the cycle after the
+    previous response was taken if that is later; the response stays valid, unchanged, until
+    ``resp.ready``. Responses come in request order.
     A port may accept a request while earlier responses are pending; with ``resp.ready`` held
     high it accepts one request per cycle.
     """
