@@ -755,7 +755,7 @@ class StoreUnit(wiring.Component):
                 with m.If(self.read_table.req.ready):
                     m.next = "PARAMS"
             with m.State("PARAMS"):
-                # wait for the table row (READ_LATENCY): it is on resp.payload from then on, and
+                # wait for the table row (TABLE_READ_LATENCY): it is on resp.payload from then on, and
                 # the SFU samples params a cycle before the first beat
                 m.d.comb += self.busy.eq(1)
                 with m.If(self.read_table.resp.valid):
