@@ -422,6 +422,27 @@ def ort_pool_may_differ(x_scale: float, y_scale: float, zero_point: int, count: 
     return bool(np.any(margin <= 1.01 * float_error + sfu_error + 2.0 ** -30))
 
 
+def _sfu_pool_refusal(label: str, mode: str, image: tuple[int, ...], kernel: tuple[int, ...],
+                      strides: tuple[int, ...], begin: tuple[int, ...], end: tuple[int, ...],
+                      out: tuple[int, ...], count_include_pad: bool) -> str | None:
+    """Why the SFU cannot pool a 2-D window of this geometry (``image`` the input's H, W; ``out``
+    the output's), or None when it can: the STORE walks windows that each hold an image pixel
+    and, averaging, divides by the window size with 8-bit window and stride fields."""
+    if begin[0] >= kernel[0] or begin[1] >= kernel[1]:
+        return f"{label}: padding {begin} must be smaller than the window {kernel}"
+    if any((out[i] - 1) * strides[i] - begin[i] >= image[i] for i in range(2)):
+        return f"{label}: a window lies entirely in the padding; the STORE needs an image pixel"
+    if mode == "avg":
+        if (any(begin) or any(end)) and not count_include_pad:
+            return (f"{label}: average pooling with padding and count_include_pad=0 divides "
+                    f"by a varying count; the SFU divides by the window size")
+        if any((out[i] - 1) * strides[i] + kernel[i] > image[i] + begin[i] + end[i] for i in range(2)):
+            return f"{label}: ceil_mode windows past the padding divide by a smaller count"
+    if max(kernel) > 255 or max(strides) > 255:
+        return f"{label}: pooling window {kernel} / stride {strides} exceed the STORE's 8-bit fields"
+    return None
+
+
 def _ort_pool_attrs(e: _Edit, node: Node, x_shape: tuple[int, ...]) -> tuple[dict[str, Any], int, bool,
                                                                                 bool] | None:
     """(QLinearAveragePool attributes, window size, whether the window is the whole unpadded
@@ -436,14 +457,10 @@ def _ort_pool_attrs(e: _Edit, node: Node, x_shape: tuple[int, ...]) -> tuple[dic
                               node.attrs.get("auto_pad", "NOTSET"), node.attrs.get("pads"))
     attrs = {k: v for k, v in node.attrs.items() if k != "dilations"}
     whole = tuple(spatial) == kernel and not any(begin) and not any(end)
-    out = e.tensors[node.outputs[0]].shape[2:]
-    padded = any(begin) or any(end)
-    overhang = any((out[i] - 1) * strides[i] + kernel[i] > spatial[i] + begin[i] + end[i]
-                   for i in range(len(kernel)))
-    in_padding = any((out[i] - 1) * strides[i] - begin[i] >= spatial[i] or begin[i] >= kernel[i]
-                     for i in range(len(kernel)))
-    uniform = len(kernel) == 2 and not overhang and not in_padding and max(kernel + strides) <= 255 \
-        and (not padded or bool(node.attrs.get("count_include_pad", 0)))
+    out = tuple(e.tensors[node.outputs[0]].shape[2:])
+    uniform = len(kernel) == 2 and _sfu_pool_refusal(
+        node.label, "avg", tuple(spatial), kernel, strides, begin, end, out,
+        bool(node.attrs.get("count_include_pad", 0))) is None
     return attrs, math.prod(kernel), whole, uniform
 
 
@@ -509,7 +526,9 @@ def emulate_ort_pooling(graph: Graph, options: PassOptions) -> Graph:
             as_uint8 = to_u8_in
         if node.op == "GlobalAveragePool":
             attrs, count, whole = {}, math.prod(shape[2:]), True
-            uniform = len(shape) == 4 and max(shape[2:]) <= 255
+            hw = tuple(shape[2:])
+            uniform = len(shape) == 4 and _sfu_pool_refusal(node.label, "avg", hw, hw, (1, 1), (0, 0),
+                                                            (0, 0), (1, 1), False) is None
         else:
             found = _ort_pool_attrs(e, node, shape)
             if found is None:
@@ -1369,21 +1388,10 @@ def _lower_pool(lw: _Lowering, node: Node) -> str | None:
                                   node.attrs.get("pads"))
         # the output size ONNX shape inference gave (its ceil_mode rule changed at opset 22)
         out_hw = tuple(e.tensors[node.outputs[0]].shape[2:])
-        if begin[0] >= kernel[0] or begin[1] >= kernel[1]:
-            return f"{node.label}: padding {begin} must be smaller than the window {kernel}"
-        if any((out_hw[i] - 1) * strides[i] - begin[i] >= (h, w)[i] for i in range(2)):
-            return f"{node.label}: a window lies entirely in the padding; the STORE needs an image pixel"
-        if mode == "avg":
-            padded = any(begin) or any(end)
-            if padded and not node.attrs.get("count_include_pad", 0):
-                return (f"{node.label}: average pooling with padding and count_include_pad=0 divides "
-                        f"by a varying count; the SFU divides by the window size")
-            overhang = any((out_hw[i] - 1) * strides[i] + kernel[i] > (h, w)[i] + begin[i] + end[i]
-                           for i in range(2))
-            if overhang:
-                return f"{node.label}: ceil_mode windows past the padding divide by a smaller count"
-    if max(kernel) > 255 or max(strides) > 255:
-        return f"{node.label}: pooling window {kernel} / stride {strides} exceed the STORE's 8-bit fields"
+    refusal = _sfu_pool_refusal(node.label, mode, (h, w), kernel, strides, begin, end, out_hw,
+                                bool(node.attrs.get("count_include_pad", 0)))
+    if refusal is not None:
+        return refusal
     if direct is not None:
         chain = _Chain(None, [node], px)
     else:
