@@ -109,6 +109,23 @@ def construct_rejected(factory: Callable[[], Any]) -> None:
         raise error
 
 
+def driver(result: dict[str, Any], key: str, stream: Any, payloads: Sequence[Any], **options: Any):
+    """A testbench that drives ``payloads`` (:func:`drive` with ``options``) and stores their accept
+    edges in ``result[key]``."""
+    async def testbench(ctx):
+        result[key] = await drive(ctx, stream, payloads, **options)
+    return testbench
+
+
+def row_sink(result: dict[str, Any], key: str, stream: Any, count: int, elems: int, **options: Any):
+    """A testbench that takes ``count`` rows of ``elems`` elements (:func:`collect` with
+    ``options``) and stores (edge, row) pairs in ``result[key]``."""
+    async def testbench(ctx):
+        taken = await collect(ctx, stream, count, **options)
+        result[key] = [(edge, [row[i] for i in range(elems)]) for edge, row in taken]
+    return testbench
+
+
 # -- model -------------------------------------------------------------------------------------
 
 class ScratchpadModel:
@@ -256,27 +273,11 @@ def test_same_bank_reads_alternate_round_robin() -> None:
     reads_b = [(7 * k) % 16 for k in range(20)]
     dut = Scratchpad(config)
     result: dict[str, Any] = {}
-
-    async def writer(ctx):
-        result["write"] = await drive(ctx, dut.write, writes, rng=rng)
-
-    async def port_a(ctx):
-        result["a_req"] = await drive(ctx, dut.read_a.req, [{"addr": a} for a in reads_a], rng=rng,
-                                      start=17)
-
-    async def port_b(ctx):
-        result["b_req"] = await drive(ctx, dut.read_b.req, [{"addr": a} for a in reads_b], rng=rng,
-                                      start=17)
-
-    async def sink_a(ctx):
-        result["a_resp"] = [(e, [r[i] for i in range(4)]) for e, r in
-                            await collect(ctx, dut.read_a.resp, len(reads_a), rng=rng)]
-
-    async def sink_b(ctx):
-        result["b_resp"] = [(e, [r[i] for i in range(4)]) for e, r in
-                            await collect(ctx, dut.read_b.resp, len(reads_b), rng=rng)]
-
-    simulate(dut, writer, port_a, port_b, sink_a, sink_b)
+    simulate(dut, driver(result, "write", dut.write, writes, rng=rng),
+             driver(result, "a_req", dut.read_a.req, [{"addr": a} for a in reads_a], rng=rng, start=17),
+             driver(result, "b_req", dut.read_b.req, [{"addr": a} for a in reads_b], rng=rng, start=17),
+             row_sink(result, "a_resp", dut.read_a.resp, len(reads_a), 4, rng=rng),
+             row_sink(result, "b_resp", dut.read_b.resp, len(reads_b), 4, rng=rng))
     check_against_model(config, writes, reads_a, reads_b, result)
     both = sorted(result["a_req"] + result["b_req"])
     assert both == list(range(18, 18 + 40)), "the bank serves one read per cycle, every cycle"
@@ -293,27 +294,13 @@ def test_pending_response_holds_while_other_port_reuses_the_bank() -> None:
     reads_b = [rng.randrange(16) for _ in range(60)]
     dut = Scratchpad(config)
     result: dict[str, Any] = {}
-
-    async def writer(ctx):
-        result["write"] = await drive(ctx, dut.write, writes, rng=rng)
-
-    async def port_a(ctx):
-        result["a_req"] = await drive(ctx, dut.read_a.req, [{"addr": a} for a in reads_a],
-                                      rng=random.Random(1), start=16)
-
-    async def port_b(ctx):
-        result["b_req"] = await drive(ctx, dut.read_b.req, [{"addr": a} for a in reads_b],
-                                      rng=random.Random(2), start=16)
-
-    async def sink_a(ctx):
-        result["a_resp"] = [(e, [r[i] for i in range(4)]) for e, r in
-                            await collect(ctx, dut.read_a.resp, 60, rng=random.Random(3), stall=0.8)]
-
-    async def sink_b(ctx):
-        result["b_resp"] = [(e, [r[i] for i in range(4)]) for e, r in
-                            await collect(ctx, dut.read_b.resp, 60, rng=random.Random(4))]
-
-    simulate(dut, writer, port_a, port_b, sink_a, sink_b)
+    simulate(dut, driver(result, "write", dut.write, writes, rng=rng),
+             driver(result, "a_req", dut.read_a.req, [{"addr": a} for a in reads_a], rng=random.Random(1),
+                    start=16),
+             driver(result, "b_req", dut.read_b.req, [{"addr": a} for a in reads_b], rng=random.Random(2),
+                    start=16),
+             row_sink(result, "a_resp", dut.read_a.resp, 60, 4, rng=random.Random(3), stall=0.8),
+             row_sink(result, "b_resp", dut.read_b.resp, 60, 4, rng=random.Random(4)))
     check_against_model(config, writes, reads_a, reads_b, result)
     assert result["b_req"][-1] < result["a_req"][-1], "B ran ahead while A's response waited"
 
@@ -331,13 +318,6 @@ def test_a_port_owes_read_latency_responses_at_most_and_otherwise_runs_at_full_r
     dut = Scratchpad(config)
     result: dict[str, Any] = {}
 
-    async def writer(ctx):
-        result["write"] = await drive(ctx, dut.write, writes, rng=rng)
-
-    async def requester(ctx):
-        result["a_req"] = await drive(ctx, dut.read_a.req, [{"addr": a} for a in reads], rng=rng,
-                                      start=16)
-
     async def receiver(ctx):
         pattern = random.Random(SEED + 3)
         edge, ready_at, taken = 0, set(), []
@@ -352,7 +332,9 @@ def test_a_port_owes_read_latency_responses_at_most_and_otherwise_runs_at_full_r
                 taken.append((edge, [row[e] for e in range(4)]))
         result["a_resp"], result["ready_at"] = taken, ready_at
 
-    simulate(dut, writer, requester, receiver)
+    simulate(dut, driver(result, "write", dut.write, writes, rng=rng),
+             driver(result, "a_req", dut.read_a.req, [{"addr": a} for a in reads], rng=rng, start=16),
+             receiver)
     result["b_req"], result["b_resp"] = [], []
     check_against_model(config, writes, reads, [], result)
     requests, taken = result["a_req"], [e for e, _ in result["a_resp"]]
