@@ -498,3 +498,16 @@ def test_pool_onnxruntime_runs_in_float_is_left_alone(tmp_path: Path) -> None:
     assert "AveragePool" in [n.op_type for n in onnx.load(tmp_path / "o.onnx").graph.node]
     graph, _ = _optimize(model, ort_exact_pooling=True)
     assert not [n for n in graph.host_nodes if n.domain] and [o.kind for o in graph.accel_ops] == ["pool"]
+
+
+def test_global_pool_outside_onnxruntime_range_is_refused() -> None:
+    """onnxruntime's global-average kernel takes scales x_scale / (y_scale * count) in
+    [2**-32, 256) only; the emulation refuses the rest rather than compute what it would not."""
+    x = np.zeros((1, 1, 2, 2), np.int8)
+    scale = np.float32(np.float32(1.0) / np.float32(np.float32(1e-4) * np.float32(4)))
+    with pytest.raises(UnsupportedOpError, match=re.escape(
+            f"onnxruntime's QLinearGlobalAveragePool rejects scale {float(scale)!r} and image size 4 "
+            f"(out of its computation range)")):
+        QLinearGlobalAveragePool(x, np.float32(1.0), 0, np.float32(1e-4), 0)
+    # inside the range: computed
+    assert QLinearGlobalAveragePool(x + 3, np.float32(1.0), 0, np.float32(1.0), 0).tolist() == [[[[3]]]]
