@@ -11,13 +11,15 @@ Ports (see docs/arch-memory-sfu.md):
 
 * ``array_write`` — stream of (row, C values, accumulate) from the array controller, accepted every
   cycle (``ready`` is always 1, so the array never stalls for it). ``accumulate`` adds the values
-  to the stored row (wrapping), else they overwrite it. Pipelined read-modify-write over four
-  cycles: read the row (cycle t, when the beat is accepted), register it (t+1; a block RAM's
-  clock-to-out takes most of a cycle on ECP5), add (t+2), write back (t+3). The read sees the
-  writes of cycle t (transparent port); the results of the two beats ahead are forwarded, so
-  back-to-back beats to one row add up exactly.
+  to the stored row (wrapping), else they overwrite it. Pipelined read-modify-write: every bank's
+  requests are registered beside it (as the scratchpad's are), so a beat accepted in cycle t has
+  its row read by the block RAM in t+1, the row in the bank's data register in t+3 (a block RAM's
+  clock-to-out takes most of a cycle on ECP5, and the block RAM may be far away), the addition in
+  t+3, the result in a register in t+4, its write request in the bank's register then and the
+  block RAM writes it in t+5. The read sees the writes of its own cycle (transparent port); the
+  results of the three beats ahead are forwarded, so back-to-back beats to one row add up exactly.
 * ``dma_write`` — stream of (row, C values, element mask) from the DMA (LOAD dst=acc). Waits
-  (``ready`` low) while an array beat for the same bank is in stages 1 to 3.
+  (``ready`` low) while an array beat for the same bank is in stages 1 to 4.
 * ``read`` — store-path read port (:func:`~systolic.hw.scratchpad.read_port_signature`): the row
   arrives :data:`~systolic.hw.scratchpad.READ_LATENCY` cycles after the request is accepted (one
   row per cycle while the consumer takes them). A request waits only in a cycle where an
@@ -25,10 +27,13 @@ Ports (see docs/arch-memory-sfu.md):
 
 All writes take effect in accept order (a DMA write before the array beat accepted in the same
 cycle). A ``read`` accepted in cycle n sees the DMA writes accepted up to cycle n and the array
-beats accepted up to cycle n - 3 (:data:`WRITE_LATENCY`).
+beats accepted up to cycle n - 4 (:data:`WRITE_LATENCY`).
 """
 
 from __future__ import annotations
+
+import functools
+import operator
 
 from amaranth import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.hdl import Shape
@@ -38,7 +43,13 @@ from amaranth.lib.wiring import In
 from amaranth.utils import exact_log2
 
 from .config import AcceleratorConfig
-from .scratchpad import READ_LATENCY, drive_read_response, read_port_signature
+from .scratchpad import (
+    READ_LATENCY,
+    bank_data_registers,
+    drive_read_response,
+    read_port_signature,
+    select_bank_row,
+)
 
 __all__ = [
     "ACC_BANKS", "WRITE_LATENCY", "Accumulator", "acc_elem_shape", "acc_row_layout", "acc_array_write_layout",
@@ -49,8 +60,9 @@ __all__ = [
 ACC_BANKS = 2
 
 #: Cycles from accepting an ``array_write`` beat until a ``read`` request accepted then sees its
-#: result: the write-back cycle (the read ports are transparent).
-WRITE_LATENCY = 3
+#: result: a request reaches the block RAM the cycle after its grant, the beat's write-back five
+#: cycles after its acceptance (the read ports are transparent).
+WRITE_LATENCY = 4
 
 
 def acc_elem_shape(config: AcceleratorConfig) -> Shape:
@@ -136,115 +148,111 @@ class Accumulator(wiring.Component):
             # forwarding); yosys emulates it with one bypass register, half the cost of old-data.
             write_port = memory.write_port(granularity=1)
             banks.append((write_port, memory.read_port(transparent_for=(write_port,))))
+        bank_data = bank_data_registers(m, [read_port for _, read_port in banks])
 
-        # -- stage 0: an accumulating array beat reads its row; the store read uses idle banks --
+        # -- stage 0 (cycle t): an accumulating array beat reads its row; the store read uses idle
+        # banks. Every bank's requests (reads here, writes below) are registered beside the bank:
+        # its block RAM reads in cycle t+1, the data is out in t+2 and in the bank's register in t+3.
         beat = self.array_write.payload
         beat_bank = beat.addr[index_bits:]
         beat_reads = self.array_write.valid & beat.accumulate
         req = self.read.req.payload
         req_bank = req.addr[index_bits:]
         grant_read = Signal()
-        resp_row = Signal(row_layout)         # the bank's read data, two cycles after grant_read
+        resp_row = Signal(row_layout)
         free = drive_read_response(m, self.read.resp, grant_read, resp_row)
         m.d.comb += grant_read.eq(self.read.req.valid & free & ~(beat_reads & (beat_bank == req_bank)))
         m.d.comb += [self.read.req.ready.eq(grant_read), self.array_write.ready.eq(1)]
         for k, (_, read_port) in enumerate(banks):
             beat_here = beat_reads & (beat_bank == k)
-            m.d.comb += [
+            m.d.sync += [
                 read_port.en.eq(beat_here | (grant_read & (req_bank == k))),
                 read_port.addr.eq(Mux(beat_here, beat.addr[:index_bits], req.addr[:index_bits])),
             ]
+        select_bank_row(m, bank_data, req_bank, resp_row)
 
-        # -- store-path response: each bank's read data into a register with no logic before it,
-        # the row selected from those registers two cycles after the grant --------------------------
-        bank_data = [Signal(row_layout, name=f"bank{k}_data") for k in range(len(banks))]
-        for register, (_, read_port) in zip(bank_data, banks, strict=True):
-            m.d.sync += register.eq(read_port.data)
-        bank_read = Signal.like(req_bank)           # the bank requested last cycle
-        bank_registered = Signal.like(req_bank)     # ... and the cycle before: its data is registered
-        m.d.sync += [bank_read.eq(req_bank), bank_registered.eq(bank_read)]
-        with m.Switch(bank_registered):
-            for k, register in enumerate(bank_data):
-                with m.Case(k):
-                    m.d.comb += resp_row.eq(register)
+        # -- stages 1 to 3: the beat's (valid, addr, data, accumulate), one register set per stage --
+        stages = []
+        previous = (self.array_write.valid, beat.addr, beat.data, beat.accumulate)
+        for n in range(1, 4):
+            stage = (Signal(name=f"s{n}_valid"), Signal.like(beat.addr, name=f"s{n}_addr"),
+                     Signal(row_layout, name=f"s{n}_data"), Signal(name=f"s{n}_accumulate"))
+            m.d.sync += [register.eq(value) for register, value in zip(stage, previous, strict=True)]
+            stages.append(stage)
+            previous = stage
+        (s1_valid, s1_addr, _, _), (s2_valid, s2_addr, _, s2_accumulate), (s3_valid, s3_addr, s3_data, _) = (
+            stages)
 
-        # -- stage 1: the block RAM's row goes straight into a register (its clock-to-out is most
-        # of a cycle on ECP5); the forwarding decisions for stage 2 are made here ----------------
-        s1_valid = Signal()
-        s1_addr = Signal.like(beat.addr)
-        s1_data = Signal(row_layout)
-        s1_accumulate = Signal()
+        # the results of the beats ahead, newest first: a beat's row is in s4_row the cycle after
+        # its add (stage 3), in s5_row the cycle after that (while its write request is registered
+        # beside the bank; the block RAM writes it in the next cycle)
+        s4_valid, s4_addr, s4_row = Signal(), Signal.like(beat.addr), Signal(row_layout)
+        s5_valid, s5_addr, s5_row = Signal(), Signal.like(beat.addr), Signal(row_layout)
+
+        # -- stage 2 (t+2): where stage 3 takes the stored row from. The row was read in t+1 and saw
+        # the writes of that cycle (transparent ports): those of the beats accepted up to t-4. The
+        # three beats ahead write later, so their results are forwarded, the newest match wins:
+        # the one now adding (in s4_row next cycle), or the two before it (in s4_row / s5_row now:
+        # chosen here, into `older`). The accumulate flag is folded into the selects (0 + data). --
+        newest = Signal()     # stage 3 adds to the result of the beat now in stage 3
+        use_older = Signal()  # ... to `older`
+        use_bank = Signal(ACC_BANKS)   # ... to the block RAM's row of this bank
+        older = Signal(row_layout)
+        match = [valid & (addr == s2_addr) for valid, addr in ((s3_valid, s3_addr), (s4_valid, s4_addr),
+                                                                (s5_valid, s5_addr))]
         m.d.sync += [
-            s1_valid.eq(self.array_write.valid),
-            s1_addr.eq(beat.addr),
-            s1_data.eq(beat.data),
-            s1_accumulate.eq(beat.accumulate),
+            newest.eq(s2_accumulate & match[0]),
+            use_older.eq(s2_accumulate & ~match[0] & (match[1] | match[2])),
+            use_bank.eq(Mux(s2_accumulate & ~match[0] & ~match[1] & ~match[2],
+                            1 << s2_addr[index_bits:], 0)),
+            older.eq(Mux(match[1], s4_row, s5_row)),
         ]
-        read_row = Signal(row_layout)
-        with m.Switch(s1_addr[index_bits:]):
-            for k, (_, read_port) in enumerate(banks):
-                with m.Case(k):
-                    m.d.comb += read_row.eq(read_port.data)
 
-        # -- stage 2: add. The row was read in stage 0, seeing the writes of that cycle (the ports
-        # are transparent); the two beats ahead (in stages 2 and 3 then) write back later, so their
-        # results are forwarded: the nearer one wins. ----------------------------------------------
-        s2_valid = Signal()
-        s2_addr = Signal.like(beat.addr)
-        s2_data = Signal(row_layout)
-        s2_accumulate = Signal()
-        stored = Signal(row_layout)
-        s3_valid = Signal()
-        s3_addr = Signal.like(beat.addr)
-        s3_row = Signal(row_layout)          # stage 2's result, written back in stage 3
-        written_row = Signal(row_layout)     # stage 3's row, written back the cycle before
-        from_s3 = Signal()                   # stage 2's beat needs the row now in stage 3
-        from_written = Signal()              # ... or the row written back last cycle
-        m.d.sync += [
-            s2_valid.eq(s1_valid),
-            s2_addr.eq(s1_addr),
-            s2_data.eq(s1_data),
-            s2_accumulate.eq(s1_accumulate),
-            stored.eq(read_row),
-            from_s3.eq(s2_valid & (s2_addr == s1_addr)),
-            from_written.eq(s3_valid & (s3_addr == s1_addr)),
-        ]
+        # -- stage 3 (t+3): add; the old row is an AND-OR of one-hot selects (all 0: overwrite) --
         result = Signal(row_layout)
         for c in range(cols):
-            old = Mux(from_s3, s3_row[c], Mux(from_written, written_row[c], stored[c]))
-            m.d.comb += result[c].eq(Mux(s2_accumulate, old + s2_data[c], s2_data[c]))  # wraps
+            sources = [(newest, s4_row[c]), (use_older, older[c]),
+                       *((use_bank[k], bank_data[k][c]) for k in range(ACC_BANKS))]
+            old = Signal(acc_elem_shape(cfg), name=f"old{c}")
+            m.d.comb += old.eq(functools.reduce(operator.or_, (Mux(sel, value, 0) for sel, value in sources)))
+            m.d.comb += result[c].eq(old + s3_data[c])                                   # wraps
 
-        # -- stage 3: write back from a register -----------------------------------------------------
+        # -- stage 4 (t+4): the result in a register, its write request registered beside the bank;
+        # stage 5 (t+5): the block RAM writes it ----------------------------------------------------
         m.d.sync += [
-            s3_valid.eq(s2_valid),
-            s3_addr.eq(s2_addr),
-            s3_row.eq(result),
-            written_row.eq(s3_row),
+            s4_valid.eq(s3_valid), s4_addr.eq(s3_addr), s4_row.eq(result),
+            s5_valid.eq(s4_valid), s5_addr.eq(s4_addr), s5_row.eq(s4_row),
         ]
-        s3_bank = s3_addr[index_bits:]
+        s4_bank = s4_addr[index_bits:]
 
         # A DMA write waits while an array beat for its bank is past stage 0 (so it never needs
-        # forwarding and never meets a write-back); a beat in stage 0 reads it transparently.
+        # forwarding and never meets a write-back); a beat in stage 0 reads it transparently (the
+        # beat's read and the DMA's write reach the block RAM in the same cycle).
         dma = self.dma_write.payload
         dma_bank = dma.addr[index_bits:]
         busy = Cat(*(valid & (addr[index_bits:] == dma_bank)
-                     for valid, addr in ((s1_valid, s1_addr), (s2_valid, s2_addr), (s3_valid, s3_addr))))
+                     for valid, addr in ((s1_valid, s1_addr), (s2_valid, s2_addr), (s3_valid, s3_addr),
+                                         (s4_valid, s4_addr))))
         grant_dma = Signal()
         m.d.comb += [
             grant_dma.eq(self.dma_write.valid & ~busy.any()),
             self.dma_write.ready.eq(grant_dma),
         ]
         for k, (write_port, _) in enumerate(banks):
-            with m.If(s3_valid & (s3_bank == k)):
-                m.d.comb += [
-                    write_port.addr.eq(s3_addr[:index_bits]),
-                    write_port.data.eq(s3_row),
-                    write_port.en.eq((1 << cols) - 1),
+            enable = Signal.like(write_port.en, name=f"bank{k}_write_en")
+            m.d.comb += write_port.en.eq(enable)
+            with m.If(s4_valid & (s4_bank == k)):
+                m.d.sync += [
+                    write_port.addr.eq(s4_addr[:index_bits]),
+                    write_port.data.eq(s4_row),
+                    enable.eq((1 << cols) - 1),
                 ]
             with m.Elif(grant_dma & (dma_bank == k)):
-                m.d.comb += [
+                m.d.sync += [
                     write_port.addr.eq(dma.addr[:index_bits]),
                     write_port.data.eq(dma.data),
-                    write_port.en.eq(dma.mask),
+                    enable.eq(dma.mask),
                 ]
+            with m.Else():
+                m.d.sync += enable.eq(0)
         return m

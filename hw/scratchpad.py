@@ -13,8 +13,8 @@ Ports (see docs/arch-memory-sfu.md):
   mask enables element ``e``; masked-off elements keep their value.
 * ``read_a``, ``read_b`` — read ports for the array's A and B operands
   (:func:`read_port_signature`): ``req`` carries a row address, ``resp`` returns the row
-  :data:`SPAD_READ_LATENCY` cycles after ``req`` was accepted (later only while an earlier
-  response waits) and holds it until taken; SPAD_READ_LATENCY requests may be outstanding, so a
+  :data:`READ_LATENCY` cycles after ``req`` was accepted (later only while an earlier
+  response waits) and holds it until taken; READ_LATENCY requests may be outstanding, so a
   port reads one row per cycle. Reads and writes reach a bank's block RAM through registers
   beside it, one cycle after they are accepted, so a read sees the writes accepted up to its own
   cycle.
@@ -28,6 +28,9 @@ returns the new contents (transparent; the ISA's token rules forbid such an unor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from amaranth import Const, Module, Mux, Signal, unsigned
 from amaranth.hdl import ShapeLike, Value
 from amaranth.lib import data, stream, wiring
@@ -38,22 +41,18 @@ from amaranth.utils import exact_log2
 from .config import AcceleratorConfig
 
 __all__ = [
-    "READ_LATENCY", "SPAD_READ_LATENCY", "Scratchpad", "read_port_signature", "drive_read_response",
-    "spad_row_layout", "spad_write_layout",
+    "READ_LATENCY", "Scratchpad", "read_port_signature", "drive_read_response", "bank_data_registers",
+    "select_bank_row", "spad_row_layout", "spad_write_layout",
 ]
 
 #: Cycles from an accepted read request to its response, for the scratchpad's and the
-#: accumulator's read ports: the block RAM's read data, the cycle after the grant, goes into a
-#: register of its bank with no logic before it (beside the block RAM, wherever the placer puts
-#: that), then through the bank select into the response register: the block RAM's
-#: clock-to-output and the route to the consumer (across the die on large FPGAs) are in
-#: different cycles.
-READ_LATENCY = 3
-#: Cycles from an accepted read request to its response on the scratchpad's operand ports: one
-#: more than READ_LATENCY, because every bank's requests (reads and writes alike, so their order
-#: is kept) are registered beside the bank before its block RAM sees them: the arbitration's
-#: logic and the route to a block RAM across the die are in different cycles.
-SPAD_READ_LATENCY = READ_LATENCY + 1
+#: accumulator's read ports. Every bank's requests (reads and writes alike, so their order is kept)
+#: are registered beside the bank: the block RAM reads in the cycle after the grant, so the
+#: arbitration's logic and the route to a block RAM across the die are in different cycles. The
+#: block RAM's read data goes into a register of its bank with no logic before it (beside the block
+#: RAM, wherever the placer puts that), then through the bank select into the response register:
+#: the block RAM's clock-to-output and the route to the consumer are in different cycles too.
+READ_LATENCY = 4
 
 
 def read_port_signature(addr_layout: ShapeLike, data_layout: ShapeLike) -> wiring.Signature:
@@ -61,8 +60,8 @@ def read_port_signature(addr_layout: ShapeLike, data_layout: ShapeLike) -> wirin
     ``resp`` (a data stream) comes in. A memory block has ``In(read_port_signature(...))``.
 
     Protocol: a request accepted in cycle t has its response valid from cycle t + L, the memory's
-    ``read_latency`` (:data:`SPAD_READ_LATENCY` for the scratchpad, :data:`READ_LATENCY` for the
-    accumulator, ``TABLE_READ_LATENCY`` for the requantize table), or from the cycle after the
+    ``read_latency`` (:data:`READ_LATENCY` for the scratchpad and the accumulator,
+    ``TABLE_READ_LATENCY`` for the requantize table), or from the cycle after the
     previous response was taken if that is later; the response stays valid, unchanged, until
     ``resp.ready``. Responses come in request order.
     A port may accept a request while earlier responses are pending; with ``resp.ready`` held
@@ -74,28 +73,25 @@ def read_port_signature(addr_layout: ShapeLike, data_layout: ShapeLike) -> wirin
     })
 
 
-def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: Value, *,
-                        latency: int = READ_LATENCY) -> Value:
+def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: Value) -> Value:
     """Drive the response stream of a read port whose memory was read for it in the cycles where
-    ``granted`` is high; ``row`` is the data of that read ``latency - 1`` cycles later (the
-    memory and the registers after it are not held: they may serve someone else after that).
+    ``granted`` is high; ``row`` is the data of that read :data:`READ_LATENCY` - 1 cycles later
+    (the memory and the registers after it are not held: they may serve someone else after that;
+    :func:`select_bank_row` makes such a ``row``).
 
-    The rows go into a queue of ``latency`` registers whose head is the response
+    The rows go into a queue of READ_LATENCY registers whose head is the response
     (``resp.payload`` comes from a register only): a row arriving when the queue, after this
-    cycle's take, has k entries goes into entry k. At most ``latency`` responses are owed (in
+    cycle's take, has k entries goes into entry k. At most READ_LATENCY responses are owed (in
     flight or queued), so a port reads one row per cycle while its consumer takes one per cycle,
-    and a response comes ``latency`` cycles after its request when the ones before it have been
+    and a response comes READ_LATENCY cycles after its request when the ones before it have been
     taken.
 
     Returns ``free``: high in a cycle where a request may be granted; the caller's ``granted``
     must imply it.
     """
-    if latency not in (READ_LATENCY, SPAD_READ_LATENCY):
-        raise ValueError(f"latency must be READ_LATENCY ({READ_LATENCY}) or SPAD_READ_LATENCY "
-                         f"({SPAD_READ_LATENCY}), not {latency!r}")
     name = resp.valid.name
-    delay = latency - 1
-    depth = latency
+    delay = READ_LATENCY - 1
+    depth = READ_LATENCY
     in_flight = [Signal(name=f"{name}_in_flight{k}") for k in range(delay)]   # granted k+1 ago
     m.d.sync += [in_flight[0].eq(granted), *(in_flight[k].eq(in_flight[k - 1]) for k in range(1, delay))]
     arrives = in_flight[-1]
@@ -122,6 +118,32 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
                 with m.If(taken):
                     m.d.sync += rows[k].eq(rows[k + 1])
     return free
+
+
+def bank_data_registers(m: Module, read_ports: Sequence[Any]) -> list[Signal]:
+    """One register per bank taking that bank's block RAM read data every cycle, with no logic
+    before it (so the placer can put it beside the block RAM). A read presented to a bank in
+    cycle t (its request registered in t-1) is in the bank's register in cycle t+2."""
+    registers = [Signal.like(port.data, name=f"bank{k}_data") for k, port in enumerate(read_ports)]
+    for register, port in zip(registers, read_ports, strict=True):
+        m.d.sync += register.eq(port.data)
+    return registers
+
+
+def select_bank_row(m: Module, bank_data: Sequence[Signal], bank: Value, row: Value) -> None:
+    """Drive ``row`` (combinationally) with the register of :func:`bank_data_registers` of the
+    bank that ``bank`` named READ_LATENCY - 1 cycles ago: the cycle of the grant, whose request
+    reached the block RAM one cycle later; the row :func:`drive_read_response` expects."""
+    name = getattr(Value.cast(row), "name", "row")
+    delayed = bank
+    for stage in ("requested", "read", "registered"):     # the block RAM reads, its data is out,
+        later = Signal.like(bank, name=f"{name}_bank_{stage}")   # ... and is in the register
+        m.d.sync += later.eq(delayed)
+        delayed = later
+    with m.Switch(delayed):
+        for k, register in enumerate(bank_data):
+            with m.Case(k):
+                m.d.comb += row.eq(register)
 
 
 def spad_row_layout(config: AcceleratorConfig) -> data.ArrayLayout:
@@ -169,8 +191,8 @@ class Scratchpad(wiring.Component):
 
     @property
     def read_latency(self) -> int:
-        """Cycles from an accepted read request to its response (:data:`SPAD_READ_LATENCY`)."""
-        return SPAD_READ_LATENCY
+        """Cycles from an accepted read request to its response (:data:`READ_LATENCY`)."""
+        return READ_LATENCY
 
     def elaborate(self, platform: object) -> Module:
         cfg = self._config
@@ -207,8 +229,8 @@ class Scratchpad(wiring.Component):
         grant_b = Signal()
         row_a = Signal(spad_row_layout(cfg))     # the bank's read data, three cycles after a grant
         row_b = Signal(spad_row_layout(cfg))
-        free_a = drive_read_response(m, a.resp, grant_a, row_a, latency=SPAD_READ_LATENCY)
-        free_b = drive_read_response(m, b.resp, grant_b, row_b, latency=SPAD_READ_LATENCY)
+        free_a = drive_read_response(m, a.resp, grant_a, row_a)
+        free_b = drive_read_response(m, b.resp, grant_b, row_b)
         want_a = a.req.valid & free_a
         want_b = b.req.valid & free_b
         conflict = want_a & want_b & (a_bank == b_bank)
@@ -234,17 +256,7 @@ class Scratchpad(wiring.Component):
         # the request registered beside the bank (cycle t+1: the block RAM reads), each bank's read
         # data into a register with no logic before it (t+2); a port's row is selected from those
         # registers three cycles after its grant
-        bank_data = [Signal(spad_row_layout(cfg), name=f"bank{k}_data") for k in range(len(banks))]
-        for register, (_, read_port) in zip(bank_data, banks, strict=True):
-            m.d.sync += register.eq(read_port.data)
-        for bank, row in ((a_bank, row_a), (b_bank, row_b)):
-            bank_requested = Signal.like(bank)      # the bank granted last cycle: reads now
-            bank_read = Signal.like(bank)           # ... the cycle before: its data is out
-            bank_registered = Signal.like(bank)     # ... and before that: its data is registered
-            m.d.sync += [bank_requested.eq(bank), bank_read.eq(bank_requested),
-                         bank_registered.eq(bank_read)]
-            with m.Switch(bank_registered):
-                for k, register in enumerate(bank_data):
-                    with m.Case(k):
-                        m.d.comb += row.eq(register)
+        bank_data = bank_data_registers(m, [read_port for _, read_port in banks])
+        select_bank_row(m, bank_data, a_bank, row_a)
+        select_bank_row(m, bank_data, b_bank, row_b)
         return m

@@ -34,7 +34,7 @@ from .dma import GatherReader, LoadCommandLayout, RowWriteLayout, ScatterWriter,
 from .interconnect import StreamRegister
 from .isa import LAYOUTS, Memory, Opcode, OutType, PoolMode
 from .requant_table import requant_row_layout, requant_write_layout
-from .scratchpad import SPAD_READ_LATENCY, read_port_signature, spad_row_layout, spad_write_layout
+from .scratchpad import READ_LATENCY, read_port_signature, spad_row_layout, spad_write_layout
 from .sfu import SFU_REGS, SpecialFunctionUnit
 
 __all__ = ["LoadUnit", "ComputeUnit", "StoreUnit", "residual_read_signature"]
@@ -334,9 +334,9 @@ class ComputeUnit(wiring.Component):
             m.d.comb += head.eq(fifo_.r_data)
             row = Signal(16, name=f"{name}_row")
             # first-word-fall-through: an entry is readable the cycle after it is written, no
-            # later than the memory's response; one entry more than the SPAD_READ_LATENCY
+            # later than the memory's response; one entry more than the READ_LATENCY
             # responses a read port owes at most, so a full queue never holds up a request
-            meta = fifo.SyncFIFO(width=meta_layout.size, depth=SPAD_READ_LATENCY + 1)
+            meta = fifo.SyncFIFO(width=meta_layout.size, depth=READ_LATENCY + 1)
             m.submodules[f"{name}_meta"] = meta
             m.d.comb += [
                 port.req.valid.eq(fifo_.r_rdy & meta.w_rdy),
@@ -406,7 +406,7 @@ class ComputeUnit(wiring.Component):
             m.d.comb += a_head.eq(feeds.r_data)
             a_row = Signal(16)
             b_row = Signal(16)
-            ameta = fifo.SyncFIFO(width=ameta_layout.size, depth=SPAD_READ_LATENCY + 1)
+            ameta = fifo.SyncFIFO(width=ameta_layout.size, depth=READ_LATENCY + 1)
             m.submodules.ameta = ameta
             # A and B are requested row by row, neither running ahead of the other
             both = Signal()
@@ -559,9 +559,10 @@ class StoreUnit(wiring.Component):
         # acc reads: the walk queues one request (row, metadata) per window pixel; a request leaves
         # the queue for the accumulator, its metadata for the response side. The walk waits only
         # for room in the queue, so the accumulator's ready (which depends on the array's beats)
-        # reaches no walk register, and the request comes from a register.
+        # reaches no walk register, and the request comes from a register. The metadata queue holds
+        # one entry more than the READ_LATENCY responses a port may owe, for one row per cycle.
         meta_layout = data.StructLayout({"first": 1, "last": 1, "pad": 1})
-        m.submodules.meta = meta = fifo.SyncFIFO(width=meta_layout.size, depth=4)
+        m.submodules.meta = meta = fifo.SyncFIFO(width=meta_layout.size, depth=READ_LATENCY + 1)
         m.submodules.requests = requests = fifo.SyncFIFOBuffered(width=row_bits + meta_layout.size, depth=4)
         walking = Signal()
         last_pixel = Signal()

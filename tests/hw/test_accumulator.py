@@ -4,7 +4,7 @@ DMA writes and store-path reads, all concurrent, with random gaps and backpressu
 Model of the timing (docs/arch-memory-sfu.md): writes take effect in accept order, a DMA write
 before the array beat of the same edge (a DMA write to a bank waits while an array beat for it is
 in flight, so no other interleaving can be seen); a read accepted at edge n sees the DMA writes of
-edges up to n and the array beats of edges up to n - 3 (WRITE_LATENCY).
+edges up to n and the array beats of edges up to n - 4 (WRITE_LATENCY).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class AccumulatorModel:
 
     def replay(self, array: list[tuple[int, dict[str, Any]]], dma: list[tuple[int, dict[str, Any]]],
                reads: list[tuple[int, int]]) -> list[list[int]]:
-        # logical order: a DMA write at (e, 0), an array beat at (e + 3, 1) (its write-back),
+        # logical order: a DMA write at (e, 0), an array beat at (e + WRITE_LATENCY, 1) (its write-back),
         # a read at (n, 1.5)
         events = [(e, 0.0, "dma", w) for e, w in dma]
         events += [(e + WRITE_LATENCY, 1.0, "array", w) for e, w in array]
@@ -177,7 +177,7 @@ def test_dma_waits_only_for_array_writes_to_its_bank() -> None:
     config = SMALL
     bank = config.acc_rows // ACC_BANKS
     rng = random.Random(SEED)
-    # array beats for bank 0 are in flight until edge 13; DMA writes to bank 0 wait, to bank 1 not
+    # array beats for bank 0 are in flight until edge 14; DMA writes to bank 0 wait, to bank 1 not
     array = [{"addr": k % bank, "data": [rng.randint(-9, 9) for _ in range(4)], "accumulate": k % 2}
              for k in range(10)]
     dma_other = [{"addr": bank + k, "data": [k] * 4, "mask": 0b1111} for k in range(4)]
@@ -188,7 +188,7 @@ def test_dma_waits_only_for_array_writes_to_its_bank() -> None:
     dma_same = [{"addr": bank - 1 - k, "data": [k] * 4, "mask": 0b1111} for k in range(3)]
     reads = list(range(bank))
     result = run_traffic(config, array, dma_same, reads, seed=SEED, gap=0.0, stall=0.0, starts=(0, 2, 30))
-    assert result["dma"] == [14, 15, 16], "waits until the array's last write-back (edge 13)"
+    assert result["dma"] == [15, 16, 17], "waits until the array's last write request (edge 14)"
     check_against_model(config, array, dma_same, reads, result)
 
 
@@ -211,8 +211,8 @@ def test_store_read_waits_only_for_accumulating_reads_of_its_bank() -> None:
 def test_read_sees_an_array_beat_write_latency_after_it() -> None:
     config = SMALL
     array = [{"addr": 2, "data": [10 * (k + 1)] * 4, "accumulate": 0} for k in range(3)]  # edges 1..3
-    result = run_traffic(config, array, [], [2, 2], seed=SEED, gap=0.0, stall=0.0, starts=(0, 0, 4))
-    assert result["array"] == [1, 2, 3] and result["req"] == [5, 6]
+    result = run_traffic(config, array, [], [2, 2], seed=SEED, gap=0.0, stall=0.0, starts=(0, 0, 5))
+    assert result["array"] == [1, 2, 3] and result["req"] == [6, 7]
     assert result["req"][0] == result["array"][1] + WRITE_LATENCY
     assert [row for _, row in result["resp"]] == [[20] * 4, [30] * 4]
     check_against_model(config, array, [], [2, 2], result)

@@ -16,12 +16,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from amaranth import Module, Signal
 from amaranth.hdl import UnusedElaboratable
-from amaranth.lib import stream
 from amaranth.sim import Simulator
 from systolic.hw.config import AcceleratorConfig
-from systolic.hw.scratchpad import READ_LATENCY, SPAD_READ_LATENCY, Scratchpad, drive_read_response
+from systolic.hw.scratchpad import READ_LATENCY, Scratchpad
 
 SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
 #: A testbench gives up after this many clock edges, so a broken handshake fails instead of hanging.
@@ -193,9 +191,9 @@ def check_against_model(config: AcceleratorConfig, writes: list[dict[str, Any]],
     for port in ("a", "b"):
         got = [row for _, row in result[f"{port}_resp"]]
         assert got == expected[port], f"read_{port} responses differ from the model"
-        # responses come in order, never before SPAD_READ_LATENCY
+        # responses come in order, never before READ_LATENCY
         for (resp_edge, _), req_edge in zip(result[f"{port}_resp"], result[f"{port}_req"], strict=True):
-            assert resp_edge >= req_edge + SPAD_READ_LATENCY
+            assert resp_edge >= req_edge + READ_LATENCY
 
 
 # -- tests ---------------------------------------------------------------------------------------
@@ -241,7 +239,7 @@ def test_dma_and_both_operands_on_different_banks_run_at_full_rate() -> None:
     for port in ("write", "a_req", "b_req"):
         assert result[port] == list(range(1, bank + 1)), port
     for port in ("a", "b"):
-        expected = [e + SPAD_READ_LATENCY for e in result[f"{port}_req"]]
+        expected = [e + READ_LATENCY for e in result[f"{port}_req"]]
         assert [e for e, _ in result[f"{port}_resp"]] == expected
 
 
@@ -307,9 +305,9 @@ def test_pending_response_holds_while_other_port_reuses_the_bank() -> None:
 
 def test_a_port_owes_read_latency_responses_at_most_and_otherwise_runs_at_full_rate() -> None:
     """One port, requests offered every cycle, a consumer that stalls at random: exact cycles.
-    A response is taken at the first edge with ``ready`` from SPAD_READ_LATENCY after its request
+    A response is taken at the first edge with ``ready`` from READ_LATENCY after its request
     and after the previous one; a request is accepted at the first edge after the previous one
-    where at most SPAD_READ_LATENCY responses are owed with it (one taken at the same edge no
+    where at most READ_LATENCY responses are owed with it (one taken at the same edge no
     longer counts)."""
     config = SMALL
     rng = random.Random(SEED + 2)
@@ -340,24 +338,16 @@ def test_a_port_owes_read_latency_responses_at_most_and_otherwise_runs_at_full_r
     requests, taken = result["a_req"], [e for e, _ in result["a_resp"]]
     previous_take = 0
     for k, request in enumerate(requests):
-        due = max(request + SPAD_READ_LATENCY, previous_take + 1)
+        due = max(request + READ_LATENCY, previous_take + 1)
         assert taken[k] == min(e for e in result["ready_at"] if e >= due), f"response {k}"
         previous_take = taken[k]
     for k in range(1, len(requests)):
         def owed(edge: int, k: int = k) -> int:
             return k + 1 - sum(t <= edge for t in taken)
         expected = next(e for e in range(requests[k - 1] + 1, requests[k] + 1)
-                        if owed(e) <= SPAD_READ_LATENCY)
+                        if owed(e) <= READ_LATENCY)
         assert requests[k] == expected, f"request {k}"
-    assert max(k + 1 - sum(t <= e for t in taken) for k, e in enumerate(requests)) == SPAD_READ_LATENCY
-
-
-def test_read_response_latency_must_be_a_port_latency() -> None:
-    m = Module()
-    resp = stream.Signature(8).flip().create()
-    with pytest.raises(ValueError, match=rf"^latency must be READ_LATENCY \({READ_LATENCY}\) or "
-                                         rf"SPAD_READ_LATENCY \({SPAD_READ_LATENCY}\), not 2$"):
-        drive_read_response(m, resp, Signal(), Signal(8), latency=2)
+    assert max(k + 1 - sum(t <= e for t in taken) for k, e in enumerate(requests)) == READ_LATENCY
 
 
 def test_config_must_be_an_accelerator_config() -> None:
