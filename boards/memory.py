@@ -231,23 +231,36 @@ class _Core(wiring.Component):
             "cmd": In(stream.Signature(MemoryRequestLayout(addr_width, data_width), always_ready=True)),
             "rdata": Out(data_width),
         })
-        # created here so that simulations can reach the contents (``data``) as a back door
-        banks = _bram_banks(memory_bytes) if kind == "bram" else 0
-        self.banks = [Memory(shape=data_width, depth=self.depth // banks, init=[]) for _ in range(banks)]
-        self.ram = self.banks[0] if banks == 1 else None
+        self.bank_count = _bram_banks(memory_bytes) if kind == "bram" else 0
+        self._banks: list[Memory] | None = None
+
+    @property
+    def banks(self) -> list[Memory]:
+        """The banks' memories, created on first use (by a simulation reaching the contents,
+        ``data``, as a back door, or by elaboration); never for DP16KD banks, so that no unused
+        memory is left behind."""
+        if self._banks is None:
+            self._banks = [Memory(shape=self.data_width, depth=self.depth // self.bank_count, init=[])
+                           for _ in range(self.bank_count)]
+        return self._banks
+
+    @property
+    def ram(self) -> Memory | None:
+        """The only bank of a memory of one bank, else None."""
+        return self.banks[0] if self.bank_count == 1 else None
 
     def uses_dp16kd(self, platform: Any) -> bool:
         """Whether the banks are built from DP16KD instances for ``platform``: a banked "bram"
         memory on an ECP5 platform (``platform.family == "ecp5"``) whose banks are
         :data:`DP16KD_WORDS` deep (a 64-bit bus, up to 256 KiB)."""
-        return (getattr(platform, "family", None) == "ecp5" and len(self.banks) > 1
-                and self.depth // len(self.banks) == DP16KD_WORDS)
+        return (getattr(platform, "family", None) == "ecp5" and self.bank_count > 1
+                and self.depth // self.bank_count == DP16KD_WORDS)
 
     def _banked(self, m: Module, platform: Any) -> None:
         """The pipelined banks (see the module docstring): request register, bank registers,
         block RAM, the block RAM's output register, bank data register, select levels of 4
         (each a register)."""
-        banks = len(self.banks)
+        banks = self.bank_count
         index_bits = (self.depth // banks - 1).bit_length()    # word inside a bank; the bank above
         dp16kd = self.uses_dp16kd(platform)
         request = Signal.like(self.cmd.payload)
@@ -261,7 +274,7 @@ class _Core(wiring.Component):
             m.d.sync += delayed.eq(bank_at[-1])
             bank_at.append(delayed)
         level = []
-        for k, ram in enumerate(self.banks):
+        for k in range(banks):
             # each bank's own copy of the access (loaded only for it, so that synthesis keeps
             # the copies apart), placed by its block RAMs: no net crosses the chip to them
             here = requested & (bank_at[0] == k)
@@ -275,8 +288,6 @@ class _Core(wiring.Component):
             # data, kept while the bank writes or is idle
             held = Signal(self.data_width, name=f"bank{k}_dout")
             if dp16kd:
-                # the back door is not elaborated: silence its "created but never used" warning
-                ram._MustUse__silence = True
                 # CEA is high in the access's cycle and in the next one, so that the output
                 # register loads the read data even if CEA gates it as well as OCEA (the second
                 # cycle reads the same word again, or keeps the data latch during a write)
@@ -290,7 +301,7 @@ class _Core(wiring.Component):
                         m, f"bank{k}_dp16kd{j}", addr=addr, data=data.word_select(j, 16),
                         enables=enables.word_select(j, 2), enable=active, write=writing))
             else:
-                m.submodules[f"bank{k}"] = ram
+                m.submodules[f"bank{k}"] = ram = self.banks[k]
                 write = ram.write_port(granularity=8)
                 read = ram.read_port()
                 reading = Signal(name=f"bank{k}_re")
@@ -324,7 +335,7 @@ class _Core(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         cmd = self.cmd
-        if len(self.banks) > 1:
+        if self.bank_count > 1:
             self._banked(m, platform)
             return m
         if self.ram is not None:
@@ -615,12 +626,23 @@ class SoCMemory(wiring.Component):
         self._core = _Core(kind, memory_bytes, data_width)
         self.read_latency = self._core.read_latency
         self.port_signature = self.port_signature_for(memory_bytes, data_width, kind)
-        self.ram = self._core.ram
-        self.banks = self._core.banks
         super().__init__({
             "axi": In(AXI4Signature(addr_width=32, data_width=data_width)),
             "bridge": In(self.port_signature),
         })
+
+    @property
+    def bank_count(self) -> int:
+        """Banks of a ``"bram"`` memory (0 for ``"spram"``)."""
+        return self._core.bank_count
+
+    @property
+    def banks(self) -> list[Memory]:
+        return self._core.banks
+
+    @property
+    def ram(self) -> Memory | None:
+        return self._core.ram
 
     @staticmethod
     def port_signature_for(memory_bytes: int, data_width: int, kind: str = "bram") -> MemoryPortSignature:

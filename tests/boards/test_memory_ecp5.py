@@ -65,7 +65,7 @@ def test_ecp5_banks_are_dp16kd_with_output_register(bus_bits, memory_bytes):
     1024 x 18 mode with the output register, normal write mode, chip selects decoding 0; no
     amaranth memory is left, and the read latency is the generic variant's."""
     memory = SoCMemory(memory_bytes=memory_bytes, data_width=bus_bits)
-    banks = len(memory.banks)
+    banks = memory.bank_count
     assert memory.memory_bytes // (bus_bits // 8) // banks == DP16KD_WORDS
     verilog = to_verilog(memory, "mem", platform=_ECP5())
     instances = _instances(verilog)
