@@ -186,10 +186,16 @@ class LoadUnit(wiring.Component):
             ]
         m.d.comb += inflight.w_en.eq(reader.cmd.valid & reader.cmd.ready)
 
-        # byte rows -> destination rows of the oldest command in flight
+        # byte rows -> destination rows of the oldest command in flight. The rows pass a
+        # StreamRegister first: a memory's ready (the accumulator's waits on the array's beats)
+        # does not reach the gather reader and the SoC memory behind it in the same cycle. A row
+        # counts as written when its memory accepts it, after the register.
+        m.submodules.rows = rows_register = StreamRegister(reader.rows.payload.shape())
+        wiring.connect(m, reader=reader.rows, register=rows_register.i)
+        produced = rows_register.o
         info = Signal(info_layout)
         m.d.comb += info.eq(inflight.r_data)
-        rows = reader.rows.payload
+        rows = produced.payload
         spad = self.spad_write.payload
         eb = cfg.spad_elem_bytes
         for e in range(cfg.spad_row_elems):
@@ -224,16 +230,16 @@ class LoadUnit(wiring.Component):
         with m.If(inflight.r_rdy):
             if residual is not None:
                 with m.If(info.residual):
-                    m.d.comb += [residual.rows.valid.eq(reader.rows.valid),
-                                 reader.rows.ready.eq(residual.rows.ready)]
+                    m.d.comb += [residual.rows.valid.eq(produced.valid),
+                                 produced.ready.eq(residual.rows.ready)]
             with m.If(~info.residual):
                 with m.Switch(info.dst):
                     for kind, port in ((Memory.SPAD, self.spad_write), (Memory.ACC, self.acc_write),
                                        (Memory.TABLE, self.table_write)):
                         with m.Case(kind):
-                            m.d.comb += [port.valid.eq(reader.rows.valid),
-                                         reader.rows.ready.eq(port.ready)]
-        written = reader.rows.valid & reader.rows.ready
+                            m.d.comb += [port.valid.eq(produced.valid),
+                                         produced.ready.eq(port.ready)]
+        written = produced.valid & produced.ready
         is_load = ~info.residual
         # a read accepted from the next cycle on sees the row (the memories keep the order of
         # accepted writes and reads): the LOAD is complete with its last row
