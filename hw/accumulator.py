@@ -13,13 +13,14 @@ Ports (see docs/arch-memory-sfu.md):
   cycle (``ready`` is always 1, so the array never stalls for it). ``accumulate`` adds the values
   to the stored row (wrapping), else they overwrite it. Pipelined read-modify-write: every bank's
   requests are registered beside it (as the scratchpad's are), so a beat accepted in cycle t has
-  its row read by the block RAM in t+1, the row in the bank's data register in t+3 (a block RAM's
-  clock-to-out takes most of a cycle on ECP5, and the block RAM may be far away), the addition in
-  t+3, the result in a register in t+4, its write request in the bank's register then and the
-  block RAM writes it in t+5. The read sees the writes of its own cycle (transparent port); the
-  results of the three beats ahead are forwarded, so back-to-back beats to one row add up exactly.
+  its row read by the block RAM in t+1, the row in the bank's second data register in t+4 (a
+  block RAM's clock-to-out takes most of a cycle on ECP5, and the block RAM may be far away), the
+  addition in t+4, the result in a register in t+5 while its write request is registered beside
+  the bank, and the block RAM writes it in t+6. The read sees the writes of its own cycle
+  (transparent port); the results of the four beats ahead are forwarded, so back-to-back beats
+  to one row add up exactly.
 * ``dma_write`` — stream of (row, C values, element mask) from the DMA (LOAD dst=acc). Waits
-  (``ready`` low) while an array beat for the same bank is in stages 1 to 4.
+  (``ready`` low) while an array beat for the same bank is in stages 1 to 5.
 * ``read`` — store-path read port (:func:`~systolic.hw.scratchpad.read_port_signature`): the row
   arrives :data:`~systolic.hw.scratchpad.READ_LATENCY` cycles after the request is accepted (one
   row per cycle while the consumer takes them). A request waits only in a cycle where an
@@ -27,7 +28,7 @@ Ports (see docs/arch-memory-sfu.md):
 
 All writes take effect in accept order (a DMA write before the array beat accepted in the same
 cycle). A ``read`` accepted in cycle n sees the DMA writes accepted up to cycle n and the array
-beats accepted up to cycle n - 4 (:data:`WRITE_LATENCY`).
+beats accepted up to cycle n - 5 (:data:`WRITE_LATENCY`).
 """
 
 from __future__ import annotations
@@ -60,9 +61,16 @@ __all__ = [
 ACC_BANKS = 2
 
 #: Cycles from accepting an ``array_write`` beat until a ``read`` request accepted then sees its
-#: result: a request reaches the block RAM the cycle after its grant, the beat's write-back five
+#: result: a request reaches the block RAM the cycle after its grant, the beat's write-back six
 #: cycles after its acceptance (the read ports are transparent).
-WRITE_LATENCY = 4
+WRITE_LATENCY = 5
+
+#: The read-modify-write's stage that adds: the beat's row is in its bank's second data register.
+_ADD_STAGE = READ_LATENCY - 1
+#: Beats ahead whose results a beat's add takes from registers: those accepted after the last one
+#: whose write-back reached the block RAM by the beat's read (t+1); a write-back reaches it
+#: _ADD_STAGE + 2 cycles after its beat was accepted.
+_FORWARD = _ADD_STAGE
 
 
 def acc_elem_shape(config: AcceleratorConfig) -> Shape:
@@ -152,7 +160,8 @@ class Accumulator(wiring.Component):
 
         # -- stage 0 (cycle t): an accumulating array beat reads its row; the store read uses idle
         # banks. Every bank's requests (reads here, writes below) are registered beside the bank:
-        # its block RAM reads in cycle t+1, the data is out in t+2 and in the bank's register in t+3.
+        # its block RAM reads in cycle t+1, the data is out in t+2 and in the bank's second data
+        # register in t+4 (bank_data_registers).
         beat = self.array_write.payload
         beat_bank = beat.addr[index_bits:]
         beat_reads = self.array_write.valid & beat.accumulate
@@ -171,68 +180,70 @@ class Accumulator(wiring.Component):
             ]
         select_bank_row(m, bank_data, req_bank, resp_row)
 
-        # -- stages 1 to 3: the beat's (valid, addr, data, accumulate), one register set per stage --
-        stages = []
-        previous = (self.array_write.valid, beat.addr, beat.data, beat.accumulate)
-        for n in range(1, 4):
+        # -- stages 1 to ADD_STAGE: the beat's (valid, addr, data, accumulate), one register set per
+        # stage; the beat adds in stage ADD_STAGE (t+4), when its row is in the bank's register ---
+        stages = [(self.array_write.valid, beat.addr, beat.data, beat.accumulate)]
+        for n in range(1, _ADD_STAGE + 1):
             stage = (Signal(name=f"s{n}_valid"), Signal.like(beat.addr, name=f"s{n}_addr"),
                      Signal(row_layout, name=f"s{n}_data"), Signal(name=f"s{n}_accumulate"))
-            m.d.sync += [register.eq(value) for register, value in zip(stage, previous, strict=True)]
+            m.d.sync += [register.eq(value) for register, value in zip(stage, stages[-1], strict=True)]
             stages.append(stage)
-            previous = stage
-        (s1_valid, s1_addr, _, _), (s2_valid, s2_addr, _, s2_accumulate), (s3_valid, s3_addr, s3_data, _) = (
-            stages)
+        _, decide_addr, _, decide_accumulate = stages[_ADD_STAGE - 1]
+        add_valid, add_addr, add_data, _ = stages[_ADD_STAGE]
 
-        # the results of the beats ahead, newest first: a beat's row is in s4_row the cycle after
-        # its add (stage 3), in s5_row the cycle after that (while its write request is registered
-        # beside the bank; the block RAM writes it in the next cycle)
-        s4_valid, s4_addr, s4_row = Signal(), Signal.like(beat.addr), Signal(row_layout)
-        s5_valid, s5_addr, s5_row = Signal(), Signal.like(beat.addr), Signal(row_layout)
+        # the results of the beats ahead, newest first: results[j] holds, in a cycle, the result of
+        # the beat that added j + 1 cycles before. results[0] is written back: its write request is
+        # registered beside the bank in that cycle and the block RAM writes it in the next (t+6).
+        results = [(Signal(name=f"r{j}_valid"), Signal.like(beat.addr, name=f"r{j}_addr"),
+                    Signal(row_layout, name=f"r{j}_row")) for j in range(_FORWARD - 1)]
 
-        # -- stage 2 (t+2): where stage 3 takes the stored row from. The row was read in t+1 and saw
-        # the writes of that cycle (transparent ports): those of the beats accepted up to t-4. The
-        # three beats ahead write later, so their results are forwarded, the newest match wins:
-        # the one now adding (in s4_row next cycle), or the two before it (in s4_row / s5_row now:
-        # chosen here, into `older`). The accumulate flag is folded into the selects (0 + data). --
-        newest = Signal()     # stage 3 adds to the result of the beat now in stage 3
-        use_older = Signal()  # ... to `older`
-        use_bank = Signal(ACC_BANKS)   # ... to the block RAM's row of this bank
+        # -- stage ADD_STAGE - 1 (t+3): where the add takes the stored row from. The row was read in
+        # t+1 and saw the writes of that cycle (transparent ports): those of the beats accepted up
+        # to t-5. The _FORWARD beats ahead write later, so their results are forwarded, the newest
+        # match wins: the beat now adding (in results[0] next cycle), else the newest matching one
+        # of the older results, chosen here into `older`. The accumulate flag is folded into the
+        # selects (0 + data overwrites). ------------------------------------------------------------
+        newest = Signal()     # the add takes the result of the beat now adding
+        use_older = Signal()  # ... `older`
+        use_bank = Signal(ACC_BANKS)   # ... the row in this bank's data register
         older = Signal(row_layout)
-        match = [valid & (addr == s2_addr) for valid, addr in ((s3_valid, s3_addr), (s4_valid, s4_addr),
-                                                                (s5_valid, s5_addr))]
+        ahead = [(add_valid, add_addr), *((valid, addr) for valid, addr, _ in results)]
+        match = [valid & (addr == decide_addr) for valid, addr in ahead]
+        chosen = results[-1][2]
+        for j in reversed(range(len(results) - 1)):     # the newest match wins
+            chosen = Mux(match[j + 1], results[j][2], chosen)
         m.d.sync += [
-            newest.eq(s2_accumulate & match[0]),
-            use_older.eq(s2_accumulate & ~match[0] & (match[1] | match[2])),
-            use_bank.eq(Mux(s2_accumulate & ~match[0] & ~match[1] & ~match[2],
-                            1 << s2_addr[index_bits:], 0)),
-            older.eq(Mux(match[1], s4_row, s5_row)),
+            newest.eq(decide_accumulate & match[0]),
+            use_older.eq(decide_accumulate & ~match[0] & Cat(*match[1:]).any()),
+            use_bank.eq(Mux(decide_accumulate & ~Cat(*match).any(), 1 << decide_addr[index_bits:], 0)),
+            older.eq(chosen),
         ]
 
-        # -- stage 3 (t+3): add; the old row is an AND-OR of one-hot selects (all 0: overwrite) --
+        # -- stage ADD_STAGE (t+4): add; the old row is an AND-OR of one-hot selects (all 0:
+        # overwrite) ---------------------------------------------------------------------------------
         result = Signal(row_layout)
         for c in range(cols):
-            sources = [(newest, s4_row[c]), (use_older, older[c]),
+            sources = [(newest, results[0][2][c]), (use_older, older[c]),
                        *((use_bank[k], bank_data[k][c]) for k in range(ACC_BANKS))]
             old = Signal(acc_elem_shape(cfg), name=f"old{c}")
             m.d.comb += old.eq(functools.reduce(operator.or_, (Mux(sel, value, 0) for sel, value in sources)))
-            m.d.comb += result[c].eq(old + s3_data[c])                                   # wraps
+            m.d.comb += result[c].eq(old + add_data[c])                                  # wraps
 
-        # -- stage 4 (t+4): the result in a register, its write request registered beside the bank;
-        # stage 5 (t+5): the block RAM writes it ----------------------------------------------------
-        m.d.sync += [
-            s4_valid.eq(s3_valid), s4_addr.eq(s3_addr), s4_row.eq(result),
-            s5_valid.eq(s4_valid), s5_addr.eq(s4_addr), s5_row.eq(s4_row),
-        ]
-        s4_bank = s4_addr[index_bits:]
+        # the result into results[0] (t+5), then one register further each cycle
+        previous = (add_valid, add_addr, result)
+        for registers in results:
+            m.d.sync += [register.eq(value) for register, value in zip(registers, previous, strict=True)]
+            previous = registers
+        back_valid, back_addr, back_row = results[0]
+        back_bank = back_addr[index_bits:]
 
         # A DMA write waits while an array beat for its bank is past stage 0 (so it never needs
         # forwarding and never meets a write-back); a beat in stage 0 reads it transparently (the
         # beat's read and the DMA's write reach the block RAM in the same cycle).
         dma = self.dma_write.payload
         dma_bank = dma.addr[index_bits:]
-        busy = Cat(*(valid & (addr[index_bits:] == dma_bank)
-                     for valid, addr in ((s1_valid, s1_addr), (s2_valid, s2_addr), (s3_valid, s3_addr),
-                                         (s4_valid, s4_addr))))
+        in_flight = [(valid, addr) for valid, addr, _, _ in stages[1:]] + [(back_valid, back_addr)]
+        busy = Cat(*(valid & (addr[index_bits:] == dma_bank) for valid, addr in in_flight))
         grant_dma = Signal()
         m.d.comb += [
             grant_dma.eq(self.dma_write.valid & ~busy.any()),
@@ -241,10 +252,10 @@ class Accumulator(wiring.Component):
         for k, (write_port, _) in enumerate(banks):
             enable = Signal.like(write_port.en, name=f"bank{k}_write_en")
             m.d.comb += write_port.en.eq(enable)
-            with m.If(s4_valid & (s4_bank == k)):
+            with m.If(back_valid & (back_bank == k)):
                 m.d.sync += [
-                    write_port.addr.eq(s4_addr[:index_bits]),
-                    write_port.data.eq(s4_row),
+                    write_port.addr.eq(back_addr[:index_bits]),
+                    write_port.data.eq(back_row),
                     enable.eq((1 << cols) - 1),
                 ]
             with m.Elif(grant_dma & (dma_bank == k)):

@@ -49,10 +49,10 @@ __all__ = [
 #: accumulator's read ports. Every bank's requests (reads and writes alike, so their order is kept)
 #: are registered beside the bank: the block RAM reads in the cycle after the grant, so the
 #: arbitration's logic and the route to a block RAM across the die are in different cycles. The
-#: block RAM's read data goes into a register of its bank with no logic before it (beside the block
-#: RAM, wherever the placer puts that), then through the bank select into the response register:
-#: the block RAM's clock-to-output and the route to the consumer are in different cycles too.
-READ_LATENCY = 4
+#: block RAM's read data goes through two registers of its bank (:func:`bank_data_registers`),
+#: then through the bank select into the response register: the block RAM's clock-to-output
+#: and the route to the consumer (across the die on large FPGAs) are in different cycles too.
+READ_LATENCY = 5
 
 
 def read_port_signature(addr_layout: ShapeLike, data_layout: ShapeLike) -> wiring.Signature:
@@ -121,12 +121,18 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
 
 
 def bank_data_registers(m: Module, read_ports: Sequence[Any]) -> list[Signal]:
-    """One register per bank taking that bank's block RAM read data every cycle, with no logic
-    before it (so the placer can put it beside the block RAM). A read presented to a bank in
-    cycle t (its request registered in t-1) is in the bank's register in cycle t+2."""
-    registers = [Signal.like(port.data, name=f"bank{k}_data") for k, port in enumerate(read_ports)]
-    for register, port in zip(registers, read_ports, strict=True):
-        m.d.sync += register.eq(port.data)
+    """Two registers per bank taking that bank's block RAM read data every cycle, one after the
+    other, with no logic of ours before them; returns the second of each bank. A block RAM's
+    clock-to-output is most of a cycle on ECP5 (5.8 ns), and yosys's emulation of a transparent
+    read puts a LUT before the first register; the second one lets the placer keep the first
+    beside the block RAM, however far its consumers are. A read presented to a bank in cycle t
+    (its request registered in t-1) is in the bank's second register in cycle t+3."""
+    registers = []
+    for k, port in enumerate(read_ports):
+        first = Signal.like(port.data, name=f"bank{k}_out")
+        second = Signal.like(port.data, name=f"bank{k}_data")
+        m.d.sync += [first.eq(port.data), second.eq(first)]
+        registers.append(second)
     return registers
 
 
@@ -136,8 +142,10 @@ def select_bank_row(m: Module, bank_data: Sequence[Signal], bank: Value, row: Va
     reached the block RAM one cycle later; the row :func:`drive_read_response` expects."""
     name = getattr(Value.cast(row), "name", "row")
     delayed = bank
-    for stage in ("requested", "read", "registered"):     # the block RAM reads, its data is out,
-        later = Signal.like(bank, name=f"{name}_bank_{stage}")   # ... and is in the register
+    # the request is registered, the block RAM reads, its data is out, in the first register,
+    # in the second
+    for stage in ("requested", "read", "out", "registered"):
+        later = Signal.like(bank, name=f"{name}_bank_{stage}")
         m.d.sync += later.eq(delayed)
         delayed = later
     with m.Switch(delayed):
@@ -227,7 +235,7 @@ class Scratchpad(wiring.Component):
         b_bank = b.req.payload.addr[index_bits:]
         grant_a = Signal()
         grant_b = Signal()
-        row_a = Signal(spad_row_layout(cfg))     # the bank's read data, three cycles after a grant
+        row_a = Signal(spad_row_layout(cfg))     # the bank's read data, four cycles after a grant
         row_b = Signal(spad_row_layout(cfg))
         free_a = drive_read_response(m, a.resp, grant_a, row_a)
         free_b = drive_read_response(m, b.resp, grant_b, row_b)
@@ -254,8 +262,8 @@ class Scratchpad(wiring.Component):
             ]
 
         # the request registered beside the bank (cycle t+1: the block RAM reads), each bank's read
-        # data into a register with no logic before it (t+2); a port's row is selected from those
-        # registers three cycles after its grant
+        # data through two registers (t+2, t+3); a port's row is selected from the second four
+        # cycles after its grant
         bank_data = bank_data_registers(m, [read_port for _, read_port in banks])
         select_bank_row(m, bank_data, a_bank, row_a)
         select_bank_row(m, bank_data, b_bank, row_b)

@@ -177,7 +177,8 @@ def test_dma_waits_only_for_array_writes_to_its_bank() -> None:
     config = SMALL
     bank = config.acc_rows // ACC_BANKS
     rng = random.Random(SEED)
-    # array beats for bank 0 are in flight until edge 14; DMA writes to bank 0 wait, to bank 1 not
+    # array beats for bank 0 (the last at edge 10) are in flight until edge 10 + WRITE_LATENCY;
+    # DMA writes to bank 0 wait, to bank 1 not
     array = [{"addr": k % bank, "data": [rng.randint(-9, 9) for _ in range(4)], "accumulate": k % 2}
              for k in range(10)]
     dma_other = [{"addr": bank + k, "data": [k] * 4, "mask": 0b1111} for k in range(4)]
@@ -188,7 +189,8 @@ def test_dma_waits_only_for_array_writes_to_its_bank() -> None:
     dma_same = [{"addr": bank - 1 - k, "data": [k] * 4, "mask": 0b1111} for k in range(3)]
     reads = list(range(bank))
     result = run_traffic(config, array, dma_same, reads, seed=SEED, gap=0.0, stall=0.0, starts=(0, 2, 30))
-    assert result["dma"] == [15, 16, 17], "waits until the array's last write request (edge 14)"
+    last = 10 + WRITE_LATENCY + 1
+    assert result["dma"] == [last, last + 1, last + 2], "waits for the array's last write request"
     check_against_model(config, array, dma_same, reads, result)
 
 
@@ -211,8 +213,9 @@ def test_store_read_waits_only_for_accumulating_reads_of_its_bank() -> None:
 def test_read_sees_an_array_beat_write_latency_after_it() -> None:
     config = SMALL
     array = [{"addr": 2, "data": [10 * (k + 1)] * 4, "accumulate": 0} for k in range(3)]  # edges 1..3
-    result = run_traffic(config, array, [], [2, 2], seed=SEED, gap=0.0, stall=0.0, starts=(0, 0, 5))
-    assert result["array"] == [1, 2, 3] and result["req"] == [6, 7]
+    result = run_traffic(config, array, [], [2, 2], seed=SEED, gap=0.0, stall=0.0,
+                         starts=(0, 0, WRITE_LATENCY + 1))
+    assert result["array"] == [1, 2, 3] and result["req"] == [WRITE_LATENCY + 2, WRITE_LATENCY + 3]
     assert result["req"][0] == result["array"][1] + WRITE_LATENCY
     assert [row for _, row in result["resp"]] == [[20] * 4, [30] * 4]
     check_against_model(config, array, [], [2, 2], result)

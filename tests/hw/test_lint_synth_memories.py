@@ -96,8 +96,9 @@ def test_memories_map_to_block_ram(block: str, family: str) -> None:
     result = synth(BLOCKS[block](MEMORIES), block, family)
     assert result["brams"] == _MIN_BRAMS[block, family], result
     assert result.get("lutrams", 0) == 0, result
-    # the rows live in block RAM: the flip-flops are pipeline, response and bypass registers
-    assert result["ffs"] < _memory_bits(block, MEMORIES) // 6, result
+    # the rows live in block RAM: the flip-flops are pipeline, response and bypass registers (the
+    # accumulator's 64 rows of 128 bits: 22 row-wide registers, about a sixth of its bits)
+    assert result["ffs"] < _memory_bits(block, MEMORIES) // 5, result
     assert result["dsps"] == 0
 
 
