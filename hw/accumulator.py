@@ -60,17 +60,17 @@ __all__ = [
 #: Banks of the accumulator: the two halves of the output-tile double buffer.
 ACC_BANKS = 2
 
-#: Cycles from accepting an ``array_write`` beat until a ``read`` request accepted then sees its
-#: result: a request reaches the block RAM the cycle after its grant, the beat's write-back six
-#: cycles after its acceptance (the read ports are transparent).
-WRITE_LATENCY = 5
-
 #: The read-modify-write's stage that adds: the beat's row is in its bank's second data register.
 _ADD_STAGE = READ_LATENCY - 1
 #: Beats ahead whose results a beat's add takes from registers: those accepted after the last one
 #: whose write-back reached the block RAM by the beat's read (t+1); a write-back reaches it
 #: _ADD_STAGE + 2 cycles after its beat was accepted.
 _FORWARD = _ADD_STAGE
+
+#: Cycles from accepting an ``array_write`` beat until a ``read`` request accepted then sees its
+#: result: the beat's write-back reaches the block RAM _ADD_STAGE + 2 cycles after its
+#: acceptance, a request the cycle after its grant (the read ports are transparent).
+WRITE_LATENCY = _ADD_STAGE + 1
 
 
 def acc_elem_shape(config: AcceleratorConfig) -> Shape:
