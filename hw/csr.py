@@ -112,6 +112,9 @@ class CSRBank(wiring.Component):
     memory: it takes at most ``2 * len(COUNTERS) + 4`` cycles after the increments stop, so
     ``done`` should reach the host only with ``settled`` (the top level does that). ``start``
     and ``soft_reset`` clear the counters (each reads 0 until the pipeline's next visit writes it).
+    The core takes the pulses a cycle late (through registers of its own): STATUS reads as after
+    the pulse from the cycle of the pulse on (busy after start, idle after soft reset, done and
+    error clear), and the counters stay clear in the cycle after the pulse too.
 
     A counter's low word is read from the memory (the host's read takes the pipeline's turn for
     that cycle, and answers a cycle later than other registers); its high word is latched at the
@@ -164,8 +167,15 @@ class CSRBank(wiring.Component):
         bus = self.bus
         bits = self.counter_bits
         count = len(COUNTERS)
+        # the core takes start and soft_reset through registers of its own (the top level's reset
+        # distribution), a cycle after these pulses: until it has, the status reads as it will be
+        # then, and the counters stay clear
+        starting, resetting = Signal(), Signal()
+        m.d.sync += [starting.eq(self.start), resetting.eq(self.soft_reset)]
+        pulses = (Signal(name="start_pending"), Signal(name="reset_pending"))
+        m.d.comb += [pulses[0].eq(self.start | starting), pulses[1].eq(self.soft_reset | resetting)]
         clear = Signal()
-        m.d.comb += clear.eq(self.start | self.soft_reset)
+        m.d.comb += clear.eq(pulses[0] | pulses[1])
 
         # -- counters: pending counts, memory, update pipeline ----------------------------------
         m.submodules.counters = counters = Memory(shape=bits, depth=count, init=[])
@@ -262,7 +272,7 @@ class CSRBank(wiring.Component):
                         index = [name for name, _ in COUNTERS].index(reg.name[:-3])
                         m.d.comb += [is_counter.eq(1), host_index.eq(index)]
                     elif reg.access != "wo":
-                        m.d.comb += read_value.eq(self._read_source(reg, latched_hi))
+                        m.d.comb += read_value.eq(self._read_source(reg, latched_hi, pulses))
             with m.Default():
                 m.d.comb += read_resp.eq(RESP_SLVERR)
         with m.If(bus.ar.payload.addr[:2] != 0):
@@ -312,10 +322,13 @@ class CSRBank(wiring.Component):
             m.d.sync += bus.b.payload.resp.eq(Mux(ok, RESP_OKAY, RESP_SLVERR))
         return m
 
-    def _read_source(self, reg: Register, latched_hi: Signal | None):
+    def _read_source(self, reg: Register, latched_hi: Signal | None, pulses: tuple[Signal, Signal]):
         name = reg.name
         if name == "status":
-            return self.busy | (self.done << 1) | (self.error << 4)
+            start_pending, reset_pending = pulses
+            busy = (self.busy | start_pending) & ~reset_pending
+            settling = start_pending | reset_pending
+            return busy | ((self.done & ~settling) << 1) | (Mux(settling, 0, self.error) << 4)
         if name == "error_pc":
             return self.error_pc
         if name == "pc":

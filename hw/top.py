@@ -94,8 +94,17 @@ class Accelerator(wiring.Component):
 
         m.submodules.csr = csr = CSRBank(cfg.hash, counter_bits=cfg.counter_bits,
                                          increment_bits=counter_increment_bits(cfg))
+        # -- reset distribution: the core takes the CSR's start and soft-reset pulses a cycle
+        # later, through registers (the CSR's STATUS reads as after the pulse meanwhile), so that
+        # no pulse crosses the die through logic in the cycle it clears what it resets. Start
+        # also resets the load and store units: every program starts from the ISA's initial
+        # state (start clears the units' errors and the SFU registers; they are idle then, the
+        # last program done or none run yet); soft reset resets everything.
+        core_reset, start, unit_reset = Signal(), Signal(), Signal()
+        m.d.sync += [core_reset.eq(csr.soft_reset), start.eq(csr.start & ~csr.soft_reset),
+                     unit_reset.eq(csr.start | csr.soft_reset)]
         core = Module()
-        m.submodules.core = ResetInserter(csr.soft_reset)(core)
+        m.submodules.core = ResetInserter(core_reset)(core)
 
         # -- host port ------------------------------------------------------------------------
         lite = csr.bus
@@ -119,11 +128,11 @@ class Accelerator(wiring.Component):
         for q, seq in zip(Queue, sequencers, strict=True):
             core.submodules[f"seq_{q.name.lower()}"] = seq
         load, compute, store = LoadUnit(cfg), ComputeUnit(cfg), StoreUnit(cfg)
-        # every program starts from the ISA's initial state: start clears the units' errors and
-        # the SFU registers (they are idle then: the last program is done, or none ran yet)
-        core.submodules.load = ResetInserter(csr.start)(load)
+        # outside the core's reset: theirs includes the soft reset, so no logic lies between
+        # its register and the units' flip-flops
+        m.submodules.load = ResetInserter(unit_reset)(load)
         core.submodules.compute = compute
-        core.submodules.store = ResetInserter(csr.start)(store)
+        m.submodules.store = ResetInserter(unit_reset)(store)
         core.submodules.spad = spad = Scratchpad(cfg)
         core.submodules.acc = acc = Accumulator(cfg)
         core.submodules.table = table = RequantTable(cfg)
@@ -134,7 +143,6 @@ class Accelerator(wiring.Component):
             2, data_width=cfg.dma_data_bits, max_in_flight=cfg.dma_outstanding + fetcher.max_bursts)
 
         # -- control --------------------------------------------------------------------------
-        start = csr.start
         core.d.comb += [
             fetcher.start.eq(start), fetcher.prog_addr.eq(csr.prog_addr), fetcher.prog_len.eq(csr.prog_len),
             fetcher.abort.eq(dispatcher.halt),

@@ -174,6 +174,60 @@ def test_ctrl_pulses_are_registered_and_one_cycle_long(value: int, pulse: str) -
     assert [r for _, _, r in trace] == [expect_reset if i == first else 0 for i in range(len(trace))]
 
 
+def _status_around_ctrl_write(value: int, delay: int, raw: tuple[int, int, int]) -> dict[int, tuple]:
+    """STATUS (busy, done, error) as read in each cycle a read was issued, by cycle relative to
+    the CTRL write's pulse, with the core's status inputs held at ``raw``; the write starts
+    after ``delay`` cycles, a read is issued every other cycle."""
+    dut = CSRBank(0, counter_bits=32)
+    pulses, samples = [], {}
+
+    async def reader(ctx: Any) -> None:
+        ctx.set(dut.busy, raw[0])
+        ctx.set(dut.done, raw[1])
+        ctx.set(dut.error, raw[2])
+        ctx.set(dut.bus.ar.payload.addr, REG["status"])
+        ctx.set(dut.bus.ar.valid, 1)
+        ctx.set(dut.bus.r.ready, 1)
+        fired_at = None
+        cycle = 0
+        async for _, _, ar_fire, r_valid, data, start, reset in ctx.tick().sample(
+                dut.bus.ar.valid & dut.bus.ar.ready, dut.bus.r.valid, dut.bus.r.payload.data,
+                dut.start, dut.soft_reset):
+            if start or reset:
+                pulses.append(cycle)
+            if r_valid and fired_at is not None:
+                samples[fired_at] = (data & 1, data >> 1 & 1, data >> 4 & 0xF)
+            if ar_fire:
+                fired_at = cycle
+            cycle += 1
+
+    async def testbench(ctx: Any) -> None:
+        await ctx.tick().repeat(4 + delay)
+        assert await _write(ctx, dut.bus, REG["ctrl"], value) == RESP_OKAY
+        await ctx.tick().repeat(8)
+
+    _simulate(dut, testbench, reader)
+    (pulse,) = pulses
+    return {cycle - pulse: status for cycle, status in samples.items()}
+
+
+@pytest.mark.parametrize("value, expect", [(1, (1, 0, 0)), (2, (0, 0, 0)), (3, (0, 0, 0))],
+                         ids=["start", "soft_reset", "both"])
+def test_status_reads_as_after_a_ctrl_pulse_until_the_core_has_taken_it(
+        value: int, expect: tuple[int, int, int]) -> None:
+    """The core takes start and soft reset through registers of its own, a cycle after the
+    CSR's pulses. In the pulse's cycle and the next, STATUS reads as after the pulse (busy after
+    start, idle after a soft reset; done and error clear); before and after, the core's status
+    (held here: idle, done, error 3)."""
+    raw = (0, 1, 3)
+    seen = {}
+    for delay in (0, 1):            # reads go out every other cycle: the two runs cover each cycle
+        seen.update(_status_around_ctrl_write(value, delay, raw))
+    assert {0, 1, 2, -1} <= set(seen)
+    assert {offset: status for offset, status in seen.items()} == {
+        offset: expect if offset in (0, 1) else raw for offset in seen}
+
+
 def test_start_clears_the_counters() -> None:
     """After start every counter reads 0 (also before the pipeline has written it) and counts
     anew; a soft reset clears them too."""

@@ -125,9 +125,11 @@ class CopyEngine(wiring.Component):
             m.d.sync += [busy.eq(0), error.eq(code)]
             m.next = "IDLE"
 
+        start = Signal()            # like the accelerator, it takes start a cycle late (CSRBank)
+        m.d.sync += start.eq(csr.start)
         with m.FSM():
             with m.State("IDLE"):
-                with m.If(csr.start):
+                with m.If(start):
                     m.d.sync += [pc.eq(0), busy.eq(1), done.eq(0), error.eq(0), warm.eq(0)]
                     m.next = "READ_ADDR"
             with m.State("READ_ADDR"):
