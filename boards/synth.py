@@ -5,8 +5,10 @@
 amaranth-boards platform (the pin and clock constraints come from it), then runs the yowasp
 tools on it in ``out_dir``:
 
-1. yosys (``synth_ice40 -dsp`` / ``synth_ecp5``) on the platform's RTLIL -> ``top.json``,
-   the log ``yosys.log`` and the cell statistics;
+1. yosys (``synth_ice40 -dsp`` / ``synth_ecp5``) on the platform's RTLIL (with the read ports
+   of memories marked :data:`~systolic.hw.rtlil.UNDEFINED_COLLISION` given an undefined
+   same-cycle read-write result, :mod:`systolic.hw.rtlil`) -> ``top.json``, the log
+   ``yosys.log`` and the cell statistics;
 2. the fit check (:func:`check_fit`): every resource the netlist needs against the device,
    :class:`~systolic.boards.boards.BoardError` when one does not fit (before place and route);
 3. nextpnr -> ``top.asc`` / ``top.config``, ``nextpnr.log`` and ``nextpnr-report.json`` (timing
@@ -45,6 +47,7 @@ from amaranth.lib import io, wiring
 from amaranth.lib.wiring import In, Out
 from systolic.hw.array import SystolicArray
 from systolic.hw.config import AcceleratorConfig
+from systolic.hw.rtlil import undefined_read_collisions
 from systolic.sim.tools import (
     SYNTH_FAMILIES,
     ToolError,
@@ -496,7 +499,10 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     plan = platform.prepare(top, name="top", emit_src=False)
     for name in ("top.il", _CONSTRAINTS[board.family]):
         content = plan.files[name]
-        (out / name).write_text(content if isinstance(content, str) else content.decode())
+        content = content if isinstance(content, str) else content.decode()
+        if name == "top.il":        # memories whose same-cycle read-write result is undefined
+            content, _ = undefined_read_collisions(content)
+        (out / name).write_text(content)
     config.save(out / "config.toml")
     seconds["elaborate"] = time.monotonic() - step
 

@@ -23,7 +23,9 @@ Arbitration: a bank serves one read per cycle. When ``read_a`` and ``read_b`` re
 in the same cycle, one waits (``req.ready`` low); the winner alternates between conflicts
 (round-robin), so neither starves and each gets half the bank's rate. Requests to different banks,
 and the write, proceed in the same cycle at full rate. A read of a row written in the same cycle
-returns the new contents (transparent; the ISA's token rules forbid such an unordered pair anyway).
+returns the new contents in simulation (transparent) and is undefined on an FPGA built by
+``systolic synth`` (hw/rtlil.py: no collision logic before the bank registers); the ISA's token
+rules forbid such an unordered pair anyway.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from .config import AcceleratorConfig
+from .rtlil import UNDEFINED_COLLISION
 
 __all__ = [
     "READ_LATENCY", "Scratchpad", "read_port_signature", "drive_read_response", "bank_data_registers",
@@ -209,10 +212,12 @@ class Scratchpad(wiring.Component):
         index_bits = exact_log2(cfg.spad_bank_rows)   # row within a bank; the bank is above
         banks = []
         for k in range(cfg.scratchpad_banks):
-            memory = Memory(shape=spad_row_layout(cfg), depth=cfg.spad_bank_rows, init=[])
+            # no read of a row in the cycle it is written (the ISA's token rules): synthesis may
+            # leave that result undefined (hw/rtlil.py), so that the block RAM's read data goes
+            # straight into its bank register; simulation reads the new row (transparent)
+            memory = Memory(shape=spad_row_layout(cfg), depth=cfg.spad_bank_rows, init=[],
+                            attrs={UNDEFINED_COLLISION: 1})
             m.submodules[f"bank{k}"] = memory
-            # Transparent reads: yosys maps them to block RAM plus one bypass register, half the
-            # cost of emulating old-data reads (Amaranth asks for a defined collision result).
             write_port = memory.write_port(granularity=1)
             banks.append((write_port, memory.read_port(transparent_for=(write_port,))))
 
