@@ -16,19 +16,22 @@ Ports (see docs/arch-memory-sfu.md):
   its row read by the block RAM in t+1, the row in the bank's second data register in t+4 (a
   block RAM's clock-to-out takes most of a cycle on ECP5, and the block RAM may be far away), the
   addition in t+4, the result in a register in t+5 while its write request is registered beside
-  the bank, and the block RAM writes it in t+6. The read sees the writes of its own cycle
-  (transparent port); the results of the four beats ahead are forwarded, so back-to-back beats
-  to one row add up exactly.
+  the bank, and the block RAM writes it in t+6. The read does not see the write of its own cycle
+  (a block RAM read port with no collision logic): the results of the five beats ahead are
+  forwarded, so back-to-back beats to one row add up exactly, and a row read in the cycle it is
+  written is never used.
 * ``dma_write`` — stream of (row, C values, element mask) from the DMA (LOAD dst=acc). Waits
-  (``ready`` low) while an array beat for the same bank is in stages 1 to 5.
+  (``ready`` low) while an array beat for the same bank is in stages 0 to 5.
 * ``read`` — store-path read port (:func:`~systolic.hw.scratchpad.read_port_signature`): the row
   arrives :data:`~systolic.hw.scratchpad.READ_LATENCY` cycles after the request is accepted (one
   row per cycle while the consumer takes them). A request waits only in a cycle where an
   accumulating array beat reads the same bank, or while READ_LATENCY responses are owed.
 
-All writes take effect in accept order (a DMA write before the array beat accepted in the same
-cycle). A ``read`` accepted in cycle n sees the DMA writes accepted up to cycle n and the array
-beats accepted up to cycle n - 5 (:data:`WRITE_LATENCY`).
+All writes take effect in accept order. A ``read`` accepted in cycle n sees the DMA writes
+accepted up to cycle n - 1 and the array beats accepted up to cycle n - 6 (:data:`WRITE_LATENCY`).
+A read of a row that a DMA write accepted in cycle n or an array beat accepted in n - 5 writes
+meets that write at the block RAM: simulation returns the old row, an FPGA built by ``systolic
+synth`` an undefined one (hw/rtlil.py); the ISA's token rules forbid such unordered pairs.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from amaranth.lib.wiring import In
 from amaranth.utils import exact_log2
 
 from .config import AcceleratorConfig
+from .rtlil import UNDEFINED_COLLISION
 from .scratchpad import (
     READ_LATENCY,
     bank_data_registers,
@@ -63,14 +67,14 @@ ACC_BANKS = 2
 #: The read-modify-write's stage that adds: the beat's row is in its bank's second data register.
 _ADD_STAGE = READ_LATENCY - 1
 #: Beats ahead whose results a beat's add takes from registers: those accepted after the last one
-#: whose write-back reached the block RAM by the beat's read (t+1); a write-back reaches it
-#: _ADD_STAGE + 2 cycles after its beat was accepted.
-_FORWARD = _ADD_STAGE
+#: whose write-back reached the block RAM before the beat's read (t+1; the read port does not see
+#: a write of its own cycle); a write-back reaches it _ADD_STAGE + 2 cycles after its beat.
+_FORWARD = _ADD_STAGE + 1
 
 #: Cycles from accepting an ``array_write`` beat until a ``read`` request accepted then sees its
 #: result: the beat's write-back reaches the block RAM _ADD_STAGE + 2 cycles after its
-#: acceptance, a request the cycle after its grant (the read ports are transparent).
-WRITE_LATENCY = _ADD_STAGE + 1
+#: acceptance, a request the cycle after its grant, and a read sees the writes of earlier cycles.
+WRITE_LATENCY = _ADD_STAGE + 2
 
 
 def acc_elem_shape(config: AcceleratorConfig) -> Shape:
@@ -150,12 +154,14 @@ class Accumulator(wiring.Component):
         index_bits = exact_log2(_acc_bank_rows(cfg))   # row within a bank; the bank is above
         banks = []
         for k in range(ACC_BANKS):
-            memory = Memory(shape=row_layout, depth=_acc_bank_rows(cfg), init=[])
+            # A read in the cycle its row is written is never used (forwarding, the DMA's wait,
+            # the token rules): synthesis leaves its result undefined (hw/rtlil.py), so the block
+            # RAM's read data goes straight into its bank register; simulation reads the old row.
+            memory = Memory(shape=row_layout, depth=_acc_bank_rows(cfg), init=[],
+                            attrs={UNDEFINED_COLLISION: 1})
             m.submodules[f"bank{k}"] = memory
-            # Transparent: a read sees the write of its own cycle (part of the read-modify-write's
-            # forwarding); yosys emulates it with one bypass register, half the cost of old-data.
             write_port = memory.write_port(granularity=1)
-            banks.append((write_port, memory.read_port(transparent_for=(write_port,))))
+            banks.append((write_port, memory.read_port()))
         bank_data = bank_data_registers(m, [read_port for _, read_port in banks])
 
         # -- stage 0 (cycle t): an accumulating array beat reads its row; the store read uses idle
@@ -198,8 +204,8 @@ class Accumulator(wiring.Component):
                     Signal(row_layout, name=f"r{j}_row")) for j in range(_FORWARD - 1)]
 
         # -- stage ADD_STAGE - 1 (t+3): where the add takes the stored row from. The row was read in
-        # t+1 and saw the writes of that cycle (transparent ports): those of the beats accepted up
-        # to t-5. The _FORWARD beats ahead write later, so their results are forwarded, the newest
+        # t+1 and saw the writes of the cycles before: those of the beats accepted up to t-6. The
+        # _FORWARD beats ahead write later (or in t+1), so their results are forwarded, the newest
         # match wins: the beat now adding (in results[0] next cycle), else the newest matching one
         # of the older results, chosen here into `older`. The accumulate flag is folded into the
         # selects (0 + data overwrites). ------------------------------------------------------------
@@ -237,12 +243,12 @@ class Accumulator(wiring.Component):
         back_valid, back_addr, back_row = results[0]
         back_bank = back_addr[index_bits:]
 
-        # A DMA write waits while an array beat for its bank is past stage 0 (so it never needs
-        # forwarding and never meets a write-back); a beat in stage 0 reads it transparently (the
-        # beat's read and the DMA's write reach the block RAM in the same cycle).
+        # A DMA write waits while an array beat for its bank is in stages 0 to 5, so it never needs
+        # forwarding, never meets a write-back, and never reaches the block RAM in the cycle a
+        # beat's read does.
         dma = self.dma_write.payload
         dma_bank = dma.addr[index_bits:]
-        in_flight = [(valid, addr) for valid, addr, _, _ in stages[1:]] + [(back_valid, back_addr)]
+        in_flight = [(valid, addr) for valid, addr, _, _ in stages] + [(back_valid, back_addr)]
         busy = Cat(*(valid & (addr[index_bits:] == dma_bank) for valid, addr in in_flight))
         grant_dma = Signal()
         m.d.comb += [

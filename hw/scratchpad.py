@@ -126,10 +126,11 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
 def bank_data_registers(m: Module, read_ports: Sequence[Any]) -> list[Signal]:
     """Two registers per bank taking that bank's block RAM read data every cycle, one after the
     other, with no logic of ours before them; returns the second of each bank. A block RAM's
-    clock-to-output is most of a cycle on ECP5 (5.8 ns), and yosys's emulation of a transparent
-    read puts a LUT before the first register; the second one lets the placer keep the first
-    beside the block RAM, however far its consumers are. A read presented to a bank in cycle t
-    (its request registered in t-1) is in the bank's second register in cycle t+3."""
+    clock-to-output is most of a cycle on ECP5 (5.8 ns); the second register lets the placer keep
+    the first beside the block RAM, however far its consumers are (the banks' collision result
+    is undefined for synthesis, hw/rtlil.py, so yosys puts no logic before the first). A read
+    presented to a bank in cycle t (its request registered in t-1) is in the bank's second
+    register in cycle t+3."""
     registers = []
     for k, port in enumerate(read_ports):
         first = Signal.like(port.data, name=f"bank{k}_out")

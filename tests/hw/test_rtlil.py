@@ -1,5 +1,6 @@
 """Undefined same-cycle read-write results for marked memories (hw/rtlil.py): the RTLIL patch
-changes exactly the read ports of marked memories, the scratchpad's banks are marked, and yosys
+changes exactly the read ports of marked memories, the scratchpad's and the accumulator's banks
+are marked, and yosys
 then maps a marked memory to block RAM with no collision logic before the register after it."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from amaranth import Elaboratable, Module, Signal
 from amaranth.back import rtlil
 from amaranth.lib.memory import Memory
 from systolic.boards.synth import tool_path
+from systolic.hw.accumulator import ACC_BANKS, Accumulator
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.rtlil import UNDEFINED_COLLISION, undefined_read_collisions
 from systolic.hw.scratchpad import Scratchpad
@@ -84,10 +86,10 @@ def test_a_design_without_marked_memories_is_unchanged() -> None:
 
 
 @pytest.mark.parametrize("banks", [2, 4, 8])
-def test_every_scratchpad_bank_is_marked(banks: int) -> None:
+def test_every_scratchpad_and_accumulator_bank_is_marked(banks: int) -> None:
     config = AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=8192, scratchpad_banks=banks)
-    _, changed = undefined_read_collisions(rtlil.convert(Scratchpad(config)))
-    assert changed == banks
+    assert undefined_read_collisions(rtlil.convert(Scratchpad(config)))[1] == banks
+    assert undefined_read_collisions(rtlil.convert(Accumulator(config)))[1] == ACC_BANKS
 
 
 def test_a_marked_memory_without_a_read_port_is_an_error() -> None:
