@@ -4,7 +4,7 @@
 ``config.acc_signed``), wrap-around arithmetic (docs/isa.md). The rows are split into
 :data:`ACC_BANKS` banks (bank = row // (acc_rows / ACC_BANKS)) so that the store path can read one
 half while the array updates the other: the two halves are the double buffer of output tiles that
-``AcceleratorConfig`` guarantees room for. Each bank is one :class:`~amaranth.lib.memory.Memory`
+``AcceleratorConfig`` guarantees room for. Each bank is one :class:`~systolic.hw.bankram.BankRAM`
 with one write port and one read port (simple dual-port block RAM).
 
 Ports (see docs/arch-memory-sfu.md):
@@ -42,12 +42,11 @@ import operator
 from amaranth import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.hdl import Shape
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In
 from amaranth.utils import exact_log2
 
+from .bankram import BankRAM
 from .config import AcceleratorConfig
-from .rtlil import UNDEFINED_COLLISION
 from .scratchpad import (
     READ_LATENCY,
     bank_data_registers,
@@ -155,14 +154,11 @@ class Accumulator(wiring.Component):
         banks = []
         for k in range(ACC_BANKS):
             # A read in the cycle its row is written is never used (forwarding, the DMA's wait,
-            # the token rules): synthesis leaves its result undefined (hw/rtlil.py), so the block
-            # RAM's read data goes straight into its bank register; simulation reads the old row.
-            memory = Memory(shape=row_layout, depth=_acc_bank_rows(cfg), init=[],
-                            attrs={UNDEFINED_COLLISION: 1})
-            m.submodules[f"bank{k}"] = memory
-            write_port = memory.write_port(granularity=1)
-            banks.append((write_port, memory.read_port()))
-        bank_data = bank_data_registers(m, [read_port for _, read_port in banks])
+            # the token rules): undefined on an FPGA (hw/bankram.py); simulation reads the old row
+            bank = BankRAM(row_layout, _acc_bank_rows(cfg))
+            m.submodules[f"bank{k}"] = bank
+            banks.append(bank)
+        bank_data = bank_data_registers(m, banks)
 
         # -- stage 0 (cycle t): an accumulating array beat reads its row; the store read uses idle
         # banks. Every bank's requests (reads here, writes below) are registered beside the bank:
@@ -178,11 +174,11 @@ class Accumulator(wiring.Component):
         free = drive_read_response(m, self.read.resp, grant_read, resp_row)
         m.d.comb += grant_read.eq(self.read.req.valid & free & ~(beat_reads & (beat_bank == req_bank)))
         m.d.comb += [self.read.req.ready.eq(grant_read), self.array_write.ready.eq(1)]
-        for k, (_, read_port) in enumerate(banks):
+        for k, bank in enumerate(banks):
             beat_here = beat_reads & (beat_bank == k)
             m.d.sync += [
-                read_port.en.eq(beat_here | (grant_read & (req_bank == k))),
-                read_port.addr.eq(Mux(beat_here, beat.addr[:index_bits], req.addr[:index_bits])),
+                bank.read_en.eq(beat_here | (grant_read & (req_bank == k))),
+                bank.read_addr.eq(Mux(beat_here, beat.addr[:index_bits], req.addr[:index_bits])),
             ]
         select_bank_row(m, bank_data, req_bank, resp_row)
 
@@ -255,19 +251,19 @@ class Accumulator(wiring.Component):
             grant_dma.eq(self.dma_write.valid & ~busy.any()),
             self.dma_write.ready.eq(grant_dma),
         ]
-        for k, (write_port, _) in enumerate(banks):
-            enable = Signal.like(write_port.en, name=f"bank{k}_write_en")
-            m.d.comb += write_port.en.eq(enable)
+        for k, bank in enumerate(banks):
+            enable = Signal.like(bank.write_en, name=f"bank{k}_write_en")
+            m.d.comb += bank.write_en.eq(enable)
             with m.If(back_valid & (back_bank == k)):
                 m.d.sync += [
-                    write_port.addr.eq(back_addr[:index_bits]),
-                    write_port.data.eq(back_row),
+                    bank.write_addr.eq(back_addr[:index_bits]),
+                    bank.write_data.eq(back_row),
                     enable.eq((1 << cols) - 1),
                 ]
             with m.Elif(grant_dma & (dma_bank == k)):
                 m.d.sync += [
-                    write_port.addr.eq(dma.addr[:index_bits]),
-                    write_port.data.eq(dma.data),
+                    bank.write_addr.eq(dma.addr[:index_bits]),
+                    bank.write_data.eq(dma.data),
                     enable.eq(dma.mask),
                 ]
             with m.Else():

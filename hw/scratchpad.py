@@ -3,8 +3,8 @@
 ``config.spad_rows`` rows of ``config.spad_row_elems`` raw elements of ``config.spad_elem_bits``
 bits, split into ``config.scratchpad_banks`` banks of ``config.spad_bank_rows`` rows: row ``r`` is
 row ``r % spad_bank_rows`` of bank ``r // spad_bank_rows``. Each bank is one
-:class:`~amaranth.lib.memory.Memory` with one write port and one read port, which synthesis maps to
-simple dual-port block RAM (iCE40 SB_RAM40_4K, ECP5 DP16KD).
+:class:`~systolic.hw.bankram.BankRAM` with one write port and one read port: simple dual-port
+block RAM (iCE40 SB_RAM40_4K, ECP5 DP16KD with its output register).
 
 Ports (see docs/arch-memory-sfu.md):
 
@@ -31,17 +31,15 @@ rules forbid such an unordered pair anyway.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from amaranth import Const, Module, Mux, Signal, unsigned
 from amaranth.hdl import ShapeLike, Value
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
+from .bankram import BankRAM
 from .config import AcceleratorConfig
-from .rtlil import UNDEFINED_COLLISION
 
 __all__ = [
     "READ_LATENCY", "Scratchpad", "read_port_signature", "drive_read_response", "bank_data_registers",
@@ -123,20 +121,18 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
     return free
 
 
-def bank_data_registers(m: Module, read_ports: Sequence[Any]) -> list[Signal]:
-    """Two registers per bank taking that bank's block RAM read data every cycle, one after the
-    other, with no logic of ours before them; returns the second of each bank. A block RAM's
-    clock-to-output is most of a cycle on ECP5 (5.8 ns); the second register lets the placer keep
-    the first beside the block RAM, however far its consumers are (the banks' collision result
-    is undefined for synthesis, hw/rtlil.py, so yosys puts no logic before the first). A read
-    presented to a bank in cycle t (its request registered in t-1) is in the bank's second
-    register in cycle t+3."""
+def bank_data_registers(m: Module, banks: Sequence[BankRAM]) -> list[Signal]:
+    """One more register per bank after its :class:`~systolic.hw.bankram.BankRAM`'s registered
+    read data (``read_data``: a register beside the block RAM, its output register on ECP5),
+    taking it every cycle; returns them. A block RAM's clock-to-output is most of a cycle on ECP5
+    (5.8 ns) and the block RAM may be far from the logic that uses its rows, so the route is in a
+    cycle of its own. A read presented to a bank in cycle t (its request registered in t-1) is in
+    the bank's register in cycle t+3."""
     registers = []
-    for k, port in enumerate(read_ports):
-        first = Signal.like(port.data, name=f"bank{k}_out")
-        second = Signal.like(port.data, name=f"bank{k}_data")
-        m.d.sync += [first.eq(port.data), second.eq(first)]
-        registers.append(second)
+    for k, bank in enumerate(banks):
+        register = Signal.like(bank.read_data, name=f"bank{k}_data")
+        m.d.sync += register.eq(bank.read_data)
+        registers.append(register)
     return registers
 
 
@@ -146,8 +142,8 @@ def select_bank_row(m: Module, bank_data: Sequence[Signal], bank: Value, row: Va
     reached the block RAM one cycle later; the row :func:`drive_read_response` expects."""
     name = getattr(Value.cast(row), "name", "row")
     delayed = bank
-    # the request is registered, the block RAM reads, its data is out, in the first register,
-    # in the second
+    # the request is registered, the block RAM reads, its data is out, in the bank's registered
+    # read data, in the bank data register
     for stage in ("requested", "read", "out", "registered"):
         later = Signal.like(bank, name=f"{name}_bank_{stage}")
         m.d.sync += later.eq(delayed)
@@ -213,27 +209,24 @@ class Scratchpad(wiring.Component):
         index_bits = exact_log2(cfg.spad_bank_rows)   # row within a bank; the bank is above
         banks = []
         for k in range(cfg.scratchpad_banks):
-            # no read of a row in the cycle it is written (the ISA's token rules): synthesis may
-            # leave that result undefined (hw/rtlil.py), so that the block RAM's read data goes
-            # straight into its bank register; simulation reads the new row (transparent)
-            memory = Memory(shape=spad_row_layout(cfg), depth=cfg.spad_bank_rows, init=[],
-                            attrs={UNDEFINED_COLLISION: 1})
-            m.submodules[f"bank{k}"] = memory
-            write_port = memory.write_port(granularity=1)
-            banks.append((write_port, memory.read_port(transparent_for=(write_port,))))
+            # no read of a row in the cycle it is written (the ISA's token rules): its result is
+            # left undefined on an FPGA (hw/bankram.py); simulation reads the new row
+            bank = BankRAM(spad_row_layout(cfg), cfg.spad_bank_rows, transparent=True)
+            m.submodules[f"bank{k}"] = bank
+            banks.append(bank)
 
         # -- write: the DMA owns every bank's write port; the write is registered beside the bank
         # (as the reads are, so a read still sees the writes accepted up to its own cycle) --------
         write = self.write.payload
         m.d.comb += self.write.ready.eq(1)
-        for k, (write_port, _) in enumerate(banks):
-            enable = Signal.like(write_port.en, name=f"bank{k}_write_en")
+        for k, bank in enumerate(banks):
+            enable = Signal.like(bank.write_en, name=f"bank{k}_write_en")
             m.d.sync += [
-                write_port.addr.eq(write.addr[:index_bits]),
-                write_port.data.eq(write.data),
+                bank.write_addr.eq(write.addr[:index_bits]),
+                bank.write_data.eq(write.data),
                 enable.eq(Mux(self.write.valid & (write.addr[index_bits:] == k), write.mask, 0)),
             ]
-            m.d.comb += write_port.en.eq(enable)
+            m.d.comb += bank.write_en.eq(enable)
 
         # -- reads: A and B share each bank's read port ---------------------------------------
         a, b = self.read_a, self.read_b
@@ -258,19 +251,19 @@ class Scratchpad(wiring.Component):
         with m.If(conflict):
             m.d.sync += prefer_b.eq(~prefer_b)
 
-        for k, (_, read_port) in enumerate(banks):
+        for k, bank in enumerate(banks):
             a_here = grant_a & (a_bank == k)
             b_here = grant_b & (b_bank == k)
             m.d.sync += [
-                read_port.en.eq(a_here | b_here),
-                read_port.addr.eq(Mux(a_here, a.req.payload.addr[:index_bits],
+                bank.read_en.eq(a_here | b_here),
+                bank.read_addr.eq(Mux(a_here, a.req.payload.addr[:index_bits],
                                       b.req.payload.addr[:index_bits])),
             ]
 
         # the request registered beside the bank (cycle t+1: the block RAM reads), each bank's read
         # data through two registers (t+2, t+3); a port's row is selected from the second four
         # cycles after its grant
-        bank_data = bank_data_registers(m, [read_port for _, read_port in banks])
+        bank_data = bank_data_registers(m, banks)
         select_bank_row(m, bank_data, a_bank, row_a)
         select_bank_row(m, bank_data, b_bank, row_b)
         return m

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 from systolic.sim.tools import VERILATOR_WAIVERS, build_cache_dir, design_hash, tool_env, verilator_bin
@@ -61,3 +62,36 @@ def run_clocked_testbench(top: str, sources: list[str], *, defines: tuple[str, .
                             capture_output=True, text=True, check=False, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
+
+
+_SEED_MULTIPLIERS = ((0x9E3779B97F4A7C15, 1), (0xD1B54A32D192ED03, 7), (0x94D049BB133111EB, 3))
+
+
+def random_top(module: str, seed: int, last_cycle: int, body: str) -> str:
+    """A testbench top ``module`` (inputs ``clk``, ``rst``) with three xorshift64 generators
+    ``x1``, ``x2``, ``x3`` seeded from ``seed`` that step every cycle out of reset, a counter
+    ``cycle``, ``$finish`` at ``last_cycle``, and ``body`` (its checks)."""
+    seeds = [(multiplier * (seed + offset)) % (1 << 64) or 1 for multiplier, offset in _SEED_MULTIPLIERS]
+    declared = ", ".join(f"x{i + 1} = 64'h{value:016x}" for i, value in enumerate(seeds))
+    return f"""
+module {module}(input logic clk, input logic rst);
+  logic [63:0] {declared};
+  logic [31:0] cycle = 0;
+{XORSHIFT64}  always @(posedge clk) if (!rst) begin
+    x1 <= step(x1); x2 <= step(x2); x3 <= step(x3);
+    cycle <= cycle + 1;
+    if (cycle == {last_cycle}) $finish;
+  end
+{body}endmodule
+"""
+
+
+def check_variant_summaries(output: str, cases: int, min_reads: int) -> None:
+    """Assert that ``output`` has the summary line of ``cases`` cases, each with no mismatch of
+    either variant and at least ``min_reads`` reads compared."""
+    summaries = re.findall(r"case (\w+): compared (\d+) reads, (\d+) generic mismatches, "
+                           r"(\d+) ecp5 mismatches", output)
+    assert len(summaries) == cases, output
+    for case, reads, generic_bad, ecp5_bad in summaries:
+        assert (int(generic_bad), int(ecp5_bad)) == (0, 0), (case, output)
+        assert int(reads) >= min_reads, (case, output)

@@ -1,5 +1,6 @@
 // Behavioural model of the parts of the Lattice ECP5 DP16KD (16 Kbit true dual-port block RAM)
-// that boards/memory.py uses, for Verilator: port A in the 1024 x 18 mode, port B unused.
+// that boards/memory.py and hw/bankram.py use, for Verilator: both ports in the 1024 x 18 mode,
+// port A reading and writing, port B reading only.
 // yosys ships no simulation model of it (its cells_sim_ecp5.v declares an empty module).
 //
 // From Lattice TN1264 (ECP5 and ECP5-5G Memory Usage Guide) and yosys' mapping of a 1024 x 18
@@ -17,10 +18,14 @@
 //   data is on DOA one cycle later than without it. Whether CEA gates the output register too is
 //   not verified here: with DP16KD_CE_GATES_OUTREG defined, it loads only while OCEA and CEA are
 //   both high (the tests run the memory with both readings);
+// * port B reads like port A (ADB13:4, CEB, CSB2:0 against CSDECODE_B, OCEB, REGMODE_B) from the
+//   same contents; a read of a word that port A writes at the same edge returns the old word here
+//   (undefined on the device: the users of this model never use such a read);
 // * the contents start at INITVAL (0 here: INITVAL_xx parameters are not modelled) and the data
-//   latch and the output register at 0 (after configuration, global set/reset).
-// RSTA (reset of the latch and output register), port B, the other widths and write modes are not
-// modelled: using them stops the simulation with $fatal, so that nothing passes by accident.
+//   latches and the output registers at 0 (after configuration, global set/reset).
+// RSTA/RSTB (reset of the latch and output register), writes on port B, the other widths and write
+// modes are not modelled: using them stops the simulation with $fatal, so that nothing passes by
+// accident.
 module DP16KD #(
     parameter DATA_WIDTH_A = 18,
     parameter DATA_WIDTH_B = 18,
@@ -57,6 +62,13 @@ module DP16KD #(
     wire [2:0] chip_select = {CSA2, CSA1, CSA0};
     // CSDECODE_A is a string "0bXYZ": its last three characters are the bits
     wire [2:0] decode = {CSDECODE_A[16], CSDECODE_A[8], CSDECODE_A[0]};
+    wire [13:0] adb = {ADB13, ADB12, ADB11, ADB10, ADB9, ADB8, ADB7, ADB6, ADB5, ADB4,
+                       ADB3, ADB2, ADB1, ADB0};
+    wire [9:0] word_b = adb[13:4];
+    wire [2:0] chip_select_b = {CSB2, CSB1, CSB0};
+    wire [2:0] decode_b = {CSDECODE_B[16], CSDECODE_B[8], CSDECODE_B[0]};
+    reg [17:0] latch_b = 18'd0;
+    reg [17:0] outreg_b = 18'd0;
 
     reg [17:0] mem [0:1023];
     reg [17:0] latch = 18'd0;
@@ -69,11 +81,14 @@ module DP16KD #(
             $fatal(1, "DP16KD model: REGMODE_A %s is not modelled", REGMODE_A);
         if (WRITEMODE_A != "NORMAL") $fatal(1, "DP16KD model: WRITEMODE_A %s is not modelled", WRITEMODE_A);
         if (CLKAMUX != "CLKA") $fatal(1, "DP16KD model: CLKAMUX %s is not modelled", CLKAMUX);
+        if (DATA_WIDTH_B != 18) $fatal(1, "DP16KD model: DATA_WIDTH_B %0d is not modelled", DATA_WIDTH_B);
+        if (REGMODE_B != "NOREG" && REGMODE_B != "OUTREG")
+            $fatal(1, "DP16KD model: REGMODE_B %s is not modelled", REGMODE_B);
+        if (CLKBMUX != "CLKB") $fatal(1, "DP16KD model: CLKBMUX %s is not modelled", CLKBMUX);
     end
 
     always @(posedge CLKA) begin
         if (RSTA) $fatal(1, "DP16KD model: RSTA is not modelled");
-        if (CEB || WEB || RSTB) $fatal(1, "DP16KD model: port B is not modelled");
         if (CEA && chip_select == decode) begin
             if (WEA) begin
                 if (ada[0]) mem[word][8:0] <= dia[8:0];
@@ -88,9 +103,19 @@ module DP16KD #(
         if (OCEA) outreg <= latch;
 `endif
     end
+    always @(posedge CLKB) begin
+        if (WEB || RSTB) $fatal(1, "DP16KD model: writes and reset on port B are not modelled");
+        if (CEB && chip_select_b == decode_b) latch_b <= mem[word_b];
+`ifdef DP16KD_CE_GATES_OUTREG
+        if (OCEB && CEB) outreg_b <= latch_b;
+`else
+        if (OCEB) outreg_b <= latch_b;
+`endif
+    end
     wire [17:0] doa = REGMODE_A == "OUTREG" ? outreg : latch;
+    wire [17:0] dob = REGMODE_B == "OUTREG" ? outreg_b : latch_b;
     assign {DOA17, DOA16, DOA15, DOA14, DOA13, DOA12, DOA11, DOA10, DOA9, DOA8,
             DOA7, DOA6, DOA5, DOA4, DOA3, DOA2, DOA1, DOA0} = doa;
     assign {DOB17, DOB16, DOB15, DOB14, DOB13, DOB12, DOB11, DOB10, DOB9, DOB8,
-            DOB7, DOB6, DOB5, DOB4, DOB3, DOB2, DOB1, DOB0} = 18'd0;
+            DOB7, DOB6, DOB5, DOB4, DOB3, DOB2, DOB1, DOB0} = dob;
 endmodule

@@ -41,7 +41,7 @@ from systolic.sim.tools import (
     yosys_synth,
 )
 
-from tests.boards.clocked_testbench import XORSHIFT64, run_clocked_testbench
+from tests.boards.clocked_testbench import check_variant_summaries, random_top, run_clocked_testbench
 
 SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
 MODEL = Path(__file__).with_name("dp16kd_model.v")
@@ -183,20 +183,7 @@ def _testbench(seed: int) -> list[str]:
                  reads_{s}, generic_bad_{s}, ecp5_bad_{s});
 """)
     fill = max(size // (bits // 8) for bits, size in _CASES)
-    x1 = (0x9E3779B97F4A7C15 * (seed + 1)) % (1 << 64) or 1
-    x2 = (0xD1B54A32D192ED03 * (seed + 7)) % (1 << 64) or 1
-    top = f"""
-module dp16kd_check(input logic clk, input logic rst);
-  logic [63:0] x1 = 64'h{x1:016x}, x2 = 64'h{x2:016x};
-  logic [31:0] cycle = 0;
-{XORSHIFT64}  always @(posedge clk) if (!rst) begin
-    x1 <= step(x1); x2 <= step(x2);
-    cycle <= cycle + 1;
-    if (cycle == {fill + _RANDOM_CYCLES}) $finish;
-  end
-{''.join(body)}endmodule
-"""
-    sources.append(top)
+    sources.append(random_top("dp16kd_check", seed, fill + _RANDOM_CYCLES, "".join(body)))
     return sources
 
 
@@ -207,12 +194,7 @@ def test_ecp5_memory_behaves_like_the_generic_memory(ce_gates_outreg):
     if the DP16KD's output register is enabled by CEA as well as by OCEA."""
     defines = ("DP16KD_CE_GATES_OUTREG",) if ce_gates_outreg else ()
     output = run_clocked_testbench("dp16kd_check", _testbench(SEED), defines=defines)
-    summaries = re.findall(r"case (\w+): compared (\d+) reads, (\d+) generic mismatches, "
-                           r"(\d+) ecp5 mismatches", output)
-    assert len(summaries) == len(_CASES), output
-    for case, reads, generic_bad, ecp5_bad in summaries:
-        assert (int(generic_bad), int(ecp5_bad)) == (0, 0), (case, output)
-        assert int(reads) > _RANDOM_CYCLES // 4, (case, output)
+    check_variant_summaries(output, len(_CASES), _RANDOM_CYCLES // 4)
 
 
 # -- the DP16KD's wiring against yosys' own mapping ----------------------------------------------

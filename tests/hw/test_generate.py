@@ -38,8 +38,9 @@ def test_interface_ports_are_the_verilog_ports(generated):
     described = {p["name"] for p in interface["ports"]}
     assert names == described
     widths = {}
+    top = verilog[header.start():verilog.index("endmodule", header.start())]    # not submodules' ports
     for direction, width, name in re.findall(r"^\s*(input|output)\s+(?:wire\s+|reg\s+)?(\[\d+:0\]\s+)?(\w+);",
-                                             verilog, re.M):
+                                             top, re.M):
         widths[name] = (direction[:-3] if direction == "output" else "in",
                         int(width.strip()[1:].split(":")[0]) + 1 if width else 1)
     for port in interface["ports"]:
