@@ -284,20 +284,45 @@ def _tool_versions(family: str, yosys_log: Path) -> dict[str, str]:
 # -- synthesis steps ----------------------------------------------------------------------------------
 
 def _yosys(build: Path, family: str, env: Mapping[str, str]) -> tuple[dict[str, int], str]:
-    """Run yosys on ``top.il`` in ``build``: ``top.json``, ``yosys.log``, cell counts."""
+    """Run yosys on ``top.il`` in ``build``: ``top.json``, ``yosys.log``, cell counts and the LUT
+    mapper that made the netlist ("abc9", else "abc").
+
+    YoWASP yosys 0.70's ABC9 sometimes exits without a message, and on some netlists returns
+    one with nets driven by two cells (seen on the 4x4 ULX3S SoC: flip-flops of the load unit's
+    row register shorted in pairs; classic ABC maps the same design cleanly). Either way the
+    LUTs are mapped again with classic ABC; a netlist that still has such nets is a
+    :class:`ToolError`."""
     synth = f"{SYNTH_FAMILIES[family]} -top top"
     try:
-        return _yosys_script(build, [synth], env), "abc9"
+        cells = _yosys_script(build, [synth], env)
+        if not _conflicting_drivers(build):
+            return cells, "abc9"
     except YosysSilentExit:
         pass
-    return _yosys_script(build, classic_abc_commands(family, synth), env), "abc"
+    cells = _yosys_script(build, classic_abc_commands(family, synth), env)
+    conflicts = _conflicting_drivers(build)
+    if conflicts:
+        raise ToolError(f"yosys made a netlist with {len(conflicts)} net(s) driven by more than one "
+                        f"cell ({', '.join(conflicts[:3])}{', ...' if len(conflicts) > 3 else ''}; "
+                        f"yosys check in {build / 'top.check.txt'})")
+    return cells, "abc"
+
+
+def _conflicting_drivers(build: Path) -> list[str]:
+    """The nets that yosys' ``check`` after synthesis (``top.check.txt``) found driven by more than
+    one cell."""
+    path = build / "top.check.txt"
+    text = path.read_text() if path.is_file() else ""
+    return re.findall(r"multiple conflicting drivers for (.+?):\s*$", text, re.MULTILINE)
 
 
 def _yosys_script(build: Path, commands: list[str], env: Mapping[str, str]) -> dict[str, int]:
-    script = ["read_rtlil top.il", *commands, "tee -q -o top.stat.json stat -json", "write_json top.json"]
+    script = ["read_rtlil top.il", *commands, "tee -q -o top.check.txt check",
+              "tee -q -o top.stat.json stat -json", "write_json top.json"]
     (build / "top.ys").write_text("\n".join(script) + "\n")
     stat = build / "top.stat.json"
     stat.unlink(missing_ok=True)
+    (build / "top.check.txt").unlink(missing_ok=True)
     result = _run([tool_path("yosys", env), "-q", "-l", "yosys.log", "-s", "top.ys"], build, env)
     if result.returncode != 0 or not stat.is_file():
         raise_yosys_failure(result, f"yosys (log in {build / 'yosys.log'})")

@@ -277,6 +277,49 @@ def test_synth_argument_errors(tmp_path: Path) -> None:
         synth("icebreaker", 5, tmp_path)
 
 
+_CONFLICT = ("Warning: multiple conflicting drivers for top.\\core.load.rows.data [4]:\n"
+             "    port Q[0] of cell a (TRELLIS_FF)\n    port Q[0] of cell b (TRELLIS_FF)\n")
+
+
+def _fake_yosys(monkeypatch: pytest.MonkeyPatch, conflicting: tuple[bool, bool]) -> list[list[str]]:
+    """Replace the yosys run of boards/synth.py: the first run (ABC9) and the second (classic
+    ABC) write a check report with or without a net driven twice; returns the command lists."""
+    from systolic.boards import synth as synth_module
+
+    runs: list[list[str]] = []
+
+    def fake(build: Path, commands: list[str], env: object) -> dict[str, int]:
+        text = _CONFLICT if conflicting[len(runs)] else "Found and reported 0 problems.\n"
+        runs.append(commands)
+        (build / "top.check.txt").write_text(text)
+        return {"LUT4": 10 * len(runs)}
+
+    monkeypatch.setattr(synth_module, "_yosys_script", fake)
+    return runs
+
+
+def test_abc9_netlist_with_nets_driven_twice_is_mapped_again_with_classic_abc(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from systolic.boards.synth import _yosys
+
+    runs = _fake_yosys(monkeypatch, (True, False))
+    assert _yosys(tmp_path, "ecp5", {}) == ({"LUT4": 20}, "abc")
+    assert runs[0] == ["synth_ecp5 -top top"] and "abc -lut 4" in runs[1]
+    runs = _fake_yosys(monkeypatch, (False, False))
+    assert _yosys(tmp_path, "ecp5", {}) == ({"LUT4": 10}, "abc9") and len(runs) == 1
+
+
+def test_a_netlist_with_nets_driven_twice_is_an_error(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from systolic.boards.synth import _yosys
+
+    _fake_yosys(monkeypatch, (True, True))
+    with pytest.raises(ToolError, match=r"^yosys made a netlist with 1 net\(s\) driven by more than one "
+                                        r"cell \(top\.\\core\.load\.rows\.data \[4\]; "
+                                        r"yosys check in .*top\.check\.txt\)$"):
+        _yosys(tmp_path, "ice40", {})
+
+
 def test_tool_path_names_the_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEXTPNR_ECP5", "no-such-nextpnr")
     with pytest.raises(ToolError, match=r"^nextpnr-ecp5 not found: NEXTPNR_ECP5 is 'no-such-nextpnr', "
