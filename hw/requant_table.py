@@ -23,8 +23,9 @@ Ports (see docs/arch-memory-sfu.md):
   STORE): ``req`` is accepted whenever no response is owed or the pending one is taken in the same
   cycle (with W words: in the cycle it reads the last word, the W - 1 earlier words read in the
   cycles before, from the first cycle it could have been accepted), so back-to-back reads are
-  W + 1 cycles apart. A read sees a write of the same cycle (transparent) word by word; a pending
-  response does not change.
+  W + 1 cycles apart. A read sees a write of the same cycle word by word in simulation
+  (transparent; undefined on an FPGA built by ``systolic synth``, hw/rtlil.py: the ISA's token
+  rules order a LOAD of the table and a STORE reading it); a pending response does not change.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from amaranth.lib.wiring import In
 
 from ..sim.arith import MAX_SHIFT, MULT_BITS
 from .config import AcceleratorConfig
+from .rtlil import UNDEFINED_COLLISION
 from .scratchpad import read_port_signature
 
 __all__ = ["REQUANT_ENTRY", "TABLE_READ_LATENCY", "RequantTable", "requant_row_layout", "requant_word_bits",
@@ -114,14 +116,18 @@ class RequantTable(wiring.Component):
         m = Module()
         words = cfg.requant_row_words
         if words == 1:
-            memory = Memory(shape=requant_row_layout(cfg), depth=_table_depth(cfg), init=[])
+            memory = Memory(shape=requant_row_layout(cfg), depth=_table_depth(cfg), init=[],
+                            attrs={UNDEFINED_COLLISION: 1})
         else:
             # word k of row r at address r * 2**word_index_bits + k: no multiplier for the address
             memory = Memory(shape=requant_word_bits(cfg), depth=_table_depth(cfg) << (words - 1).bit_length(),
-                            init=[])
+                            init=[], attrs={UNDEFINED_COLLISION: 1})
         m.submodules.memory = memory
         write_port = memory.write_port(granularity=1)
-        read_port = memory.read_port(transparent_for=(write_port,))   # cheapest collision rule
+        # a STORE never reads a row that a LOAD writes in the same cycle (the token rules order
+        # them): synthesis leaves that result undefined (hw/rtlil.py), so no bypass logic sits
+        # between the block RAM and the row registers; simulation reads the new word
+        read_port = memory.read_port(transparent_for=(write_port,))
         # -- read: the row goes into registers (with W words, word by word as read); the response
         # comes from them the cycle after (TABLE_READ_LATENCY), so the block RAM's clock-to-output and
         # the SFU's use of the entries are in different cycles. One response at a time: a request

@@ -1,6 +1,6 @@
 """Undefined same-cycle read-write results for marked memories (hw/rtlil.py): the RTLIL patch
 changes exactly the read ports of marked memories, the scratchpad's and the accumulator's banks
-are marked, and yosys
+and the requantize table are marked, and yosys
 then maps a marked memory to block RAM with no collision logic before the register after it."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from amaranth.lib.memory import Memory
 from systolic.boards.synth import tool_path
 from systolic.hw.accumulator import ACC_BANKS, Accumulator
 from systolic.hw.config import AcceleratorConfig
+from systolic.hw.requant_table import RequantTable
 from systolic.hw.rtlil import UNDEFINED_COLLISION, undefined_read_collisions
 from systolic.hw.scratchpad import Scratchpad
 from systolic.sim.tools import tool_env
@@ -85,11 +86,13 @@ def test_a_design_without_marked_memories_is_unchanged() -> None:
     assert undefined_read_collisions(text) == (text, 0)
 
 
-@pytest.mark.parametrize("banks", [2, 4, 8])
-def test_every_scratchpad_and_accumulator_bank_is_marked(banks: int) -> None:
-    config = AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=8192, scratchpad_banks=banks)
+@pytest.mark.parametrize("banks, words", [(2, 1), (4, 3), (8, 1)])
+def test_every_scratchpad_accumulator_and_table_memory_is_marked(banks: int, words: int) -> None:
+    config = AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=8192, scratchpad_banks=banks,
+                               requant_row_words=words)
     assert undefined_read_collisions(rtlil.convert(Scratchpad(config)))[1] == banks
     assert undefined_read_collisions(rtlil.convert(Accumulator(config)))[1] == ACC_BANKS
+    assert undefined_read_collisions(rtlil.convert(RequantTable(config)))[1] == 1
 
 
 def test_a_marked_memory_without_a_read_port_is_an_error() -> None:
