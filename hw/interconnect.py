@@ -17,7 +17,7 @@ from amaranth.lib.wiring import In, Out
 
 from .axi import AddressLayout, ReadDataLayout
 
-__all__ = ["ReadArbiter", "StreamRegister"]
+__all__ = ["ReadArbiter", "StreamRegister", "HalfRateRegister"]
 
 
 class ReadArbiter(wiring.Component):
@@ -108,4 +108,28 @@ class StreamRegister(wiring.Component):
             ]
         with m.Elif(self.i.valid & ~spare_valid):       # the output waits: the item into the spare
             m.d.sync += [spare.eq(self.i.payload), spare_valid.eq(1)]
+        return m
+
+
+class HalfRateRegister(wiring.Component):
+    """A one-entry stream register for wide payloads that are rare: ``o.valid`` and ``o.payload``
+    are registers, and ``i.ready`` is the register's emptiness, so no combinational path crosses
+    it; unlike :class:`StreamRegister` it has no spare entry and no multiplexer per payload bit
+    (the payload register is loaded through its enable), at the price of one transfer every other
+    cycle at most. One cycle of latency; items leave in order, none lost or repeated. Used for
+    the instructions of the load and store units, each of which takes many cycles."""
+
+    def __init__(self, payload_shape: ShapeLike):
+        super().__init__({
+            "i": In(stream.Signature(payload_shape)),
+            "o": Out(stream.Signature(payload_shape)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.comb += self.i.ready.eq(~self.o.valid)
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += [self.o.valid.eq(1), self.o.payload.eq(self.i.payload)]
         return m

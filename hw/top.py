@@ -29,9 +29,9 @@ from .accumulator import Accumulator
 from .array import SystolicArray
 from .axi import BURST_INCR
 from .config import AcceleratorConfig
-from .controller import Dispatcher, Fetcher, Sequencer, TokenChannel
+from .controller import Dispatcher, Fetcher, InstructionLayout, Sequencer, TokenChannel
 from .csr import COUNTERS, CSR_ADDR_BITS, CSRBank
-from .interconnect import ReadArbiter
+from .interconnect import HalfRateRegister, ReadArbiter
 from .isa import Queue
 from .requant_table import RequantTable
 from .scratchpad import Scratchpad
@@ -133,6 +133,13 @@ class Accelerator(wiring.Component):
         m.submodules.load = ResetInserter(unit_reset)(load)
         core.submodules.compute = compute
         m.submodules.store = ResetInserter(unit_reset)(store)
+        # a LOAD or STORE reaches its unit through a register (reset with the unit: start drops
+        # one a halted program left), so that the unit's readiness for it does not run back
+        # through the sequencer's token checks into the dispatcher's queue in the same cycle
+        commands = {Queue.LOAD: HalfRateRegister(InstructionLayout()),
+                    Queue.STORE: HalfRateRegister(InstructionLayout())}
+        for q, register in commands.items():
+            m.submodules[f"cmd_{q.name.lower()}"] = ResetInserter(unit_reset)(register)
         core.submodules.spad = spad = Scratchpad(cfg)
         core.submodules.acc = acc = Accumulator(cfg)
         core.submodules.table = table = RequantTable(cfg)
@@ -153,7 +160,11 @@ class Accelerator(wiring.Component):
         units = (load, compute, store)
         for q, seq, unit in zip(Queue, sequencers, units, strict=True):
             wiring.connect(core, dispatcher=dispatcher.queues[q.value], sequencer=seq.queue)
-            wiring.connect(core, sequencer=seq.unit_cmd, unit=unit.cmd)
+            if q in commands:
+                wiring.connect(core, sequencer=seq.unit_cmd, register=commands[q].i)
+                wiring.connect(core, register=commands[q].o, unit=unit.cmd)
+            else:
+                wiring.connect(core, sequencer=seq.unit_cmd, unit=unit.cmd)
             core.d.comb += [seq.unit_completed.eq(unit.completed), seq.halt.eq(dispatcher.halt)]
 
         # token channels: (from, to)
