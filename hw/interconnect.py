@@ -82,18 +82,22 @@ class ReadArbiter(wiring.Component):
         return m
 
 
-class StreamRegister(wiring.Component):
-    """A two-entry stream register (skid buffer) that cuts every combinational path between its
-    two sides: ``o.valid`` and ``o.payload`` come from registers, and ``i.ready`` is a register
-    (high while the spare entry is empty), so a consumer's ``ready`` does not reach the producer
-    in the same cycle. One cycle of latency; a transfer every cycle while ``o.ready`` stays high.
-    Items leave in order, none lost or repeated."""
+class _StreamStage(wiring.Component):
+    """A stream in (``i``) and the same stream out (``o``)."""
 
     def __init__(self, payload_shape: ShapeLike):
         super().__init__({
             "i": In(stream.Signature(payload_shape)),
             "o": Out(stream.Signature(payload_shape)),
         })
+
+
+class StreamRegister(_StreamStage):
+    """A two-entry stream register (skid buffer) that cuts every combinational path between its
+    two sides: ``o.valid`` and ``o.payload`` come from registers, and ``i.ready`` is a register
+    (high while the spare entry is empty), so a consumer's ``ready`` does not reach the producer
+    in the same cycle. One cycle of latency; a transfer every cycle while ``o.ready`` stays high.
+    Items leave in order, none lost or repeated."""
 
     def elaborate(self, platform):
         m = Module()
@@ -111,19 +115,13 @@ class StreamRegister(wiring.Component):
         return m
 
 
-class HalfRateRegister(wiring.Component):
+class HalfRateRegister(_StreamStage):
     """A one-entry stream register for wide payloads that are rare: ``o.valid`` and ``o.payload``
     are registers, and ``i.ready`` is the register's emptiness, so no combinational path crosses
     it; unlike :class:`StreamRegister` it has no spare entry and no multiplexer per payload bit
     (the payload register is loaded through its enable), at the price of one transfer every other
     cycle at most. One cycle of latency; items leave in order, none lost or repeated. Used for
     the instructions of the load and store units, each of which takes many cycles."""
-
-    def __init__(self, payload_shape: ShapeLike):
-        super().__init__({
-            "i": In(stream.Signature(payload_shape)),
-            "o": Out(stream.Signature(payload_shape)),
-        })
 
     def elaborate(self, platform):
         m = Module()
