@@ -13,8 +13,9 @@ Ports (see docs/arch-memory-sfu.md):
   cycle (``ready`` is always 1, so the array never stalls for it). ``accumulate`` adds the values
   to the stored row (wrapping), else they overwrite it. Pipelined read-modify-write: every bank's
   requests are registered beside it (as the scratchpad's are), so a beat accepted in cycle t has
-  its row read by the block RAM in t+1, the row in the bank's second data register in t+4 (a
-  block RAM's clock-to-out takes most of a cycle on ECP5, and the block RAM may be far away), the
+  its row read by the block RAM in t+1, the row in the bank's data register in t+4 (after the
+  BankRAM's registered read data: a block RAM's clock-to-out takes most of a cycle on ECP5, and
+  the block RAM may be far away), the
   addition in t+4, the result in a register in t+5 while its write request is registered beside
   the bank, and the block RAM writes it in t+6. The read does not see the write of its own cycle
   (a block RAM read port with no collision logic): the results of the five beats ahead are
@@ -63,7 +64,7 @@ __all__ = [
 #: Banks of the accumulator: the two halves of the output-tile double buffer.
 ACC_BANKS = 2
 
-#: The read-modify-write's stage that adds: the beat's row is in its bank's second data register.
+#: The read-modify-write's stage that adds: the beat's row is in its bank's data register.
 _ADD_STAGE = READ_LATENCY - 1
 #: Beats ahead whose results a beat's add takes from registers: those accepted after the last one
 #: whose write-back reached the block RAM before the beat's read (t+1; the read port does not see
@@ -162,8 +163,8 @@ class Accumulator(wiring.Component):
 
         # -- stage 0 (cycle t): an accumulating array beat reads its row; the store read uses idle
         # banks. Every bank's requests (reads here, writes below) are registered beside the bank:
-        # its block RAM reads in cycle t+1, the data is out in t+2 and in the bank's second data
-        # register in t+4 (bank_data_registers).
+        # its block RAM reads in cycle t+1, the data is out in t+2, in the BankRAM's registered
+        # read data in t+3 and in the bank's data register in t+4 (bank_data_registers).
         beat = self.array_write.payload
         beat_bank = beat.addr[index_bits:]
         beat_reads = self.array_write.valid & beat.accumulate

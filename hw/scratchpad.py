@@ -261,8 +261,8 @@ class Scratchpad(wiring.Component):
             ]
 
         # the request registered beside the bank (cycle t+1: the block RAM reads), each bank's read
-        # data through two registers (t+2, t+3); a port's row is selected from the second four
-        # cycles after its grant
+        # data through the BankRAM's register and the bank data register (t+2, t+3); a port's row
+        # is selected from the latter four cycles after its grant
         bank_data = bank_data_registers(m, banks)
         select_bank_row(m, bank_data, a_bank, row_a)
         select_bank_row(m, bank_data, b_bank, row_b)
