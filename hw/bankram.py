@@ -14,10 +14,11 @@ accumulator never use one (docs/arch-memory-sfu.md). In simulation the memory re
 
 * Generic platforms: a ``Memory`` carrying :data:`~systolic.hw.rtlil.UNDEFINED_COLLISION` (no
   collision logic after synthesis) and a register on its read data.
-* Lattice ECP5 (``platform.family == "ecp5"``), elements of a multiple of 8 bits and up to
-  :data:`DP16KD_MAX_ROWS` rows: DP16KD instances in their 1024 x 18 mode (two 9-bit bytes, 8 data
-  bits used in each), port A writing with its byte enables, port B reading through the block
-  RAM's own output register (REGMODE_B "OUTREG"), which yosys never uses. Its clock-to-output is
+* Lattice ECP5 (``platform.family == "ecp5"``), elements of a multiple of 8 bits and
+  :data:`DP16KD_ROWS` to :data:`DP16KD_MAX_ROWS` rows (:func:`uses_dp16kd`): DP16KD instances
+  in their 1024 x 18 mode (two 9-bit bytes, 8 data bits used in each), port A writing with its
+  byte enables, port B reading through the block RAM's own output register (REGMODE_B
+  "OUTREG"), which yosys never uses. Its clock-to-output is
   far shorter than the block RAM's (5.8 ns at speed grade 6), so the route from a block RAM the
   placer put far away to the logic that uses the row has most of the cycle. A bank deeper than
   1024 rows stacks up to 8 DP16KD deep, chip-select decoded (CSDECODE), and picks the row from
@@ -48,11 +49,13 @@ DP16KD_MAX_ROWS = 8 * DP16KD_ROWS
 def uses_dp16kd(platform: Any, shape: ShapeLike, depth: int) -> bool:
     """Whether a :class:`BankRAM` of ``depth`` rows of ``shape`` is built from DP16KD instances
     on ``platform``: ECP5, elements (of an array layout; the whole row otherwise) a multiple of
-    8 bits wide, and at most :data:`DP16KD_MAX_ROWS` rows."""
+    8 bits wide, and :data:`DP16KD_ROWS` to :data:`DP16KD_MAX_ROWS` rows. A shallower bank would
+    take up to twice the block RAMs of yosys's mapping (its 512 x 36 mode, which has no output
+    register here), so it stays an amaranth memory."""
     layout = shape if isinstance(shape, data.ArrayLayout) else None
     elem_bits = Shape.cast(layout.elem_shape).width if layout is not None else Shape.cast(shape).width
     return (getattr(platform, "family", None) == "ecp5" and elem_bits % 8 == 0
-            and depth <= DP16KD_MAX_ROWS)
+            and DP16KD_ROWS <= depth <= DP16KD_MAX_ROWS)
 
 
 class BankRAM(wiring.Component):
@@ -104,13 +107,11 @@ class BankRAM(wiring.Component):
         elem_bits = row_bits // self._elems
         nbytes = row_bits // 8
         wide = (nbytes + 1) // 2                 # DP16KD side by side: two bytes each
-        deep = max(1, self._depth // DP16KD_ROWS)
-        word_bits = min(10, exact_log2(self._depth)) if self._depth > 1 else 0
+        deep = self._depth // DP16KD_ROWS
         write_data = Cat(Value.cast(self.write_data), Const(0, 16 * wide - row_bits))
         byte_en = Cat(*(self.write_en[8 * b // elem_bits] for b in range(nbytes)),
                       Const(0, 2 * wide - nbytes))
-        word_w = Cat(self.write_addr[:word_bits], Const(0, 10 - word_bits))
-        word_r = Cat(self.read_addr[:word_bits], Const(0, 10 - word_bits))
+        word_w, word_r = self.write_addr[:10], self.read_addr[:10]
         select_w = Cat(self.write_addr[10:], Const(0, 3))[:3] if deep > 1 else Const(0, 3)
         select_r = Cat(self.read_addr[10:], Const(0, 3))[:3] if deep > 1 else Const(0, 3)
         outputs = []

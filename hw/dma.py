@@ -557,9 +557,11 @@ class GatherReader(wiring.Component):
                 with m.Else():
                     m.d.sync += active.eq(0)
 
-        # take the offered command once set up, in the cycle the walker leaves the current one
+        # take the offered command once set up and the walker is idle: `accept` enables every
+        # walker register, so it is a function of three registers only (a command waits one
+        # cycle after the previous one's last stretch)
         m.d.comb += [
-            accept.eq(self.cmd.valid & set_up & (~active | (go & walk_last))),
+            accept.eq(self.cmd.valid & set_up & ~active),
             self.cmd.ready.eq(accept),
         ]
         with m.If(accept):

@@ -45,18 +45,17 @@ def _layout(elems: int, bits: int) -> data.ArrayLayout:
 
 
 #: (name, elements, bits per element, rows): the 4x4 ULX3S sweep's scratchpad bank (4 DP16KD
-#: deep) and accumulator bank, the 16x16 preset's, a 2-deep one, and one shallower than a DP16KD
-_CASES = (("spad4", 4, 8, 4096), ("acc4", 4, 32, 512), ("spad16", 16, 8, 1024), ("acc16", 16, 32, 128),
-          ("deep2", 3, 8, 2048), ("small", 2, 16, 16))
-
-
+#: deep), the 16x16 preset's, a row of 32-bit elements, one 2 deep with an odd byte count, and
+#: the deepest (8 deep)
+_CASES = (("spad4", 4, 8, 4096), ("spad16", 16, 8, 1024), ("acc", 4, 32, 1024), ("deep2", 3, 8, 2048),
+          ("deep8", 2, 16, 8192))
 @pytest.mark.parametrize("name, elems, bits, rows", _CASES, ids=[c[0] for c in _CASES])
 def test_ecp5_banks_are_dp16kd_through_the_output_register(name, elems, bits, rows):
     layout = _layout(elems, bits)
     assert uses_dp16kd(_ECP5(), layout, rows)
     verilog = to_verilog(BankRAM(layout, rows), name, platform=_ECP5())
     instances = _instances(verilog)
-    deep = max(1, rows // 1024)
+    deep = rows // 1024
     wide = (elems * bits // 8 + 1) // 2
     assert len(instances) == deep * wide
     decodes = sorted(re.search(r'\.CSDECODE_B\("(0b\d{3})"\)', text)[1] for text in instances)
@@ -70,8 +69,9 @@ def test_ecp5_banks_are_dp16kd_through_the_output_register(name, elems, bits, ro
     assert "DP16KD" not in to_verilog(BankRAM(layout, rows), name)
 
 
-@pytest.mark.parametrize("layout, rows", [(_layout(4, 4), 1024), (_layout(2, 8), 2 * DP16KD_MAX_ROWS)],
-                         ids=["nibbles", "too-deep"])
+@pytest.mark.parametrize("layout, rows", [(_layout(4, 4), 1024), (_layout(2, 8), 2 * DP16KD_MAX_ROWS),
+                                          (_layout(4, 32), 512), (_layout(16, 32), 128)],
+                         ids=["nibbles", "too-deep", "shallow", "shallow-wide"])
 def test_other_banks_stay_amaranth_memories_on_ecp5(layout, rows):
     assert not uses_dp16kd(_ECP5(), layout, rows)
     verilog = to_verilog(BankRAM(layout, rows), "bank", platform=_ECP5())
@@ -79,18 +79,20 @@ def test_other_banks_stay_amaranth_memories_on_ecp5(layout, rows):
 
 
 @pytest.mark.parametrize("preset", ["ulx3s-85f", "orangecrab-25f", "default"])
-def test_the_banks_of_the_presets_are_dp16kd(preset):
-    """Every scratchpad and accumulator bank of the ECP5 presets (and of the default config) is
-    built from DP16KD on ECP5."""
+def test_the_presets_banks_take_no_more_block_rams(preset):
+    """A bank of the ECP5 presets (and of the default config) is built from DP16KD exactly when
+    it is at least 1024 rows deep, where the 1024 x 18 tiles use every row; then it takes one
+    DP16KD per two bytes of row per 1024 rows."""
     from systolic.boards.boards import load_preset
 
     config = AcceleratorConfig() if preset == "default" else load_preset(preset)
-    assert uses_dp16kd(_ECP5(), spad_row_layout(config), config.spad_bank_rows)
-    assert uses_dp16kd(_ECP5(), acc_row_layout(config), config.acc_rows // ACC_BANKS)
-    for component, banks in ((Scratchpad(config), config.scratchpad_banks), (Accumulator(config), ACC_BANKS)):
-        verilog = to_verilog(component, "block", platform=_ECP5())
-        assert len(_instances(verilog)) >= banks
-        assert not re.search(r"^\s*reg\s*\[\d+:0\]\s*\w+\s*\[", verilog, re.MULTILINE)
+    for component, layout, rows, banks in (
+            (Scratchpad(config), spad_row_layout(config), config.spad_bank_rows, config.scratchpad_banks),
+            (Accumulator(config), acc_row_layout(config), config.acc_rows // ACC_BANKS, ACC_BANKS)):
+        assert uses_dp16kd(_ECP5(), layout, rows) == (rows >= 1024)
+        instances = _instances(to_verilog(component, "block", platform=_ECP5()))
+        expected = banks * (layout.size // 16) * (rows // 1024) if rows >= 1024 else 0
+        assert len(instances) == expected, (preset, rows)
 
 
 def _testbench(seed: int) -> list[str]:
