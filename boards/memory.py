@@ -54,6 +54,7 @@ from systolic.hw.axi import (
     ResponseLayout,
     WriteDataLayout,
 )
+from systolic.hw.bankram import DP16KD_ROWS
 
 __all__ = [
     "MEMORY_KINDS", "SPRAM_BYTES", "SPRAM_COUNT", "BANK_BYTES", "MAX_BANKS", "DP16KD_WORDS", "check_memory",
@@ -75,9 +76,10 @@ _MAX_BRAM_BYTES = 1 << 24
 BANK_BYTES = 8 * 1024
 #: Banks of a "bram" memory at most (larger memories have larger banks).
 MAX_BANKS = 32
-#: Words of one ECP5 DP16KD in its 1024 x 18 mode: banks this deep are built from DP16KD
-#: instances on ECP5 (see :func:`_dp16kd`).
-DP16KD_WORDS = 1024
+#: Words of one ECP5 DP16KD in its 1024 x 18 mode (the accelerator's banks use the same mode,
+#: :data:`systolic.hw.bankram.DP16KD_ROWS`): banks this deep are built from DP16KD instances on
+#: ECP5 (see :func:`_dp16kd`).
+DP16KD_WORDS = DP16KD_ROWS
 _SELECT_FAN_IN = 4      # banks (or groups) one registered select level chooses from
 
 
