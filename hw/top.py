@@ -31,7 +31,7 @@ from .axi import BURST_INCR
 from .config import AcceleratorConfig
 from .controller import Dispatcher, Fetcher, InstructionLayout, Sequencer, TokenChannel
 from .csr import COUNTERS, CSR_ADDR_BITS, CSRBank
-from .interconnect import HalfRateRegister, ReadArbiter
+from .interconnect import HalfRateRegister, ReadArbiter, StreamRegister
 from .isa import Queue
 from .requant_table import RequantTable
 from .scratchpad import Scratchpad
@@ -239,13 +239,17 @@ class Accelerator(wiring.Component):
         wiring.connect(core, arbiter=reads.managers[0].r, fetcher=fetcher.r)
         wiring.connect(core, load=load.axi, arbiter=reads.managers[1])
         bus, writes = reads.bus, store.axi_w
+        # read data enter through a register slice: no combinational path from the DRAM's read
+        # engine through the arbiter into the reader's handshakes and back (one cycle per burst)
+        core.submodules.r_slice = r_slice = StreamRegister(bus.r.payload.shape())
+        wiring.connect(core, slice=r_slice.o, arbiter=bus.r)
         core.d.comb += [
             self.m_axi_arvalid.eq(bus.ar.valid), bus.ar.ready.eq(self.m_axi_arready),
             self.m_axi_araddr.eq(bus.ar.payload.addr), self.m_axi_arlen.eq(bus.ar.payload.len),
             self.m_axi_arsize.eq(bus.ar.payload.size), self.m_axi_arburst.eq(BURST_INCR),
-            bus.r.valid.eq(self.m_axi_rvalid), self.m_axi_rready.eq(bus.r.ready),
-            bus.r.payload.data.eq(self.m_axi_rdata), bus.r.payload.resp.eq(self.m_axi_rresp),
-            bus.r.payload.last.eq(self.m_axi_rlast),
+            r_slice.i.valid.eq(self.m_axi_rvalid), self.m_axi_rready.eq(r_slice.i.ready),
+            r_slice.i.payload.data.eq(self.m_axi_rdata), r_slice.i.payload.resp.eq(self.m_axi_rresp),
+            r_slice.i.payload.last.eq(self.m_axi_rlast),
             self.m_axi_awvalid.eq(writes.aw.valid), writes.aw.ready.eq(self.m_axi_awready),
             self.m_axi_awaddr.eq(writes.aw.payload.addr), self.m_axi_awlen.eq(writes.aw.payload.len),
             self.m_axi_awsize.eq(writes.aw.payload.size), self.m_axi_awburst.eq(BURST_INCR),
