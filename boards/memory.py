@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, Signal, Value
+from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -54,7 +54,7 @@ from systolic.hw.axi import (
     ResponseLayout,
     WriteDataLayout,
 )
-from systolic.hw.bankram import DP16KD_ROWS
+from systolic.hw.bankram import DP16KD_ROWS, DP16KDPort, dp16kd
 
 __all__ = [
     "MEMORY_KINDS", "SPRAM_BYTES", "SPRAM_COUNT", "BANK_BYTES", "MAX_BANKS", "DP16KD_WORDS", "check_memory",
@@ -78,7 +78,7 @@ BANK_BYTES = 8 * 1024
 MAX_BANKS = 32
 #: Words of one ECP5 DP16KD in its 1024 x 18 mode (the accelerator's banks use the same mode,
 #: :data:`systolic.hw.bankram.DP16KD_ROWS`): banks this deep are built from DP16KD instances on
-#: ECP5 (see :func:`_dp16kd`).
+#: ECP5 (see :func:`systolic.hw.bankram.dp16kd`).
 DP16KD_WORDS = DP16KD_ROWS
 _SELECT_FAN_IN = 4      # banks (or groups) one registered select level chooses from
 
@@ -130,45 +130,6 @@ def memory_read_latency(kind: str, memory_bytes: int) -> int:
     every platform (request, bank, block RAM, its output register and bank data registers)."""
     banks = _bram_banks(memory_bytes) if kind == "bram" else 1
     return 1 if banks == 1 else 5 + _select_levels(banks)
-
-
-def _dp16kd(m: Module, name: str, *, addr: Value, data: Value, enables: Value, enable: Value,
-            write: Value) -> Value:
-    """Add to ``m`` (as submodule ``name``) one ECP5 DP16KD used as a 1024 x 18 single-port RAM on
-    port A with its output register; returns its 16 bits of read data.
-
-    As yosys' brams_map_16kd.v maps a 1024 x 18 port: the word address ``addr`` (up to 10 bits)
-    on ADA13:4 (ADA3:2 zero), the byte enables ``enables`` (2 bits) on ADA1:0, the 16 bits of
-    ``data`` as two 8-bit bytes in the 9-bit byte lanes DIA7:0 and DIA16:9 (DIA8 and DIA17 zero),
-    the read data from DOA7:0 and DOA16:9. ``enable`` is CEA (the port does nothing while it is
-    low), ``write`` WEA (with ``enable``: a write of the enabled bytes, else a read). WRITEMODE
-    NORMAL: the data latch keeps its value during a write. REGMODE_A "OUTREG" with OCEA high: the
-    read data is the data latch one cycle later, so a read's data comes two cycles after the
-    read. Port B is tied off."""
-    assert len(addr) <= 10 and len(data) == 16 and len(enables) == 2, (len(addr), len(data), len(enables))
-    dia = Cat(data[:8], Const(0, 1), data[8:], Const(0, 1))
-    doa = Signal(18, name=f"{name}_doa")
-    ada = Cat(enables, Const(0, 2), addr, Const(0, 10 - len(addr)))
-    zero = Const(0, 1)
-    ports: dict[str, Any] = {
-        "p_DATA_WIDTH_A": 18, "p_DATA_WIDTH_B": 18, "p_REGMODE_A": "OUTREG", "p_REGMODE_B": "NOREG",
-        "p_WRITEMODE_A": "NORMAL", "p_WRITEMODE_B": "NORMAL", "p_RESETMODE": "SYNC",
-        "p_ASYNC_RESET_RELEASE": "SYNC", "p_CSDECODE_A": "0b000", "p_CSDECODE_B": "0b000",
-        "p_CLKAMUX": "CLKA", "p_CLKBMUX": "CLKB", "p_GSR": "AUTO",
-        "i_CLKA": ClockSignal("sync"), "i_CEA": enable, "i_OCEA": Const(1, 1), "i_WEA": write,
-        "i_RSTA": zero, "i_CLKB": zero, "i_CEB": zero, "i_OCEB": zero, "i_WEB": zero, "i_RSTB": zero,
-    }
-    for i in range(3):
-        ports[f"i_CSA{i}"] = ports[f"i_CSB{i}"] = zero
-    for i in range(14):
-        ports[f"i_ADA{i}"] = ada[i]
-        ports[f"i_ADB{i}"] = zero
-    for i in range(18):
-        ports[f"i_DIA{i}"] = dia[i]
-        ports[f"i_DIB{i}"] = zero
-        ports[f"o_DOA{i}"] = doa[i]
-    m.submodules[name] = Instance("DP16KD", **ports)
-    return Cat(doa[:8], doa[9:17])
 
 
 def _spram_columns(data_width: int) -> int:
@@ -264,7 +225,7 @@ class _Core(wiring.Component):
         (each a register)."""
         banks = self.bank_count
         index_bits = (self.depth // banks - 1).bit_length()    # word inside a bank; the bank above
-        dp16kd = self.uses_dp16kd(platform)
+        use_dp16kd = self.uses_dp16kd(platform)
         request = Signal.like(self.cmd.payload)
         requested = Signal()
         m.d.sync += [request.eq(self.cmd.payload), requested.eq(self.cmd.valid)]
@@ -289,7 +250,7 @@ class _Core(wiring.Component):
             # the block RAM's read data a cycle later (its output register): the last read's
             # data, kept while the bank writes or is idle
             held = Signal(self.data_width, name=f"bank{k}_dout")
-            if dp16kd:
+            if use_dp16kd:
                 # CEA is high in the access's cycle and in the next one, so that the output
                 # register loads the read data even if CEA gates it as well as OCEA (the second
                 # cycle reads the same word again, or keeps the data latch during a write)
@@ -299,9 +260,12 @@ class _Core(wiring.Component):
                 m.d.sync += [accessed.eq(here), active.eq(here | accessed),
                              writing.eq(here & request.write)]
                 for j in range(self.data_width // 16):
-                    m.d.comb += held.word_select(j, 16).eq(_dp16kd(
-                        m, f"bank{k}_dp16kd{j}", addr=addr, data=data.word_select(j, 16),
-                        enables=enables.word_select(j, 2), enable=active, write=writing))
+                    # a single-port RAM on port A, through its output register
+                    word, _ = dp16kd(m, f"bank{k}_dp16kd{j}", a=DP16KDPort(
+                        addr=addr, enable=active, write=writing,
+                        byte_enables=enables.word_select(j, 2), data=data.word_select(j, 16),
+                        output_register=True, output_enable=1))
+                    m.d.comb += held.word_select(j, 16).eq(word)
             else:
                 m.submodules[f"bank{k}"] = ram = self.banks[k]
                 write = ram.write_port(granularity=8)

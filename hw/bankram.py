@@ -27,10 +27,11 @@ accumulator never use one (docs/arch-memory-sfu.md). In simulation the memory re
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from amaranth import Cat, Const, Module, Mux, Signal
-from amaranth.hdl import ClockSignal, Instance, Shape, ShapeLike, Value
+from amaranth.hdl import ClockSignal, Instance, Shape, ShapeLike, Value, ValueLike
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -38,12 +39,91 @@ from amaranth.utils import exact_log2
 
 from .rtlil import UNDEFINED_COLLISION
 
-__all__ = ["BankRAM", "DP16KD_ROWS", "DP16KD_MAX_ROWS", "uses_dp16kd"]
+__all__ = ["BankRAM", "DP16KD_ROWS", "DP16KD_MAX_ROWS", "DP16KDPort", "dp16kd", "uses_dp16kd"]
 
 #: Rows of one DP16KD in the 1024 x 18 mode.
 DP16KD_ROWS = 1024
 #: Deepest bank built from DP16KD: 8 deep, decoded by the three chip-select pins.
 DP16KD_MAX_ROWS = 8 * DP16KD_ROWS
+
+
+@dataclass(frozen=True)
+class DP16KDPort:
+    """One port (A or B) of a DP16KD in its 1024 x 18 mode, wired as yosys' brams_map_16kd.v wires
+    a 1024 x 16 port with two byte enables: the word address ``addr`` (up to 10 bits) on AD13:4
+    (AD3:2 zero), the byte enables ``byte_enables`` (2 bits) on AD1:0, the 16 bits of ``data`` as
+    two 8-bit bytes in the 9-bit byte lanes DI7:0 and DI16:9 (DI8, DI17 zero), the read data from
+    DO7:0 and DO16:9.
+
+    ``enable`` is CE (the port does nothing while it is low), ``write`` WE (with ``enable``: a
+    write of the enabled bytes, else a read), ``chip_select`` CS2:0 (compared with the
+    instance's CSDECODE). WRITEMODE NORMAL: the data latch keeps its value during a write.
+    ``output_register``: REGMODE "OUTREG", the read data is the data latch one cycle later while
+    ``output_enable`` (OCE) is high, so a read's data comes two cycles after the read; else
+    "NOREG". ``read``: the port's read data is used (DO connected)."""
+
+    addr: ValueLike
+    enable: ValueLike
+    write: ValueLike = 0
+    byte_enables: ValueLike = 0
+    data: ValueLike = 0
+    chip_select: ValueLike = 0
+    output_register: bool = False
+    output_enable: ValueLike = 0
+    read: bool = True
+
+
+def dp16kd(m: Module, name: str, *, a: DP16KDPort | None = None, b: DP16KDPort | None = None,
+           csdecode: int = 0) -> tuple[Value | None, Value | None]:
+    """Add to ``m`` (as submodule ``name``) one ECP5 DP16KD in its 1024 x 18 mode with ports ``a``
+    and ``b`` (:class:`DP16KDPort`; None: the port is tied off, its clock included), both ports'
+    CSDECODE ``csdecode`` (0 to 7). Returns the 16 bits of read data of port A and of port B (None
+    for a port that is tied off or not ``read``)."""
+    assert 0 <= csdecode < 8, csdecode
+    zero = Const(0, 1)
+    ports: dict[str, Any] = {
+        "p_DATA_WIDTH_A": 18, "p_DATA_WIDTH_B": 18,
+        "p_WRITEMODE_A": "NORMAL", "p_WRITEMODE_B": "NORMAL", "p_RESETMODE": "SYNC",
+        "p_ASYNC_RESET_RELEASE": "SYNC",
+        "p_CSDECODE_A": f"0b{csdecode:03b}", "p_CSDECODE_B": f"0b{csdecode:03b}",
+        "p_CLKAMUX": "CLKA", "p_CLKBMUX": "CLKB", "p_GSR": "AUTO",
+    }
+    outputs: list[Value | None] = []
+    for side, port in (("A", a), ("B", b)):
+        if port is None:
+            port = DP16KDPort(addr=0, enable=0, read=False)
+            clock: Value = zero
+        else:
+            clock = ClockSignal("sync")
+        addr, byte_enables, data = (Value.cast(port.addr), Value.cast(port.byte_enables),
+                                    Value.cast(port.data))
+        assert len(addr) <= 10 and len(byte_enables) <= 2 and len(data) <= 16, \
+            (len(addr), len(byte_enables), len(data))
+        address = Cat(byte_enables, Const(0, 2 - len(byte_enables)), Const(0, 2), addr,
+                      Const(0, 10 - len(addr)))
+        data = Cat(data, Const(0, 16 - len(data)))
+        data_in = Cat(data[:8], zero, data[8:], zero)
+        ports.update({
+            f"p_REGMODE_{side}": "OUTREG" if port.output_register else "NOREG",
+            f"i_CLK{side}": clock, f"i_CE{side}": port.enable, f"i_OCE{side}": port.output_enable,
+            f"i_WE{side}": port.write, f"i_RST{side}": zero,
+        })
+        chip_select = Cat(Value.cast(port.chip_select), Const(0, 3))
+        for i in range(3):
+            ports[f"i_CS{side}{i}"] = chip_select[i]
+        for i in range(14):
+            ports[f"i_AD{side}{i}"] = address[i]
+        for i in range(18):
+            ports[f"i_DI{side}{i}"] = data_in[i]
+        if port.read:
+            data_out = Signal(18, name=f"{name}_do{side.lower()}")
+            for i in range(18):
+                ports[f"o_DO{side}{i}"] = data_out[i]
+            outputs.append(Cat(data_out[:8], data_out[9:17]))
+        else:
+            outputs.append(None)
+    m.submodules[name] = Instance("DP16KD", **ports)
+    return outputs[0], outputs[1]
 
 
 def uses_dp16kd(platform: Any, shape: ShapeLike, depth: int) -> bool:
@@ -112,44 +192,23 @@ class BankRAM(wiring.Component):
         byte_en = Cat(*(self.write_en[8 * b // elem_bits] for b in range(nbytes)),
                       Const(0, 2 * wide - nbytes))
         word_w, word_r = self.write_addr[:10], self.read_addr[:10]
-        select_w = Cat(self.write_addr[10:], Const(0, 3))[:3] if deep > 1 else Const(0, 3)
-        select_r = Cat(self.read_addr[10:], Const(0, 3))[:3] if deep > 1 else Const(0, 3)
+        select_w = self.write_addr[10:13] if deep > 1 else 0
+        select_r = self.read_addr[10:13] if deep > 1 else Const(0, 3)
         outputs = []
-        zero = Const(0, 1)
         for d in range(deep):
             pieces = []
             for w in range(wide):
                 enables = byte_en[2 * w:2 * w + 2]
-                dia = Cat(write_data[16 * w:16 * w + 8], zero, write_data[16 * w + 8:16 * w + 16], zero)
-                dob = Signal(18, name=f"tile{d}_{w}_dob")
-                ada = Cat(enables, Const(0, 2), word_w)
-                adb = Cat(Const(0, 4), word_r)
-                ports: dict[str, Any] = {
-                    "p_DATA_WIDTH_A": 18, "p_DATA_WIDTH_B": 18,
-                    "p_REGMODE_A": "NOREG", "p_REGMODE_B": "OUTREG",
-                    "p_WRITEMODE_A": "NORMAL", "p_WRITEMODE_B": "NORMAL", "p_RESETMODE": "SYNC",
-                    "p_ASYNC_RESET_RELEASE": "SYNC",
-                    "p_CSDECODE_A": f"0b{d:03b}", "p_CSDECODE_B": f"0b{d:03b}",
-                    "p_CLKAMUX": "CLKA", "p_CLKBMUX": "CLKB", "p_GSR": "AUTO",
-                    # port A writes the enabled bytes (does nothing with none); port B reads every
-                    # cycle, so its output register takes each read whatever CEB does to it
-                    "i_CLKA": ClockSignal("sync"), "i_CEA": enables.any(), "i_OCEA": zero,
-                    "i_WEA": Const(1, 1), "i_RSTA": zero,
-                    "i_CLKB": ClockSignal("sync"), "i_CEB": Const(1, 1), "i_OCEB": Const(1, 1),
-                    "i_WEB": zero, "i_RSTB": zero,
-                }
-                for i in range(3):
-                    ports[f"i_CSA{i}"] = select_w[i]
-                    ports[f"i_CSB{i}"] = select_r[i]
-                for i in range(14):
-                    ports[f"i_ADA{i}"] = ada[i]
-                    ports[f"i_ADB{i}"] = adb[i]
-                for i in range(18):
-                    ports[f"i_DIA{i}"] = dia[i]
-                    ports[f"i_DIB{i}"] = zero
-                    ports[f"o_DOB{i}"] = dob[i]
-                m.submodules[f"tile{d}_{w}"] = Instance("DP16KD", **ports)
-                pieces.append(Cat(dob[:8], dob[9:17]))
+                # port A writes the enabled bytes (does nothing with none); port B reads every
+                # cycle, so its output register takes each read whatever CEB does to it
+                _, row = dp16kd(
+                    m, f"tile{d}_{w}", csdecode=d,
+                    a=DP16KDPort(addr=word_w, enable=enables.any(), write=1, byte_enables=enables,
+                                 data=write_data[16 * w:16 * w + 16], chip_select=select_w,
+                                 read=False),
+                    b=DP16KDPort(addr=word_r, enable=1, chip_select=select_r,
+                                 output_register=True, output_enable=1))
+                pieces.append(row)
             outputs.append(Cat(*pieces)[:row_bits])
         if deep == 1:
             m.d.comb += self.read_data.eq(outputs[0])

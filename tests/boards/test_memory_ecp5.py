@@ -33,9 +33,9 @@ from systolic.boards.memory import (
     DP16KD_WORDS,
     MAX_BANKS,
     SoCMemory,
-    _dp16kd,
     memory_read_latency,
 )
+from systolic.hw.bankram import DP16KDPort, dp16kd
 from systolic.sim.tools import (
     to_verilog,
     yosys_synth,
@@ -201,7 +201,8 @@ def test_ecp5_memory_behaves_like_the_generic_memory(ce_gates_outreg):
 
 class _YosysRam(wiring.Component):
     """A 1024 x 16 single-port RAM with two byte enables as amaranth memory (yosys maps it to one
-    DP16KD) or, with ``instance``, the DP16KD that boards/memory.py instantiates for it."""
+    DP16KD) or, with ``instance``, the DP16KD that boards/memory.py instantiates for it
+    (``systolic.hw.bankram.dp16kd``)."""
 
     addr: In(10)
     data: In(16)
@@ -217,8 +218,10 @@ class _YosysRam(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         if self.instance:
-            m.d.comb += self.q.eq(_dp16kd(m, "ram", addr=self.addr, data=self.data, enables=self.be,
-                                          enable=self.ce, write=self.we))
+            q, _ = dp16kd(m, "ram", a=DP16KDPort(addr=self.addr, enable=self.ce, write=self.we,
+                                                 byte_enables=self.be, data=self.data,
+                                                 output_register=True, output_enable=1))
+            m.d.comb += self.q.eq(q)
         else:
             m.submodules.ram = ram = Memory(shape=16, depth=1024, init=[])
             write = ram.write_port(granularity=8)
