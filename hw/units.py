@@ -100,7 +100,7 @@ def _bytes_le(row: data.View, first: int, count: int):
 class LoadUnit(wiring.Component):
     """Executes LOAD instructions, several in flight: the next LOAD is accepted (and its address
     pattern set up) while the rows of earlier ones are still being read, and each completes, in
-    order, in the cycle its last row is written.
+    order, in the cycle after its last row is written (``completed`` is a register).
 
     With ``config.sfu_residual`` its GatherReader also serves the store unit's residual reads
     (``residual``, :func:`residual_read_signature`): one accelerator needs one read engine. A
@@ -242,9 +242,11 @@ class LoadUnit(wiring.Component):
         written = produced.valid & produced.ready
         is_load = ~info.residual
         # a read accepted from the next cycle on sees the row (the memories keep the order of
-        # accepted writes and reads): the LOAD is complete with its last row
-        m.d.comb += [self.completed.eq(written & rows.last & is_load),
-                     inflight.r_en.eq(written & rows.last)]
+        # accepted writes and reads): the LOAD is complete with its last row. `completed` is a
+        # register, a cycle later, so that a memory's readiness (the accumulator's depends on its
+        # pipeline) does not run through the sequencer's retire logic in the same cycle
+        m.d.comb += inflight.r_en.eq(written & rows.last)
+        m.d.sync += self.completed.eq(written & rows.last & is_load)
         with m.If(written & is_load & (rows.resp != 0) & (self.error == 0)):
             m.d.sync += [self.error.eq(rows.resp), self.error_pc.eq(info.pc)]
 
