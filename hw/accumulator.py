@@ -11,26 +11,27 @@ Ports (see docs/arch-memory-sfu.md):
 
 * ``array_write`` — stream of (row, C values, accumulate) from the array controller, accepted every
   cycle (``ready`` is always 1, so the array never stalls for it). ``accumulate`` adds the values
-  to the stored row (wrapping), else they overwrite it. Pipelined read-modify-write: every bank's
-  requests are registered beside it (as the scratchpad's are), so a beat accepted in cycle t has
-  its row read by the block RAM in t+1, the row in the bank's data register in t+4 (after the
-  BankRAM's registered read data: a block RAM's clock-to-out takes most of a cycle on ECP5, and
-  the block RAM may be far away), the
-  addition in t+4, the result in a register in t+5 while its write request is registered beside
-  the bank, and the block RAM writes it in t+6. The read does not see the write of its own cycle
-  (a block RAM read port with no collision logic): the results of the five beats ahead are
-  forwarded, so back-to-back beats to one row add up exactly, and a row read in the cycle it is
-  written is never used.
+  to the stored row (wrapping), else they overwrite it. Pipelined read-modify-write: a beat is
+  registered as it arrives (stage 0 is a register), and every bank's requests are registered
+  beside it (as the scratchpad's are), so a beat accepted in cycle t has its row read by the block
+  RAM in t+2, the row in the bank's data register in t+5 (after the BankRAM's registered read
+  data: a block RAM's clock-to-out takes most of a cycle on ECP5, and the block RAM may be far
+  away), the addition in t+5, the result in a register in t+6 while its write request is
+  registered beside the bank, and the block RAM writes it in t+7. The read does not see the
+  write of its own cycle (a block RAM read port with no collision logic): the results of the five
+  beats ahead are forwarded, so back-to-back beats to one row add up exactly, and a row read in
+  the cycle it is written is never used.
 * ``dma_write`` — stream of (row, C values, element mask) from the DMA (LOAD dst=acc). Waits
-  (``ready`` low) while an array beat for the same bank is in stages 0 to 5.
+  (``ready`` low) while an array beat for the same bank is in stages 0 to 5 (accepted one to six
+  cycles before); ``ready`` is a function of registers only.
 * ``read`` — store-path read port (:func:`~systolic.hw.scratchpad.read_port_signature`): the row
   arrives :data:`~systolic.hw.scratchpad.READ_LATENCY` cycles after the request is accepted (one
   row per cycle while the consumer takes them). A request waits only in a cycle where an
   accumulating array beat reads the same bank, or while READ_LATENCY responses are owed.
 
 All writes take effect in accept order. A ``read`` accepted in cycle n sees the DMA writes
-accepted up to cycle n - 1 and the array beats accepted up to cycle n - 6 (:data:`WRITE_LATENCY`).
-A read of a row that a DMA write accepted in cycle n or an array beat accepted in n - 5 writes
+accepted up to cycle n - 1 and the array beats accepted up to cycle n - 7 (:data:`WRITE_LATENCY`).
+A read of a row that a DMA write accepted in cycle n or an array beat accepted in n - 6 writes
 meets that write at the block RAM: simulation returns the old row, an FPGA built by ``systolic
 synth`` an undefined one (hw/rtlil.py); the ISA's token rules forbid such unordered pairs.
 """
@@ -72,9 +73,10 @@ _ADD_STAGE = READ_LATENCY - 1
 _FORWARD = _ADD_STAGE + 1
 
 #: Cycles from accepting an ``array_write`` beat until a ``read`` request accepted then sees its
-#: result: the beat's write-back reaches the block RAM _ADD_STAGE + 2 cycles after its
-#: acceptance, a request the cycle after its grant, and a read sees the writes of earlier cycles.
-WRITE_LATENCY = _ADD_STAGE + 2
+#: result: the beat waits a cycle in the input register, its write-back reaches the block RAM
+#: _ADD_STAGE + 2 cycles after it leaves that register, a request the cycle after its grant, and a
+#: read sees the writes of earlier cycles.
+WRITE_LATENCY = _ADD_STAGE + 3
 
 
 def acc_elem_shape(config: AcceleratorConfig) -> Shape:
@@ -161,13 +163,20 @@ class Accumulator(wiring.Component):
             banks.append(bank)
         bank_data = bank_data_registers(m, banks)
 
+        # -- input register: an array beat accepted in cycle t - 1 is in stage 0 in cycle t. So every
+        # stage that the DMA's wait and the store read's check look at is a register (the beat's
+        # row address is a sum in the compute unit), and a DMA write granted with a beat's arrival
+        # reaches the block RAM before that beat's read does, as accept order wants.
+        beat_valid = Signal()
+        beat = Signal(self.array_write.payload.shape(), reset_less=True)
+        m.d.sync += [beat_valid.eq(self.array_write.valid), beat.eq(self.array_write.payload)]
+
         # -- stage 0 (cycle t): an accumulating array beat reads its row; the store read uses idle
         # banks. Every bank's requests (reads here, writes below) are registered beside the bank:
         # its block RAM reads in cycle t+1, the data is out in t+2, in the BankRAM's registered
         # read data in t+3 and in the bank's data register in t+4 (bank_data_registers).
-        beat = self.array_write.payload
         beat_bank = beat.addr[index_bits:]
-        beat_reads = self.array_write.valid & beat.accumulate
+        beat_reads = beat_valid & beat.accumulate
         req = self.read.req.payload
         req_bank = req.addr[index_bits:]
         grant_read = Signal()
@@ -185,7 +194,7 @@ class Accumulator(wiring.Component):
 
         # -- stages 1 to ADD_STAGE: the beat's (valid, addr, data, accumulate), one register set per
         # stage; the beat adds in stage ADD_STAGE (t+4), when its row is in the bank's register ---
-        stages = [(self.array_write.valid, beat.addr, beat.data, beat.accumulate)]
+        stages = [(beat_valid, beat.addr, beat.data, beat.accumulate)]
         for n in range(1, _ADD_STAGE + 1):
             stage = (Signal(name=f"s{n}_valid"), Signal.like(beat.addr, name=f"s{n}_addr"),
                      Signal(row_layout, name=f"s{n}_data"), Signal(name=f"s{n}_accumulate"))
@@ -242,7 +251,9 @@ class Accumulator(wiring.Component):
 
         # A DMA write waits while an array beat for its bank is in stages 0 to 5, so it never needs
         # forwarding, never meets a write-back, and never reaches the block RAM in the cycle a
-        # beat's read does.
+        # beat's read does. (A beat arriving in the DMA write's cycle reads the block RAM two
+        # cycles after the DMA write reaches it: it sees the DMA's row, as accept order wants.)
+        # Every term is a register: `ready` reaches the load unit through two LUT levels.
         dma = self.dma_write.payload
         dma_bank = dma.addr[index_bits:]
         in_flight = [(valid, addr) for valid, addr, _, _ in stages] + [(back_valid, back_addr)]

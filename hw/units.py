@@ -25,7 +25,7 @@ from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .accumulator import acc_array_write_layout, acc_dma_write_layout, acc_row_layout
+from .accumulator import WRITE_LATENCY, acc_array_write_layout, acc_dma_write_layout, acc_row_layout
 from .array import input_layout, output_layout, weight_layout
 from .axi import AddressLayout, ReadDataLayout, ResponseLayout, WriteDataLayout
 from .config import AcceleratorConfig
@@ -486,9 +486,12 @@ class ComputeUnit(wiring.Component):
                 m.d.comb += [writes.r_en.eq(1), completing.eq(1)]
             with m.Else():
                 m.d.sync += out_row.eq(out_row + 1)
-        # the accumulator makes a row readable two cycles after the beat: complete one cycle late
-        m.d.sync += self.completed.eq(completing)
-        m.d.comb += self.busy.eq(writes.r_rdy | self.completed)
+        # A read accepted by the accumulator sees a beat WRITE_LATENCY cycles after the beat: the
+        # COMPUTE completes WRITE_LATENCY - 1 cycles after its last beat, and whatever reads on its
+        # completion asks a cycle later at the earliest (as the golden model's estimate has it)
+        pending = Signal(WRITE_LATENCY - 1)
+        m.d.sync += pending.eq(Cat(completing, pending[:-1]))
+        m.d.comb += [self.completed.eq(pending[-1]), self.busy.eq(writes.r_rdy | pending.any())]
         return m
 
 

@@ -44,17 +44,17 @@ def _run(program, config=CONFIG, size=1 << 16, **kw):
 # -- cycle estimate ---------------------------------------------------------------------------
 
 def test_cycle_estimate_by_hand():
-    """8 x 8 WS: array latency R + C + 4 = 20, a row readable in the accumulator 5 cycles after
-    its result; SFU latency 16 (residual and pooling configured); DRAM latency 16."""
+    """8 x 8 WS: array latency R + C + 4 = 20, a row readable in the accumulator 7 cycles after
+    its result (WRITE_LATENCY); SFU latency 16 (residual and pooling configured); DRAM latency 16."""
     program = [
         # 16 aligned 8-byte rows: 16 beats + latency 16 = 32 cycles
         tile_load("spad", 0, 0x1000, 16, 8, row_bytes=8, elem_bytes=1),
         # 8 rows at an address 4 bytes into a beat: 2 beats each, 16 + 16 = 32 cycles
         tile_load("spad", 16, 0x2004, 8, 8, row_bytes=8, elem_bytes=1, push_next=1),
         # preload from 72: weight rows 72..79, input rows 80..95 (busy k + m = 24); last result
-        # row at 95 + 20 = 115, readable at 121
+        # row at 95 + 20 = 115, readable at 122
         _i("COMPUTE", b_addr=16, m=16, k=8, n=8, preload=1, pop_prev=1, push_next=1),
-        # reuse: input rows follow at 96..111 (busy m = 16), result 131, readable at 137
+        # reuse: input rows follow at 96..111 (busy m = 16), result 131, readable at 138
         _i("COMPUTE", acc_addr=16, m=16, k=8, n=8, push_next=1),
         _i("CONFIG", zp_out=1),
         # raw, 16 pixels of 32 aligned bytes: 64 beats > 16 SFU cycles; + SFU latency 16 = 80
@@ -70,22 +70,22 @@ def test_cycle_estimate_by_hand():
     assert result.timings == [
         InstrTiming(0, "LOAD", "load", 8, 8, 40),
         InstrTiming(1, "LOAD", "load", 16, 40, 72),
-        InstrTiming(2, "COMPUTE", "compute", 24, 72, 121),
-        InstrTiming(3, "COMPUTE", "compute", 32, 96, 137),
+        InstrTiming(2, "COMPUTE", "compute", 24, 72, 122),
+        InstrTiming(3, "COMPUTE", "compute", 32, 96, 138),
         InstrTiming(4, "CONFIG", "store", 40, 40, 41),
-        InstrTiming(5, "STORE", "store", 48, 121, 201),
-        InstrTiming(6, "STORE", "store", 56, 201, 281),
-        InstrTiming(7, "FINISH", "dispatcher", 64, 281, 282),
+        InstrTiming(5, "STORE", "store", 48, 122, 202),
+        InstrTiming(6, "STORE", "store", 56, 202, 282),
+        InstrTiming(7, "FINISH", "dispatcher", 64, 282, 283),
     ]
-    assert result.cycles == 282
+    assert result.cycles == 283
     assert result.busy == {"load": 64, "compute": 24 + 16, "store": 1 + 80 + 80}
     assert result.macs == 2 * 16 * 8 * 8
     # bus bytes: the 64 bytes from 0x2004 span 9 beats, the 128 residual bytes from 0x5003 17
     assert result.dram_read_bytes == 128 + 9 * 8 + 17 * 8
     assert result.dram_write_bytes == 16 * 32 + 128
     assert result.instructions == 8
-    assert result.utilization == pytest.approx(2048 / (64 * 282))
-    assert result.summary()["cycles"] == 282
+    assert result.utilization == pytest.approx(2048 / (64 * 283))
+    assert result.summary()["cycles"] == 283
 
 
 def test_output_stationary_compute_cycles():
@@ -93,10 +93,10 @@ def test_output_stationary_compute_cycles():
     program = [_i("COMPUTE", m=8, k=20, n=8), _i("COMPUTE", m=3, k=5, n=2, acc_addr=8), _i("FINISH")]
     result = _run(program, config)
     # array latency R + C + 3 = 19. First: beats 8..27; result rows 27 + 19 = 46 .. 53,
-    # readable 6 cycles later. Second: its last beat waits until 27 + R = 35, so beats 31..35
-    # (busy 5 + 3 cycles of cooldown); rows 54 .. 61, readable at 67.
-    assert result.timings[0] == InstrTiming(0, "COMPUTE", "compute", 8, 8, 59)
-    assert result.timings[1] == InstrTiming(1, "COMPUTE", "compute", 16, 31, 67)
+    # readable 7 cycles later. Second: its last beat waits until 27 + R = 35, so beats 31..35
+    # (busy 5 + 3 cycles of cooldown); rows 54 .. 61, readable at 68.
+    assert result.timings[0] == InstrTiming(0, "COMPUTE", "compute", 8, 8, 60)
+    assert result.timings[1] == InstrTiming(1, "COMPUTE", "compute", 16, 31, 68)
     assert result.busy["compute"] == 20 + 8
 
 
@@ -228,9 +228,9 @@ def test_push_into_full_channel_waits_for_room():
         _i("FINISH"),
     ]
     t = _run(program, config).timings
-    # weights 24..31, inputs 32..131; last result 131 + 20, readable 6 cycles later
-    assert (t[2].start, t[2].end) == (24, 157)
-    assert (t[3].start, t[3].end) == (132, 158)         # takes token 0 at 132
+    # weights 24..31, inputs 32..131; last result 131 + 20, readable 7 cycles later
+    assert (t[2].start, t[2].end) == (24, 158)
+    assert (t[3].start, t[3].end) == (132, 159)         # takes token 0 at 132
     assert t[4].start == 133                            # token 1 arrived at max(42, 132)
     assert t[5].start == 132                            # the load queue waited for the push
 
