@@ -2,7 +2,8 @@
 
 Each unit takes instructions on ``cmd`` (from its :class:`~systolic.hw.controller.Sequencer`, tokens
 already popped) and raises ``completed`` for one cycle per instruction, in order, once the
-instruction's writes are visible to the other units.
+instruction's writes are visible to the other units. Every unit's ``completed`` is a register, so
+no unit's handshakes reach the sequencers' retire logic in the cycle they happen.
 
 * :class:`LoadUnit` — LOAD: a :class:`~systolic.hw.dma.GatherReader` plus converters from its byte
   rows to scratchpad, accumulator and requantize-table rows; the same reader serves the store
@@ -709,6 +710,14 @@ class StoreUnit(wiring.Component):
                 rcmd.seg_len.eq(s.n), rcmd.outer_dy.eq(1), rcmd.inner_dx.eq(1), rcmd.elem_dc.eq(1),
             ]
 
+        # `completed` is a register, a cycle after the state machine finishes an instruction, so
+        # that the writer's and the SFU's idleness do not run through the store sequencer's retire
+        # logic and token pushes in the same cycle; busy until then
+        completing = Signal()
+        m.d.sync += self.completed.eq(completing)
+        busy = Signal()
+        m.d.comb += self.busy.eq(busy | self.completed)
+
         with m.FSM(name="store"):
             with m.State("IDLE"):
                 m.d.comb += self.cmd.ready.eq(1)
@@ -730,10 +739,10 @@ class StoreUnit(wiring.Component):
                             ]
                         m.next = "SETUP"
             with m.State("CONFIG_DONE"):
-                m.d.comb += self.completed.eq(1)
+                m.d.comb += completing.eq(1)
                 m.next = "IDLE"
             with m.State("SETUP"):
-                m.d.comb += self.busy.eq(1)
+                m.d.comb += busy.eq(1)
                 m.d.sync += [last_ox.eq(s.out_w - 1), last_oy.eq(s.out_h - 1), oy.eq(0), ox.eq(0)]
                 if has_pooling:
                     # the window products by shifted additions (no DSP blocks), rows modulo
@@ -751,7 +760,7 @@ class StoreUnit(wiring.Component):
                     m.next = "TABLE"
             if has_pooling:
                 with m.State("ORIGIN"):
-                    m.d.comb += self.busy.eq(1)
+                    m.d.comb += busy.eq(1)
                     top = -s.pad_top
                     first_row = s.acc_addr - top_rows - s.pad_left
                     m.d.sync += [
@@ -762,14 +771,14 @@ class StoreUnit(wiring.Component):
                     ]
                     m.next = "TABLE"
             with m.State("TABLE"):
-                m.d.comb += [self.busy.eq(1), self.read_table.req.valid.eq(1),
+                m.d.comb += [busy.eq(1), self.read_table.req.valid.eq(1),
                              self.read_table.req.payload.addr.eq(s.qrow)]
                 with m.If(self.read_table.req.ready):
                     m.next = "PARAMS"
             with m.State("PARAMS"):
                 # wait for the table row (TABLE_READ_LATENCY): it is on resp.payload from then on, and
                 # the SFU samples params a cycle before the first beat
-                m.d.comb += self.busy.eq(1)
+                m.d.comb += busy.eq(1)
                 with m.If(self.read_table.resp.valid):
                     if residual is not None:
                         with m.If(s.residual):
@@ -781,23 +790,23 @@ class StoreUnit(wiring.Component):
             if residual is not None:
                 with m.State("RESIDUAL"):
                     # the residual read waits for the shared GatherReader
-                    m.d.comb += [self.busy.eq(1), residual.cmd.valid.eq(1)]
+                    m.d.comb += [busy.eq(1), residual.cmd.valid.eq(1)]
                     with m.If(residual.cmd.ready):
                         m.next = "START"
             with m.State("START"):
-                m.d.comb += [self.busy.eq(1), writer.cmd.valid.eq(1)]
+                m.d.comb += [busy.eq(1), writer.cmd.valid.eq(1)]
                 with m.If(writer.cmd.ready):
                     m.next = "WALK"
             with m.State("WALK"):
-                m.d.comb += [self.busy.eq(1), walking.eq(1)]
+                m.d.comb += [busy.eq(1), walking.eq(1)]
                 with m.If(last_pixel):
                     m.next = "DRAIN"
             with m.State("DRAIN"):
-                m.d.comb += self.busy.eq(1)
+                m.d.comb += busy.eq(1)
                 # every residual row went into the SFU with its accumulator beat
                 drained = ~writer.busy & ~requests.r_rdy & sfu.idle & ~self.read_acc.resp.valid
                 with m.If(drained):
-                    m.d.comb += [self.completed.eq(1), self.read_table.resp.ready.eq(1)]
+                    m.d.comb += [completing.eq(1), self.read_table.resp.ready.eq(1)]
                     m.next = "IDLE"
 
         with m.If(writer.error != 0):
