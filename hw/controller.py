@@ -413,7 +413,9 @@ class Dispatcher(wiring.Component):
     every beat is checked for reserved bits, and the last one commits the word (or stops dispatch
     with its error). ``queues[q]`` are the queue outputs
     (``Queue`` order: load, compute, store). ``idle`` must be high when no unit or sequencer holds
-    work. ``done`` rises after FINISH (or an error) once everything is idle.
+    work. ``done`` rises after FINISH (or an error) once everything is idle. A unit's error
+    (``unit_error``, with the index of its instruction, ``unit_error_pc``) stops dispatch a cycle
+    after it appears (a word committed in that cycle is dropped with the rest of the queues).
     """
 
     def __init__(self, config: AcceleratorConfig):
@@ -564,6 +566,13 @@ class Dispatcher(wiring.Component):
 
         emptied = Signal()
         m.d.comb += emptied.eq(queues[0].empty & queues[1].empty & queues[2].empty)
+        # a unit's error stops dispatch a cycle late, from a register of its own, so that it
+        # reaches the queues' write enables through no logic of the units (cleared by start, as
+        # the units' errors are; FINISH looks at the units' errors themselves)
+        unit_error = Signal.like(self.unit_error)
+        unit_error_pc = Signal.like(self.unit_error_pc)
+        m.d.sync += [unit_error.eq(Mux(self.start, 0, self.unit_error)),
+                     unit_error_pc.eq(self.unit_error_pc)]
         with m.FSM(name="dispatch"):
             with m.State("IDLE"):
                 with m.If(self.start):
@@ -573,8 +582,8 @@ class Dispatcher(wiring.Component):
                 with m.If(self.fetch_error != 0):
                     m.d.sync += [self.error.eq(self.fetch_error), self.error_pc.eq(beat.pc)]
                     m.next = "HALT"
-                with m.Elif(self.unit_error != 0):
-                    m.d.sync += [self.error.eq(self.unit_error), self.error_pc.eq(self.unit_error_pc)]
+                with m.Elif(unit_error != 0):
+                    m.d.sync += [self.error.eq(unit_error), self.error_pc.eq(unit_error_pc)]
                     m.next = "HALT"
                 with m.Elif(self.beats.valid | d_valid):
                     # a word's first beat waits in the decode register for room in its queue;
