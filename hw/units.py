@@ -32,7 +32,7 @@ from .axi import AddressLayout, ReadDataLayout, ResponseLayout, WriteDataLayout
 from .config import AcceleratorConfig
 from .controller import InstructionLayout
 from .dma import GatherReader, LoadCommandLayout, RowWriteLayout, ScatterWriter, row_buffer_bytes
-from .interconnect import StreamRegister
+from .interconnect import HalfRateRegister, StreamRegister
 from .isa import LAYOUTS, Memory, Opcode, OutType, PoolMode
 from .requant_table import requant_row_layout, requant_write_layout
 from .scratchpad import READ_LATENCY, read_port_signature, spad_row_layout, spad_write_layout
@@ -160,7 +160,13 @@ class LoadUnit(wiring.Component):
                      incoming.pc.eq(self.cmd.payload.pc)]
 
         # the reader's command: a residual read first; once offered, a command stays offered
-        # (unchanged) until the reader takes it
+        # (unchanged) until it is taken. It reaches the reader through a register: the store
+        # unit's residual command (its state machine, an address sum) and the LOAD's (an address
+        # sum) do not run into the reader's set-up handshake and the enables of its coordinate
+        # registers in one cycle, and the reader's readiness reaches neither unit
+        m.submodules.command = command_register = HalfRateRegister(LoadCommandLayout())
+        wiring.connect(m, register=command_register.o, reader=reader.cmd)
+        to_reader = command_register.i
         residual = self.residual if cfg.sfu_residual else None
         residual_info = Signal(info_layout)
         m.d.comb += residual_info.residual.eq(1)
@@ -169,23 +175,23 @@ class LoadUnit(wiring.Component):
             offering = Signal()           # a command was offered and not taken last cycle
             offered_residual = Signal()
             m.d.comb += pick_residual.eq(Mux(offering, offered_residual, residual.cmd.valid))
-            m.d.sync += [offering.eq(reader.cmd.valid & ~reader.cmd.ready),
+            m.d.sync += [offering.eq(to_reader.valid & ~to_reader.ready),
                          offered_residual.eq(pick_residual)]
             with m.If(pick_residual):
                 m.d.comb += [
-                    reader.cmd.payload.eq(residual.cmd.payload),
-                    reader.cmd.valid.eq(inflight.w_rdy),
-                    residual.cmd.ready.eq(reader.cmd.ready & inflight.w_rdy),
+                    to_reader.payload.eq(residual.cmd.payload),
+                    to_reader.valid.eq(inflight.w_rdy),
+                    residual.cmd.ready.eq(to_reader.ready & inflight.w_rdy),
                     inflight.w_data.eq(residual_info),
                 ]
         with m.If(~pick_residual):
             m.d.comb += [
-                reader.cmd.payload.eq(command),
-                reader.cmd.valid.eq(self.cmd.valid & inflight.w_rdy),
-                self.cmd.ready.eq(reader.cmd.ready & inflight.w_rdy),
+                to_reader.payload.eq(command),
+                to_reader.valid.eq(self.cmd.valid & inflight.w_rdy),
+                self.cmd.ready.eq(to_reader.ready & inflight.w_rdy),
                 inflight.w_data.eq(incoming),
             ]
-        m.d.comb += inflight.w_en.eq(reader.cmd.valid & reader.cmd.ready)
+        m.d.comb += inflight.w_en.eq(to_reader.valid & to_reader.ready)
 
         # byte rows -> destination rows of the oldest command in flight. The rows pass a
         # StreamRegister first: a memory's ready (the accumulator's waits on the array's beats)
