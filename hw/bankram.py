@@ -193,7 +193,7 @@ class BankRAM(wiring.Component):
                       Const(0, 2 * wide - nbytes))
         word_w, word_r = self.write_addr[:10], self.read_addr[:10]
         select_w = self.write_addr[10:13] if deep > 1 else 0
-        select_r = self.read_addr[10:13] if deep > 1 else Const(0, 3)
+        select_r = self.read_addr[10:13] if deep > 1 else 0
         outputs = []
         for d in range(deep):
             pieces = []
