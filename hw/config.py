@@ -15,9 +15,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AcceleratorConfig", "ConfigError", "ACTIVATIONS", "POOLINGS", "DATAFLOWS", "field_docs"]
+__all__ = ["AcceleratorConfig", "ConfigError", "ACTIVATIONS", "POOLINGS", "DATAFLOWS", "DMA_ENGINES",
+           "field_docs"]
 
 DATAFLOWS = ("ws", "os")
+DMA_ENGINES = ("pipelined", "serial")
 ACTIVATIONS = ("relu", "relu6", "clip")
 POOLINGS = ("max", "avg")
 
@@ -60,6 +62,16 @@ _DOC = {
     "dma_max_burst": "longest AXI4 INCR burst, beats",
     "dma_outstanding": "AXI4 read bursts in flight",
     "dram_latency": "DRAM read latency assumed by the cycle estimate, cycles",
+    "gather_engine": "LOAD read engine: 'pipelined' (many bursts in flight, up to a row per cycle) or "
+                     "'serial' (a row byte per cycle, one single-beat read at a time: under half the "
+                     "logic and no block RAM, for small FPGAs; docs/arch-system.md)",
+    "scatter_engine": "STORE write engine: 'pipelined' (bursts, up to a pixel per cycle) or 'serial' "
+                      "(an output byte per cycle, single-beat writes: a fraction of the logic and no "
+                      "block RAM, for small FPGAs; docs/arch-system.md)",
+    "command_registers": "a register between the dispatcher and the load and store units for each "
+                         "LOAD/STORE (it keeps a unit's readiness off the token checks and the "
+                         "dispatcher's queue for high clocks); false saves its flip-flops, about 700, "
+                         "on small, slow FPGAs",
     "load_queue_depth": "instructions buffered in the load queue",
     "compute_queue_depth": "instructions buffered in the compute queue",
     "store_queue_depth": "instructions buffered in the store queue",
@@ -103,6 +115,9 @@ class AcceleratorConfig:
     dma_max_burst: int = 16
     dma_outstanding: int = 16
     dram_latency: int = 16
+    gather_engine: str = "pipelined"
+    scatter_engine: str = "pipelined"
+    command_registers: bool = True
     load_queue_depth: int = 8
     compute_queue_depth: int = 8
     store_queue_depth: int = 8
@@ -208,6 +223,10 @@ class AcceleratorConfig:
             raise ConfigError(f"dma_outstanding must be between 1 and 16, not {self.dma_outstanding!r}")
         if not 1 <= self.dram_latency <= 1024:
             raise ConfigError(f"dram_latency must be between 1 and 1024 cycles, not {self.dram_latency!r}")
+        for name in ("gather_engine", "scatter_engine"):
+            if getattr(self, name) not in DMA_ENGINES:
+                raise ConfigError(f"{name} must be one of {', '.join(map(repr, DMA_ENGINES))}, "
+                                  f"not {getattr(self, name)!r}")
         for name in ("load_queue_depth", "compute_queue_depth", "store_queue_depth", "token_depth"):
             value = getattr(self, name)
             if not _is_pow2(value) or not 1 <= value <= 256:

@@ -63,8 +63,8 @@ from amaranth.lib.wiring import In, Out
 from .axi import RESP_OKAY, AddressLayout, ReadDataLayout, ResponseLayout, WriteDataLayout
 from .config import AcceleratorConfig
 
-__all__ = ["LoadCommandLayout", "RowWriteLayout", "GatherReader", "row_buffer_bytes",
-           "read_run_fifo_depth", "StoreCommandLayout", "ScatterWriter", "write_burst_beats"]
+__all__ = ["LoadCommandLayout", "RowWriteLayout", "GatherPorts", "GatherReader", "row_buffer_bytes",
+           "read_run_fifo_depth", "StoreCommandLayout", "ScatterPorts", "ScatterWriter", "write_burst_beats"]
 
 _ADDR = 32          # DRAM address bits
 # Signed width of a y or x coordinate of a LOAD: |y0| < 2**15, plus less than 65536 * 128 from
@@ -216,18 +216,9 @@ class _RangeLayout(data.StructLayout):
                           "nbytes": unsigned((row_bytes - 1).bit_length() + 1)})
 
 
-class GatherReader(wiring.Component):
-    """Executes LOAD address patterns over AXI4 reads.
-
-    Ports:
-      ``cmd``  — one LOAD (``LoadCommandLayout``); accepted while the setup stage is free, which
-                 is while the previous command's rows are still being generated and read.
-      ``ar``/``r`` — the AXI4 read address and data channels.
-      ``rows`` — finished destination rows (``RowWriteLayout``), in command order; ``last`` marks
-                 the last row of each command.
-      ``busy`` — a command is being executed (rows may still be pending).
-      ``error`` — sticky AXI error response (SLVERR 2 / DECERR 3) seen since ``clear_error``.
-    """
+class GatherPorts(wiring.Component):
+    """The ports of a LOAD engine (:class:`GatherReader`, or the serial one in
+    ``hw/dma_serial.py``), for ``config``: see :class:`GatherReader`."""
 
     def __init__(self, config: AcceleratorConfig):
         if not isinstance(config, AcceleratorConfig):
@@ -244,6 +235,20 @@ class GatherReader(wiring.Component):
             "error": Out(2),
             "clear_error": In(1),
         })
+
+
+class GatherReader(GatherPorts):
+    """Executes LOAD address patterns over AXI4 reads.
+
+    Ports:
+      ``cmd``  — one LOAD (``LoadCommandLayout``); accepted while the setup stage is free, which
+                 is while the previous command's rows are still being generated and read.
+      ``ar``/``r`` — the AXI4 read address and data channels.
+      ``rows`` — finished destination rows (``RowWriteLayout``), in command order; ``last`` marks
+                 the last row of each command.
+      ``busy`` — a command is being executed (rows may still be pending).
+      ``error`` — sticky AXI error response (SLVERR 2 / DECERR 3) seen since ``clear_error``.
+    """
 
     def elaborate(self, platform):
         m = Module()
@@ -1008,7 +1013,28 @@ class StoreCommandLayout(data.StructLayout):
         })
 
 
-class ScatterWriter(wiring.Component):
+class ScatterPorts(wiring.Component):
+    """The ports of a STORE write engine (:class:`ScatterWriter`, or the serial one in
+    ``hw/dma_serial.py``), for ``config``: see :class:`ScatterWriter`."""
+
+    def __init__(self, config: AcceleratorConfig):
+        if not isinstance(config, AcceleratorConfig):
+            raise TypeError(f"config must be an AcceleratorConfig, not {config!r}")
+        self.config = config
+        self.row_bytes = max(config.cols * config.acc_bytes, config.spad_row_bytes)
+        super().__init__({
+            "cmd": In(stream.Signature(StoreCommandLayout())),
+            "pixels": In(stream.Signature(data.ArrayLayout(8, self.row_bytes))),
+            "aw": Out(stream.Signature(AddressLayout(_ADDR))),
+            "w": Out(stream.Signature(WriteDataLayout(config.dma_data_bits))),
+            "b": In(stream.Signature(ResponseLayout())),
+            "busy": Out(1),
+            "error": Out(2),
+            "clear_error": In(1),
+        })
+
+
+class ScatterWriter(ScatterPorts):
     """Writes output pixels of a STORE to DRAM over AXI4 writes.
 
     Ports:
@@ -1026,22 +1052,6 @@ class ScatterWriter(wiring.Component):
     :func:`write_burst_beats` beats, never across 4 KiB). One pixel per cycle when a pixel needs
     at most one new beat.
     """
-
-    def __init__(self, config: AcceleratorConfig):
-        if not isinstance(config, AcceleratorConfig):
-            raise TypeError(f"config must be an AcceleratorConfig, not {config!r}")
-        self.config = config
-        self.row_bytes = max(config.cols * config.acc_bytes, config.spad_row_bytes)
-        super().__init__({
-            "cmd": In(stream.Signature(StoreCommandLayout())),
-            "pixels": In(stream.Signature(data.ArrayLayout(8, self.row_bytes))),
-            "aw": Out(stream.Signature(AddressLayout(_ADDR))),
-            "w": Out(stream.Signature(WriteDataLayout(config.dma_data_bits))),
-            "b": In(stream.Signature(ResponseLayout())),
-            "busy": Out(1),
-            "error": Out(2),
-            "clear_error": In(1),
-        })
 
     def elaborate(self, platform):
         m = Module()

@@ -136,8 +136,11 @@ class Accelerator(wiring.Component):
         # a LOAD or STORE reaches its unit through a register (reset with the unit: start drops
         # one a halted program left), so that the unit's readiness for it does not run back
         # through the sequencer's token checks into the dispatcher's queue in the same cycle
-        commands = {Queue.LOAD: HalfRateRegister(InstructionLayout()),
-                    Queue.STORE: HalfRateRegister(InstructionLayout())}
+        # (config.command_registers; without, the sequencer's offer goes straight to the unit)
+        commands = {}
+        if cfg.command_registers:
+            commands = {Queue.LOAD: HalfRateRegister(InstructionLayout()),
+                        Queue.STORE: HalfRateRegister(InstructionLayout())}
         for q, register in commands.items():
             m.submodules[f"cmd_{q.name.lower()}"] = ResetInserter(unit_reset)(register)
         core.submodules.spad = spad = Scratchpad(cfg)

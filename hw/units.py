@@ -32,6 +32,7 @@ from .axi import AddressLayout, ReadDataLayout, ResponseLayout, WriteDataLayout
 from .config import AcceleratorConfig
 from .controller import InstructionLayout
 from .dma import GatherReader, LoadCommandLayout, RowWriteLayout, ScatterWriter, row_buffer_bytes
+from .dma_serial import SerialGatherReader, SerialScatterWriter
 from .interconnect import HalfRateRegister, StreamRegister
 from .isa import LAYOUTS, Memory, Opcode, OutType, PoolMode
 from .requant_table import requant_row_layout, requant_write_layout
@@ -133,7 +134,8 @@ class LoadUnit(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         cfg = self.config
-        m.submodules.reader = reader = GatherReader(cfg)
+        serial = cfg.gather_engine == "serial"
+        m.submodules.reader = reader = SerialGatherReader(cfg) if serial else GatherReader(cfg)
         wiring.connect(m, reader=reader.ar, axi=wiring.flipped(self.axi.ar))
         wiring.connect(m, axi=wiring.flipped(self.axi.r), reader=reader.r)
 
@@ -160,13 +162,18 @@ class LoadUnit(wiring.Component):
                      incoming.pc.eq(self.cmd.payload.pc)]
 
         # the reader's command: a residual read first; once offered, a command stays offered
-        # (unchanged) until it is taken. It reaches the reader through a register: the store
-        # unit's residual command (its state machine, an address sum) and the LOAD's (an address
-        # sum) do not run into the reader's set-up handshake and the enables of its coordinate
-        # registers in one cycle, and the reader's readiness reaches neither unit
-        m.submodules.command = command_register = HalfRateRegister(LoadCommandLayout())
-        wiring.connect(m, register=command_register.o, reader=reader.cmd)
-        to_reader = command_register.i
+        # (unchanged) until it is taken. It reaches the pipelined reader through a register: the
+        # store unit's residual command (its state machine, an address sum) and the LOAD's (an
+        # address sum) do not run into the reader's set-up handshake and the enables of its
+        # coordinate registers in one cycle, and the reader's readiness reaches neither unit.
+        # The serial reader (for small, slow FPGAs) takes it directly: it sets a command up
+        # while it is offered, so it keeps only what its walk needs
+        if serial:
+            to_reader = reader.cmd
+        else:
+            m.submodules.command = command_register = HalfRateRegister(LoadCommandLayout())
+            wiring.connect(m, register=command_register.o, reader=reader.cmd)
+            to_reader = command_register.i
         residual = self.residual if cfg.sfu_residual else None
         residual_info = Signal(info_layout)
         m.d.comb += residual_info.residual.eq(1)
@@ -193,13 +200,17 @@ class LoadUnit(wiring.Component):
             ]
         m.d.comb += inflight.w_en.eq(to_reader.valid & to_reader.ready)
 
-        # byte rows -> destination rows of the oldest command in flight. The rows pass a
-        # StreamRegister first: a memory's ready (the accumulator's waits on the array's beats)
-        # does not reach the gather reader and the SoC memory behind it in the same cycle. A row
-        # counts as written when its memory accepts it, after the register.
-        m.submodules.rows = rows_register = StreamRegister(reader.rows.payload.shape())
-        wiring.connect(m, reader=reader.rows, register=rows_register.i)
-        produced = rows_register.o
+        # byte rows -> destination rows of the oldest command in flight. The pipelined reader's
+        # rows pass a StreamRegister first: a memory's ready (the accumulator's waits on the
+        # array's beats) does not reach the gather reader and the SoC memory behind it in the same
+        # cycle (the serial reader's rows come from registers and its ready goes into its state
+        # alone). A row counts as written when its memory accepts it.
+        if serial:
+            produced = reader.rows
+        else:
+            m.submodules.rows = rows_register = StreamRegister(reader.rows.payload.shape())
+            wiring.connect(m, reader=reader.rows, register=rows_register.i)
+            produced = rows_register.o
         info = Signal(info_layout)
         m.d.comb += info.eq(inflight.r_data)
         rows = produced.payload
@@ -533,7 +544,8 @@ class StoreUnit(wiring.Component):
         cfg = self.config
         C = cfg.cols
         m.submodules.sfu = sfu = SpecialFunctionUnit(cfg)
-        m.submodules.writer = writer = ScatterWriter(cfg)
+        writer_class = SerialScatterWriter if cfg.scatter_engine == "serial" else ScatterWriter
+        m.submodules.writer = writer = writer_class(cfg)
         wiring.connect(m, writer=writer.aw, axi=wiring.flipped(self.axi_w.aw))
         wiring.connect(m, writer=writer.w, axi=wiring.flipped(self.axi_w.w))
         wiring.connect(m, axi=wiring.flipped(self.axi_w.b), writer=writer.b)

@@ -30,13 +30,15 @@ __all__ = [
 #: The configurations the RTL tests run the catalogue and the fuzz jobs on, one Verilator build
 #: each: weight- and output-stationary, 8x8 (the default config, which other RTL tests build too)
 #: and 4x4 with a 128-byte scratchpad (32 rows: M and K tiles of a few rows, so that the
-#: programs tile every dimension) and an accumulator with room for the pooled images.
+#: programs tile every dimension) and an accumulator with room for the pooled images. The OS 4x4
+#: one has the small FPGAs' choices: the serial DMA engines and no command registers.
 RTL_CONFIGS: dict[str, AcceleratorConfig] = {
     "ws8": AcceleratorConfig(),
     "os8": AcceleratorConfig(dataflow="os"),
     "ws4": AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=128, accumulator_bytes=2048),
     "os4": AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=128, accumulator_bytes=2048,
-                             dataflow="os"),
+                             dataflow="os", gather_engine="serial", scatter_engine="serial",
+                             command_registers=False),
 }
 
 #: The builders an entry may name.

@@ -56,6 +56,7 @@ import numpy as np
 from systolic.hw.accumulator import WRITE_LATENCY
 from systolic.hw.array import array_latency
 from systolic.hw.config import AcceleratorConfig
+from systolic.hw.dma_serial import serial_load_cycles, serial_store_write_cycles
 from systolic.hw.isa import (
     INSTR_BYTES,
     Activation,
@@ -439,6 +440,8 @@ class _Run:
         }
         self.spad_rows, self.acc_rows = c.spad_rows, c.acc_rows
         self.dma_bytes, self.dram_latency = c.dma_bytes, c.dram_latency
+        self.serial_reader = c.gather_engine == "serial"
+        self.serial_writer = c.scatter_engine == "serial"
         self.input_type = (c.input_bits, c.input_signed)
         self.weight_type = (c.weight_bits, c.weight_signed)
         self.acc_type = (c.acc_bits, c.acc_signed)
@@ -797,8 +800,11 @@ class _Run:
             target = self.spad if dst == _SPAD else self.acc
             target[row0:row0 + nrows, col0:col0 + width] = values.reshape(nrows, width)
 
+        bus_bytes = _dma_bus_bytes(taken, esz, self.dma_bytes)
+        self.read_bytes += bus_bytes
+        if self.serial_reader:
+            return serial_load_cycles(f, esz, bus_bytes // self.dma_bytes, self.dram_latency)
         beats, _ = _bus_beats(addr, inside, esz, self.dma_bytes)
-        self.read_bytes += _dma_bus_bytes(taken, esz, self.dma_bytes)
         return self.dram_latency + beats
 
     # -- COMPUTE ----------------------------------------------------------------------------
@@ -1077,12 +1083,23 @@ class _Run:
                 out = v
         self.dram[_byte_addresses(out_addr, esz)] = _spread_bytes(out.reshape(-1), esz)
 
-        beats, _ = _bus_beats(out_addr, None, esz, c.dma_bytes)
-        self.write_bytes += _dma_bus_bytes(out_addr, esz, c.dma_bytes)
+        write_bytes = _dma_bus_bytes(out_addr, esz, c.dma_bytes)
+        self.write_bytes += write_bytes
+        if self.serial_writer:
+            beats = serial_store_write_cycles(out_addr.size * esz, write_bytes // c.dma_bytes)
+        else:
+            beats, _ = _bus_beats(out_addr, None, esz, c.dma_bytes)
         if residual:
-            res_beats, _ = _bus_beats(res_addr, None, c.input_bytes, c.dma_bytes)
-            beats += res_beats + c.dram_latency
-            self.read_bytes += _dma_bus_bytes(res_addr, c.input_bytes, c.dma_bytes)
+            res_bytes = _dma_bus_bytes(res_addr, c.input_bytes, c.dma_bytes)
+            self.read_bytes += res_bytes
+            if self.serial_reader:      # the residual command the store unit gives the reader
+                read = {"rows_outer": out_h, "rows_inner": out_w, "segs": 1, "seg_len": n,
+                        "outer_dy": 1, "inner_dx": 1, "elem_dc": 1}
+                beats += serial_load_cycles(read, c.input_bytes, res_bytes // c.dma_bytes,
+                                            c.dram_latency)
+            else:
+                res_beats, _ = _bus_beats(res_addr, None, c.input_bytes, c.dma_bytes)
+                beats += res_beats + c.dram_latency
         sfu_cycles = out_h * out_w * (f["pool_h"] * f["pool_w"] if pool else 1) * c.sfu_row_cycles
         latency = self.sfu_avg_latency if pool == PoolMode.AVG.value else self.sfu_latency
         return max(sfu_cycles, beats) + latency

@@ -124,6 +124,9 @@ RULES = [
     ({"dma_outstanding": 17}, "dma_outstanding must be between 1 and 16, not 17"),
     ({"dram_latency": 0}, "dram_latency must be between 1 and 1024 cycles, not 0"),
     ({"dram_latency": 1025}, "dram_latency must be between 1 and 1024 cycles, not 1025"),
+    ({"gather_engine": "fast"}, "gather_engine must be one of 'pipelined', 'serial', not 'fast'"),
+    ({"gather_engine": 1}, "gather_engine must be a string, not 1"),
+    ({"scatter_engine": "burst"}, "scatter_engine must be one of 'pipelined', 'serial', not 'burst'"),
     # queues
     ({"load_queue_depth": 3}, "load_queue_depth must be a power of two between 1 and 256, not 3"),
     ({"compute_queue_depth": 0}, "compute_queue_depth must be a power of two between 1 and 256, not 0"),
@@ -307,7 +310,9 @@ _OTHER_VALUE = {
     "scratchpad_bytes": 1 << 17, "scratchpad_banks": 4, "accumulator_bytes": 1 << 15,
     "requant_table_rows": 32, "dram_bytes": 1 << 20, "dma_data_bits": 128, "dma_max_burst": 8,
     "dma_outstanding": 2,
-    "dram_latency": 40, "load_queue_depth": 4, "compute_queue_depth": 16, "store_queue_depth": 2,
+    "dram_latency": 40, "gather_engine": "serial", "scatter_engine": "serial",
+    "command_registers": False, "load_queue_depth": 4,
+    "compute_queue_depth": 16, "store_queue_depth": 2,
     "token_depth": 4, "sfu_activations": ("relu",), "sfu_pooling": ("avg",), "sfu_residual": False,
     "counter_bits": 32, "clock_mhz": 50.0, "requant_row_words": 3, "sfu_row_cycles": 2,
 }

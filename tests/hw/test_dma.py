@@ -50,6 +50,12 @@ from systolic.hw.dma import (
     StoreCommandLayout,
     write_burst_beats,
 )
+from systolic.hw.dma_serial import (
+    SerialGatherReader,
+    SerialScatterWriter,
+    serial_load_cycles,
+    serial_store_write_cycles,
+)
 from systolic.hw.isa import Instruction
 from systolic.sim.golden import MachineState, run_golden
 from systolic.sim.programs import tile_load
@@ -77,6 +83,11 @@ CONFIGS = {
                                       requant_table_rows=8, dma_data_bits=128, dma_max_burst=4,
                                       dma_outstanding=3),
 }
+
+#: The two LOAD engines (``gather_engine``): every GatherReader test runs on both.
+ENGINES = {"pipelined": GatherReader, "serial": SerialGatherReader}
+#: The two STORE engines (``scatter_engine``): every ScatterWriter test runs on both.
+WRITERS = {"pipelined": ScatterWriter, "serial": SerialScatterWriter}
 
 DRAM_BYTES = 16 * 1024
 #: DRAM bytes from here on hold valid 12-byte requantize entries; the region starts 20 entries
@@ -426,14 +437,15 @@ async def _give(ctx: Any, dut: Any, payload: dict[str, int], clear_error: bool) 
 def run_gather(config: AcceleratorConfig, dram: np.ndarray, commands: list[dict[str, int]], *,
                seed: int, stall: float, latency: tuple[int, int], row_stall: float,
                error_at: set[int] | None = None, clear_between: bool = False,
-               overlap: bool = False) -> EngineRun:
+               overlap: bool = False, engine: str = "pipelined") -> EngineRun:
     """Run ``commands`` one after another, each once ``busy`` has fallen, or with ``overlap``
     back to back, each as soon as the engine takes it; the row consumer holds ``ready`` low with
     probability ``row_stall``. Each command's rows must end with the one flagged ``last`` (that
     is how they are told apart with ``overlap``). A row that arrives after busy fell is counted
     for the next command (and fails the row check); after the last one the engine must stay
-    silent. With ``overlap``, ``errors`` holds ``error`` once, at the end."""
-    dut = GatherReader(config)
+    silent. With ``overlap``, ``errors`` holds ``error`` once, at the end. ``engine`` names the
+    reader (``ENGINES``)."""
+    dut = ENGINES[engine](config)
     memory = AXIMemory(bytearray(dram.tobytes()), config.dma_bytes, seed=seed, stall=stall,
                        latency=latency, error_at=error_at, max_burst=config.dma_max_burst)
     out = EngineRun(memory)
@@ -562,12 +574,14 @@ GATHER_TRAFFIC = {
 }
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("name", CONFIGS)
-def test_gather_loads_match_golden(name: str) -> None:
+def test_gather_loads_match_golden(name: str, engine: str) -> None:
     """A third of the (destination, feature) pairs on each configuration, so that the three
     together cover all of them, plus random pairs and two full-width table LOADs: one across the
     entry region's 4 KiB boundary and one longer than a dma_max_burst burst (96-byte rows on
-    bus64_int16)."""
+    bus64_int16). The pipelined engine reaches the burst limits; the serial one reads single
+    beats, one at a time."""
     config = CONFIGS[name]
     share = list(CONFIGS).index(name)
     rng = random.Random(f"{SEED}-{name}")
@@ -584,13 +598,19 @@ def test_gather_loads_match_golden(name: str) -> None:
         loads.append((table, f))
     stall, latency, row_stall = GATHER_TRAFFIC[name]
     run = run_gather(config, dram, [load_command(f, dst) for dst, f in loads],
-                     seed=rng.randrange(1 << 30), stall=stall, latency=latency, row_stall=row_stall)
+                     seed=rng.randrange(1 << 30), stall=stall, latency=latency, row_stall=row_stall,
+                     engine=engine)
     check_loads(config, dram, loads, run)
     check_read_blocks(config, run)
     assert run.errors == [RESP_OKAY] * len(loads), f"error responses {run.errors}"
     want_beats = sum(beats_fetched(f, dst, config.dma_bytes) for dst, f in loads)
     assert run.memory.read_beats == want_beats, \
         f"{run.memory.read_beats} beats read, expected {want_beats} (each shared beat once)"
+    if engine == "serial":
+        assert (run.memory.max_outstanding, run.memory.longest_burst) == (1, 1), \
+            f"serial reader: {run.memory.max_outstanding} bursts in flight, " \
+            f"longest {run.memory.longest_burst}"
+        return
     # the limits were reached, not only respected (AXIMemory asserts the upper bounds)
     assert run.memory.max_outstanding == config.dma_outstanding, \
         f"{run.memory.max_outstanding} bursts in flight at most, limit {config.dma_outstanding}"
@@ -599,7 +619,8 @@ def test_gather_loads_match_golden(name: str) -> None:
             f"longest burst {run.memory.longest_burst} beats, limit {config.dma_max_burst}"
 
 
-def test_gather_back_to_back_rows_without_stalls() -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_gather_back_to_back_rows_without_stalls(engine: str) -> None:
     """1xN and Nx1 tiles, a single element, and widest rows with a memory that never stalls and
     a consumer that is always ready (the engine's full-speed path)."""
     config = CONFIGS["bus64_int16"]
@@ -614,7 +635,7 @@ def test_gather_back_to_back_rows_without_stalls() -> None:
                  pitch_y=elems * dst.elem_bytes, dram_addr=rng.randrange(0, 4096))
         loads.append((dst, f))
     run = run_gather(config, dram, [load_command(f, dst) for dst, f in loads], seed=rng.randrange(1 << 30),
-                     stall=0.0, latency=(0, 0), row_stall=0.0)
+                     stall=0.0, latency=(0, 0), row_stall=0.0, engine=engine)
     check_loads(config, dram, loads, run)
 
 
@@ -640,8 +661,9 @@ def test_setup_cycles_of_small_and_extreme_steps() -> None:
     assert setup_cycles(extremes) == 1 + 16 + 8 + 1 + 7 + 1
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("name", CONFIGS)
-def test_gather_commands_back_to_back(name: str) -> None:
+def test_gather_commands_back_to_back(name: str, engine: str) -> None:
     """Commands given as fast as the engine takes them: a command is set up while the one before
     it is generated, so it is accepted while earlier ones are still busy whenever the one before
     has at least as many rows as its setup takes cycles (the generator emits at most a run per
@@ -662,13 +684,16 @@ def test_gather_commands_back_to_back(name: str) -> None:
     rng.shuffle(loads)
     run = run_gather(config, dram, [load_command(f, dst) for dst, f in loads],
                      seed=rng.randrange(1 << 30), stall=0.1, latency=(1, 8), row_stall=0.1,
-                     overlap=True)
+                     overlap=True, engine=engine)
     check_loads(config, dram, loads, run)
-    rows = [f["rows_outer"] * f["rows_inner"] for _, f in loads]
-    long_before = [k for k in range(1, len(loads)) if rows[k - 1] >= setup_cycles(loads[k][1])]
-    assert long_before, "no command follows one long enough to cover its setup"
-    late = [k for k in long_before if not run.accepted_busy[k]]
-    assert not late, f"commands {late} were taken only after the engine had gone idle"
+    if engine == "pipelined":
+        rows = [f["rows_outer"] * f["rows_inner"] for _, f in loads]
+        long_before = [k for k in range(1, len(loads)) if rows[k - 1] >= setup_cycles(loads[k][1])]
+        assert long_before, "no command follows one long enough to cover its setup"
+        late = [k for k in long_before if not run.accepted_busy[k]]
+        assert not late, f"commands {late} were taken only after the engine had gone idle"
+    else:       # the serial reader takes a command only when idle
+        assert not any(run.accepted_busy), "the serial reader took a command while busy"
     assert run.errors == [RESP_OKAY]
     want_beats = sum(beats_fetched(f, dst, config.dma_bytes) for dst, f in loads)
     assert run.memory.read_beats == want_beats, f"{run.memory.read_beats} beats read, expected {want_beats}"
@@ -700,7 +725,8 @@ def _extreme_loads() -> list[dict[str, int]]:
     ]
 
 
-def test_gather_extreme_coordinates_and_steps() -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_gather_extreme_coordinates_and_steps(engine: str) -> None:
     """Extreme coordinates, steps and pitches (the setup's multiplications) match the golden
     model, given one at a time and back to back."""
     config = CONFIGS["bus32_int8"]
@@ -709,11 +735,12 @@ def test_gather_extreme_coordinates_and_steps() -> None:
     loads = [(spad, dict(f, dst_addr=4 * k)) for k, f in enumerate(_extreme_loads())]
     for overlap in (False, True):
         run = run_gather(config, dram, [load_command(f, dst) for dst, f in loads], seed=SEED,
-                         stall=0.1, latency=(0, 3), row_stall=0.1, overlap=overlap)
+                         stall=0.1, latency=(0, 3), row_stall=0.1, overlap=overlap, engine=engine)
         check_loads(config, dram, loads, run)
 
 
-def test_gather_row_index_wraps_at_the_widest_memory() -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_gather_row_index_wraps_at_the_widest_memory(engine: str) -> None:
     """Rows past every destination memory are not checked in hardware (docs/arch-system.md): the
     reader keeps a row index as wide as the widest memory's row address, so a LOAD that runs past
     it wraps to row 0 (each memory then takes its own low bits), with the right bytes."""
@@ -725,7 +752,7 @@ def test_gather_row_index_wraps_at_the_widest_memory() -> None:
     f.update(dst_addr=(1 << bits) - 1, dst_col=0, rows_outer=1, rows_inner=3, inner_dy=1,
              segs=1, seg_len=spad.row_elems, pitch_y=spad.row_elems, elem_dc=1, dram_addr=0x123)
     run = run_gather(config, dram, [load_command(f, spad)], seed=SEED, stall=0.0, latency=(1, 1),
-                     row_stall=0.0)
+                     row_stall=0.0, engine=engine)
     assert [row for row, _, _ in run.rows[0]] == [(1 << bits) - 1, 0, 1]
     for k, (_, data, mask) in enumerate(run.rows[0]):
         start = 0x123 + k * spad.row_elems
@@ -733,8 +760,9 @@ def test_gather_row_index_wraps_at_the_widest_memory() -> None:
         assert mask == (1 << spad.row_elems) - 1, f"row {k}: mask {mask:#x}"
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("clear_between", [False, True])
-def test_gather_slverr_sets_error_and_finishes(clear_between: bool) -> None:
+def test_gather_slverr_sets_error_and_finishes(clear_between: bool, engine: str) -> None:
     """A read answered SLVERR sets ``error`` (sticky until ``clear_error``); the LOAD still
     delivers all its rows and busy falls."""
     config = CONFIGS["bus32_int8"]
@@ -746,7 +774,7 @@ def test_gather_slverr_sets_error_and_finishes(clear_between: bool) -> None:
     bad = min(touched[1])                       # a beat LOAD 1 reads
     run = run_gather(config, dram, [load_command(f, dst) for dst, f in loads],
                      seed=rng.randrange(1 << 30), stall=0.2, latency=(0, 4), row_stall=0.2,
-                     error_at={bad}, clear_between=clear_between)
+                     error_at={bad}, clear_between=clear_between, engine=engine)
     check_loads(config, dram, loads, run)       # the model still returns the data with SLVERR
     want = expected_errors(touched, bad, clear_between)
     assert run.errors == want, f"error after each LOAD {run.errors}, expected {want}"
@@ -761,9 +789,10 @@ def test_gather_slverr_sets_error_and_finishes(clear_between: bool) -> None:
         assert bool(flagged) == (bad in touched[k]), f"LOAD {k}: rows flagged {flagged}"
 
 
-def test_gather_config_must_be_an_accelerator_config() -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_gather_config_must_be_an_accelerator_config(engine: str) -> None:
     with pytest.raises(TypeError, match=r"^config must be an AcceleratorConfig, not 'bus32'$"):
-        construct_rejected(lambda: GatherReader("bus32"))
+        construct_rejected(lambda: ENGINES[engine]("bus32"))
 
 
 # -- ScatterWriter --------------------------------------------------------------------------------
@@ -867,10 +896,12 @@ def golden_stores(config: AcceleratorConfig, dram: np.ndarray, stores: list[Stor
 
 def run_scatter(config: AcceleratorConfig, dram: np.ndarray, stores: list[Store], *, seed: int,
                 stall: float, pixel_gap: float,
-                error_at: set[int] | None = None, clear_between: bool = False) -> EngineRun:
+                error_at: set[int] | None = None, clear_between: bool = False,
+                engine: str = "pipelined") -> EngineRun:
     """Give each store's command and pixels (the bytes past a pixel's elements are junk that must
-    not be written), then wait until busy falls, when every write response must be in."""
-    dut = ScatterWriter(config)
+    not be written), then wait until busy falls, when every write response must be in. ``engine``
+    names the writer (``WRITERS``)."""
+    dut = WRITERS[engine](config)
     memory = AXIMemory(bytearray(dram.tobytes()), config.dma_bytes, seed=seed, stall=stall,
                        error_at=error_at, max_burst=config.dma_max_burst)
     out = EngineRun(memory)
@@ -932,9 +963,12 @@ SCATTER_TRAFFIC = {name: (0.3 if i % 2 else 0.0, 0.3 if i % 2 == 0 else 0.0)
                    for i, name in enumerate(SCATTER_CONFIGS)}
 
 
+@pytest.mark.parametrize("engine", WRITERS)
 @pytest.mark.parametrize("name", SCATTER_CONFIGS)
-def test_scatter_stores_match_golden(name: str) -> None:
-    """Raw and int outputs in every layout; the DRAM image must equal the golden model's."""
+def test_scatter_stores_match_golden(name: str, engine: str) -> None:
+    """Raw and int outputs in every layout; the DRAM image must equal the golden model's. The
+    beats are the same on both engines; the pipelined one merges them into bursts, the serial
+    one sends each alone."""
     config = SCATTER_CONFIGS[name]
     rng = random.Random(f"{SEED}-scatter-{name}")
     dram = make_dram(np.random.default_rng(rng.randrange(1 << 30)))
@@ -943,22 +977,25 @@ def test_scatter_stores_match_golden(name: str) -> None:
     rng.shuffle(stores)
     want = golden_stores(config, dram, stores)
     stall, gap = SCATTER_TRAFFIC[name]
-    run = run_scatter(config, dram, stores, seed=rng.randrange(1 << 30), stall=stall, pixel_gap=gap)
+    run = run_scatter(config, dram, stores, seed=rng.randrange(1 << 30), stall=stall, pixel_gap=gap,
+                      engine=engine)
     check_dram(run.memory.mem, want, stores)
     assert run.errors == [RESP_OKAY] * len(stores), f"error responses {run.errors}"
-    bursts = [b for store in stores for b in write_bursts(store, config.dma_bytes,
-                                                          write_burst_beats(config))]
+    longest = write_burst_beats(config) if engine == "pipelined" else 1
+    bursts = [b for store in stores for b in write_bursts(store, config.dma_bytes, longest)]
     assert (run.memory.write_burst_count, run.memory.write_beats) == \
         (len(bursts), sum(n for _, n in bursts)), \
         f"{run.memory.write_burst_count} bursts of {run.memory.write_beats} beats written, " \
         f"expected {len(bursts)} of {sum(n for _, n in bursts)}"
-    if config.cols * config.acc_bytes + config.dma_bytes - 1 > config.dma_max_burst * config.dma_bytes:
+    if engine == "pipelined" and \
+            config.cols * config.acc_bytes + config.dma_bytes - 1 > config.dma_max_burst * config.dma_bytes:
         assert run.memory.longest_burst == config.dma_max_burst, \
             f"longest burst {run.memory.longest_burst} beats, limit {config.dma_max_burst}"
 
 
+@pytest.mark.parametrize("engine", WRITERS)
 @pytest.mark.parametrize("clear_between", [False, True])
-def test_scatter_slverr_sets_error_and_finishes(clear_between: bool) -> None:
+def test_scatter_slverr_sets_error_and_finishes(clear_between: bool, engine: str) -> None:
     """A write answered SLVERR sets ``error`` (sticky until ``clear_error``); the STORE still
     sends all its bursts and busy falls once every response is in."""
     config = CONFIGS["bus64_int16"]
@@ -971,7 +1008,7 @@ def test_scatter_slverr_sets_error_and_finishes(clear_between: bool) -> None:
                 for a in range(first, first + store.elem_bytes)} for store in stores]
     bad = min(touched[0])                       # a beat STORE 0 writes
     run = run_scatter(config, dram, stores, seed=rng.randrange(1 << 30), stall=0.2, pixel_gap=0.2,
-                      error_at={bad}, clear_between=clear_between)
+                      error_at={bad}, clear_between=clear_between, engine=engine)
     want_errors = expected_errors(touched, bad, clear_between)
     assert run.errors == want_errors, f"error after each STORE {run.errors}, expected {want_errors}"
     # the refused beat was not written; every other byte is as the golden model has it
@@ -980,6 +1017,90 @@ def test_scatter_slverr_sets_error_and_finishes(clear_between: bool) -> None:
     check_dram(bytearray(got.tobytes()), want, stores)
 
 
-def test_scatter_config_must_be_an_accelerator_config() -> None:
+@pytest.mark.parametrize("engine", WRITERS)
+def test_scatter_config_must_be_an_accelerator_config(engine: str) -> None:
     with pytest.raises(TypeError, match=r"^config must be an AcceleratorConfig, not None$"):
-        construct_rejected(lambda: ScatterWriter(None))
+        construct_rejected(lambda: WRITERS[engine](None))
+
+
+# -- SerialGatherReader ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("latency", [0, 3])
+def test_serial_cycles_are_the_golden_estimate(latency: int) -> None:
+    """With a memory answering every read ``latency`` cycles after its address and a consumer that
+    is always ready, a LOAD on the serial reader takes exactly ``serial_load_cycles`` from the
+    cycle its command is offered to the cycle its last row is taken (the golden model's
+    estimate for ``gather_engine = "serial"``): padded, im2col and table LOADs, negative steps."""
+    config = CONFIGS["bus32_int8"]
+    rng = random.Random(f"{SEED}-serial-cycles")
+    dram = make_dram(np.random.default_rng(rng.randrange(1 << 30)))
+    for dst_name, feature in (("spad", "im2col"), ("spad", "padded"), ("acc", "negative"),
+                              ("widen", "taps"), ("table", "tile"), ("spad", "transpose")):
+        dst = destination(config, dst_name)
+        f = random_load(rng, config, dst, feature)
+        dut = SerialGatherReader(config)
+        memory = AXIMemory(bytearray(dram.tobytes()), config.dma_bytes, seed=SEED,
+                           latency=(latency, latency))
+        took: list[int] = []
+
+        async def driver(ctx, dut=dut, f=f, dst=dst, took=took):
+            ctx.set(dut.rows.ready, 1)
+            ctx.set(dut.cmd.payload, load_command(f, dst))
+            ctx.set(dut.cmd.valid, 1)
+            cycles = 0
+            while True:
+                _, _, ready, valid, last = await ctx.tick().sample(
+                    dut.cmd.ready, dut.rows.valid, dut.rows.payload.last)
+                cycles += 1
+                if ready:
+                    ctx.set(dut.cmd.valid, 0)
+                if valid and last:
+                    took.append(cycles)
+                    return
+
+        simulate(dut, driver, memory=memory)
+        want = serial_load_cycles(f, dst.elem_bytes, beats_fetched(f, dst, config.dma_bytes), latency)
+        assert took == [want], f"{dst_name} {feature} {f}: {took[0]} cycles, estimate {want}"
+
+
+def test_serial_writer_cycles() -> None:
+    """With pixels always offered and a memory that never stalls (it takes a burst's data the
+    cycle after its address and answers the cycle after that), a STORE on the serial writer
+    takes ``serial_store_write_cycles`` from its command to busy falling, in every layout."""
+    config = CONFIGS["bus32_int8"]
+    rng = random.Random(f"{SEED}-serial-writer-cycles")
+    dram = make_dram(np.random.default_rng(rng.randrange(1 << 30)))
+    for raw in (True, False):
+        for layout in STORE_LAYOUTS:
+            store = random_store(rng, config, raw, layout)
+            golden_stores(config, dram, [store])
+            dut = SerialScatterWriter(config)
+            memory = AXIMemory(bytearray(dram.tobytes()), config.dma_bytes, seed=SEED)
+            took: list[int] = []
+
+            async def driver(ctx, dut=dut, store=store, took=took):
+                ctx.set(dut.cmd.payload, store.command())
+                ctx.set(dut.cmd.valid, 1)
+                await ctx.tick().until(dut.cmd.ready)
+                ctx.set(dut.cmd.valid, 0)
+                cycles = 1
+                for pixel in store.pixels:
+                    ctx.set(dut.pixels.payload, list(pixel.ljust(dut.row_bytes, b"\0")))
+                    ctx.set(dut.pixels.valid, 1)
+                    while True:
+                        _, _, ready = await ctx.tick().sample(dut.pixels.ready)
+                        cycles += 1
+                        if ready:
+                            break
+                ctx.set(dut.pixels.valid, 0)
+                while ctx.get(dut.busy):
+                    await ctx.tick()
+                    cycles += 1
+                took.append(cycles)
+
+            simulate(dut, driver, memory=memory, read=False, write=True)
+            nbytes = len(store.pixels) * store.fields["n"] * store.elem_bytes
+            beats = memory.write_beats
+            assert beats == len(write_bursts(store, config.dma_bytes, 1))
+            assert took == [serial_store_write_cycles(nbytes, beats)], \
+                f"{layout} raw={raw}: {took[0]} cycles for {nbytes} bytes in {beats} beats"

@@ -82,6 +82,36 @@ def test_random_backpressure_does_not_change_results(seed):
     _check_against_golden(gemm_case(WS, 6, 9, 5, seed=seed), stall=0.4, latency=(0, 6), seed=seed)
 
 
+SERIAL = AcceleratorConfig(**SMALL, gather_engine="serial", scatter_engine="serial",
+                           command_registers=False)
+
+
+@pytest.mark.parametrize("case", ["conv", "residual", "gemm_os"])
+def test_serial_engines_without_command_registers(case):
+    """gather_engine and scatter_engine "serial", no command registers (the small FPGAs'
+    choices): the same results and DRAM traffic as the golden model, for an im2col gather with
+    padding, a residual add (its reads go through the same reader) and an output-stationary
+    GEMM from an NCHW image."""
+    if case == "conv":
+        built = conv_case(SERIAL, 5, 6, 3, 5, 3, 3, stride=2, pad=1, act="relu", seed=4)
+    elif case == "residual":
+        built = residual_case(SERIAL, 6, 5, 4, seed=7)
+    else:
+        built = conv_case(SERIAL.replace(dataflow="os"), 5, 5, 2, 3, 3, 3, pad=1, layout="nchw",
+                          seed=5)
+    rtl, golden = _check_against_golden(built, stall=0.2, latency=(0, 4), seed=3)
+    assert rtl.counters["dram_read_bytes"] == golden.dram_read_bytes
+    assert rtl.counters["dram_write_bytes"] == golden.dram_write_bytes
+
+
+def test_serial_engines_slverr_on_a_load_halts():
+    load = Instruction("LOAD", dst="spad", dram_addr=512, pitch_y=4, pitch_c=1, rows_outer=1,
+                       rows_inner=2, inner_dy=1, segs=1, seg_len=4, elem_dc=1)
+    program, dram = _program_image([load, Instruction("FINISH")], config=SERIAL, extra=1024)
+    rtl = run_accelerator(SERIAL, program, dram, prog_addr=0, error_at={512})
+    assert rtl.done and rtl.error == ERR_SLVERR and rtl.error_pc == 0
+
+
 def _program_image(instrs, config=WS, extra=256):
     program = Program(tuple(instrs), config.hash)
     words = program.words()
@@ -220,32 +250,35 @@ def test_back_to_back_programs_without_reset(order):
         assert np.array_equal(dram, golden.dram)
 
 
-def test_a_program_after_an_error_and_a_longer_prog_len():
+@pytest.mark.parametrize("config", [WS, SERIAL], ids=["ws", "serial"])
+def test_a_program_after_an_error_and_a_longer_prog_len(config):
     """After a program halted on an illegal word (its later words were prefetched), a program
     with another prog_len runs from its first word; the error and its pc are cleared."""
-    bad, bad_dram = _program_image([Instruction("SYNC", queue="load")] * 5 + [Instruction("FINISH")])
+    bad, bad_dram = _program_image([Instruction("SYNC", queue="load")] * 5 + [Instruction("FINISH")],
+                                   config=config)
     raw = bytearray(bad_dram.tobytes())
     raw[INSTR_BYTES] = 0          # opcode 0 at instruction 1
-    case = gemm_case(WS, 5, 6, 3, seed=4)
+    case = gemm_case(config, 5, 6, 3, seed=4)
     runs = [(np.frombuffer(bytes(raw), np.uint8), 0, len(bad.instructions)),
             (case.dram, case.program_addr, len(case.program.instructions))]
-    (_, status0, pc0), (dram, status1, _) = _run_back_to_back(WS, runs)
+    (_, status0, pc0), (dram, status1, _) = _run_back_to_back(config, runs)
     assert (status0 >> 4, status0 & 0b11, pc0) == (ERR_ILLEGAL, 0b10, 1)
     assert status1 == 0b10
     assert np.array_equal(dram, run_golden(case.config, case.program, case.dram).dram)
 
 
-def test_a_program_after_a_unit_error_starts_clean():
+@pytest.mark.parametrize("config", [WS, SERIAL], ids=["ws", "serial"])
+def test_a_program_after_a_unit_error_starts_clean(config):
     """A LOAD's SLVERR halts a program; the next one runs without the old error (start clears
     the units' errors)."""
     load = Instruction("LOAD", dst="spad", dram_addr=1024, pitch_y=4, pitch_c=1, rows_outer=1,
                        rows_inner=2, inner_dy=1, segs=1, seg_len=4, elem_dc=1)
     failing, failing_dram = _program_image([Instruction("SYNC", queue="load"), load, Instruction("FINISH")],
-                                           extra=2048)
-    case = gemm_case(WS, 4, 4, 4, seed=9)
+                                           config=config, extra=2048)
+    case = gemm_case(config, 4, 4, 4, seed=9)
     runs = [(failing_dram, 0, len(failing.instructions)),
             (case.dram, case.program_addr, len(case.program.instructions))]
-    (_, status0, pc0), (dram, status1, _) = _run_back_to_back(WS, runs, error_at=[{1024}, set()])
+    (_, status0, pc0), (dram, status1, _) = _run_back_to_back(config, runs, error_at=[{1024}, set()])
     assert (status0 >> 4, status0 & 0b11, pc0) == (ERR_SLVERR, 0b10, 1)
     assert status1 == 0b10
     assert np.array_equal(dram, run_golden(case.config, case.program, case.dram).dram)

@@ -88,6 +88,44 @@ def test_cycle_estimate_by_hand():
     assert result.summary()["cycles"] == 283
 
 
+def test_serial_gather_engine_load_and_residual_cycles_by_hand():
+    """gather_engine = "serial" (hw/dma_serial.py): a LOAD takes its setup (a cycle per bit of
+    each product's multiplier, at least one, 15 products), a cycle per destination byte and per
+    row, and dram_latency + 3 per beat read; a residual read costs the same for the command the
+    store unit gives the reader."""
+    config = AcceleratorConfig(gather_engine="serial")
+    program = [
+        # 3 rows of 8 bytes from 0x1004, 8 apart: beats 0x200..0x203, 4 beats. Products:
+        # elem_bytes 1 (1 bit), elem_dc 1 (1), inner_dy 1 (1), the other 12 zero (1 each): 15
+        tile_load("spad", 0, 0x1004, 3, 8, row_bytes=8, elem_bytes=1),
+        # residual: rows_outer 2, rows_inner 1, seg_len 8 of 1 byte, at 0x2000 (2 beats):
+        # setup 15, 16 bytes, 2 rows, 2 beats
+        _i("STORE", n=8, in_h=2, in_w=1, out_h=2, out_w=1, dram_addr=0x3000, pitch_y=8,
+           pitch_c=1, residual=1, res_addr=0x2000),
+        _i("FINISH"),
+    ]
+    result = _run(program, config)
+    load = result.timings[0]
+    assert load.end - load.start == 15 + 24 + 3 + 4 * (16 + 3)
+    store = result.timings[1]
+    residual = 15 + 16 + 2 + 2 * (16 + 3)
+    assert store.end - store.start == max(2 * config.sfu_row_cycles, 2 + residual) + 16
+
+
+def test_serial_scatter_engine_store_cycles_by_hand():
+    """scatter_engine = "serial": a STORE's writes take a cycle for the command, one per byte and
+    three per beat; the STORE ends when the slower of the SFU and the writes ends, plus the SFU
+    latency (16)."""
+    config = AcceleratorConfig(scatter_engine="serial")
+    # 4 pixels of 8 int8 channels, 16 apart from 0x3003: each pixel spans 2 beats (8-byte bus)
+    store = _i("STORE", n=8, in_h=4, in_w=1, out_h=4, out_w=1, dram_addr=0x3003, pitch_y=16,
+               pitch_c=1)
+    result = _run([store, _i("FINISH")], config)
+    timing = result.timings[0]
+    assert timing.end - timing.start == max(4 * config.sfu_row_cycles, 1 + 32 + 3 * 8) + 16
+    assert result.dram_write_bytes == 8 * 8
+
+
 def test_output_stationary_compute_cycles():
     config = AcceleratorConfig(dataflow="os")
     program = [_i("COMPUTE", m=8, k=20, n=8), _i("COMPUTE", m=3, k=5, n=2, acc_addr=8), _i("FINISH")]
