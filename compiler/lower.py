@@ -949,11 +949,11 @@ class _Timing:
 
 @functools.lru_cache(maxsize=64)
 def _timing(config: AcceleratorConfig) -> _Timing:
-    from systolic.hw.accumulator import WRITE_LATENCY
+    from systolic.hw.accumulator import write_latency
     from systolic.hw.array import array_latency
     from systolic.hw.sfu import sfu_latency
 
-    drain = array_latency(config) + WRITE_LATENCY - 1
+    drain = array_latency(config) + write_latency(config) - 1
     if config.dataflow == "os":
         drain += config.rows - 1           # the tile's R result rows drain one per cycle
     return _Timing(drain, sfu_latency(config), sfu_latency(config, avg=True))

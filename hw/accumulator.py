@@ -34,6 +34,12 @@ accepted up to cycle n - 1 and the array beats accepted up to cycle n - 7 (:data
 A read of a row that a DMA write accepted in cycle n or an array beat accepted in n - 6 writes
 meets that write at the block RAM: simulation returns the old row, an FPGA built by ``systolic
 synth`` an undefined one (hw/rtlil.py); the ISA's token rules forbid such unordered pairs.
+
+The cycles above are those with ``memory_registers`` (the default). Without (small, slow FPGAs),
+a bank's requests go straight to it and its read data straight to the adder and the read
+response: the read latency is :data:`~systolic.hw.scratchpad.DIRECT_READ_LATENCY` (2), the beat
+adds in stage 1 and :func:`write_latency` is 4. The structure is the same, with the stages and
+the forwarded results counted from the read latency.
 """
 
 from __future__ import annotations
@@ -53,13 +59,14 @@ from .scratchpad import (
     READ_LATENCY,
     bank_data_registers,
     drive_read_response,
+    read_latency,
     read_port_signature,
     select_bank_row,
 )
 
 __all__ = [
-    "ACC_BANKS", "WRITE_LATENCY", "Accumulator", "acc_elem_shape", "acc_row_layout", "acc_array_write_layout",
-    "acc_dma_write_layout",
+    "ACC_BANKS", "WRITE_LATENCY", "write_latency", "Accumulator", "acc_elem_shape", "acc_row_layout",
+    "acc_array_write_layout", "acc_dma_write_layout",
 ]
 
 #: Banks of the accumulator: the two halves of the output-tile double buffer.
@@ -75,8 +82,15 @@ _FORWARD = _ADD_STAGE + 1
 #: Cycles from accepting an ``array_write`` beat until a ``read`` request accepted then sees its
 #: result: the beat waits a cycle in the input register, its write-back reaches the block RAM
 #: _ADD_STAGE + 2 cycles after it leaves that register, a request the cycle after its grant, and a
-#: read sees the writes of earlier cycles.
+#: read sees the writes of earlier cycles. (With ``memory_registers``; see :func:`write_latency`.)
 WRITE_LATENCY = _ADD_STAGE + 3
+
+
+def write_latency(config: AcceleratorConfig) -> int:
+    """:data:`WRITE_LATENCY` for ``config``: the read latency (:func:`~systolic.hw.scratchpad.
+    read_latency`) + 2, whether the requests reach the banks through registers or not (the write
+    and the read meet the block RAM equally late): 7 with ``memory_registers``, 4 without."""
+    return read_latency(config) + 2
 
 
 def acc_elem_shape(config: AcceleratorConfig) -> Shape:
@@ -140,12 +154,12 @@ class Accumulator(wiring.Component):
     @property
     def read_latency(self) -> int:
         """Cycles from an accepted ``read`` request to its response."""
-        return READ_LATENCY
+        return read_latency(self._config)
 
     @property
     def write_latency(self) -> int:
-        """:data:`WRITE_LATENCY`, in cycles."""
-        return WRITE_LATENCY
+        """:func:`write_latency`, in cycles."""
+        return write_latency(self._config)
 
     def elaborate(self, platform: object) -> Module:
         cfg = self._config
@@ -154,14 +168,19 @@ class Accumulator(wiring.Component):
         cols = cfg.acc_row_elems
 
         index_bits = exact_log2(_acc_bank_rows(cfg))   # row within a bank; the bank is above
+        registered = cfg.memory_registers
+        latency = read_latency(cfg)
+        add_stage = latency - 1           # _ADD_STAGE, _FORWARD for this config
+        forward = add_stage + 1
+        to_bank = m.d.sync if registered else m.d.comb    # requests beside the banks, or straight
         banks = []
         for k in range(ACC_BANKS):
             # A read in the cycle its row is written is never used (forwarding, the DMA's wait,
             # the token rules): undefined on an FPGA (hw/bankram.py); simulation reads the old row
-            bank = BankRAM(row_layout, _acc_bank_rows(cfg))
+            bank = BankRAM(row_layout, _acc_bank_rows(cfg), registered=registered)
             m.submodules[f"bank{k}"] = bank
             banks.append(bank)
-        bank_data = bank_data_registers(m, banks)
+        bank_data = bank_data_registers(m, banks, registered)
 
         # -- input register: an array beat accepted in cycle t - 1 is in stage 0 in cycle t. So every
         # stage that the DMA's wait and the store read's check look at is a register (the beat's
@@ -181,33 +200,33 @@ class Accumulator(wiring.Component):
         req_bank = req.addr[index_bits:]
         grant_read = Signal()
         resp_row = Signal(row_layout)
-        free = drive_read_response(m, self.read.resp, grant_read, resp_row)
+        free = drive_read_response(m, self.read.resp, grant_read, resp_row, latency)
         m.d.comb += grant_read.eq(self.read.req.valid & free & ~(beat_reads & (beat_bank == req_bank)))
         m.d.comb += [self.read.req.ready.eq(grant_read), self.array_write.ready.eq(1)]
         for k, bank in enumerate(banks):
             beat_here = beat_reads & (beat_bank == k)
-            m.d.sync += [
+            to_bank += [
                 bank.read_en.eq(beat_here | (grant_read & (req_bank == k))),
                 bank.read_addr.eq(Mux(beat_here, beat.addr[:index_bits], req.addr[:index_bits])),
             ]
-        select_bank_row(m, bank_data, req_bank, resp_row)
+        select_bank_row(m, bank_data, req_bank, resp_row, latency)
 
         # -- stages 1 to ADD_STAGE: the beat's (valid, addr, data, accumulate), one register set per
         # stage; the beat adds in stage ADD_STAGE (t+4), when its row is in the bank's register ---
         stages = [(beat_valid, beat.addr, beat.data, beat.accumulate)]
-        for n in range(1, _ADD_STAGE + 1):
+        for n in range(1, add_stage + 1):
             stage = (Signal(name=f"s{n}_valid"), Signal.like(beat.addr, name=f"s{n}_addr"),
                      Signal(row_layout, name=f"s{n}_data"), Signal(name=f"s{n}_accumulate"))
             m.d.sync += [register.eq(value) for register, value in zip(stage, stages[-1], strict=True)]
             stages.append(stage)
-        _, decide_addr, _, decide_accumulate = stages[_ADD_STAGE - 1]
-        add_valid, add_addr, add_data, _ = stages[_ADD_STAGE]
+        _, decide_addr, _, decide_accumulate = stages[add_stage - 1]
+        add_valid, add_addr, add_data, _ = stages[add_stage]
 
         # the results of the beats ahead, newest first: results[j] holds, in a cycle, the result of
         # the beat that added j + 1 cycles before. results[0] is written back: its write request is
         # registered beside the bank in that cycle and the block RAM writes it in the next (t+6).
         results = [(Signal(name=f"r{j}_valid"), Signal.like(beat.addr, name=f"r{j}_addr"),
-                    Signal(row_layout, name=f"r{j}_row")) for j in range(_FORWARD - 1)]
+                    Signal(row_layout, name=f"r{j}_row")) for j in range(forward - 1)]
 
         # -- stage ADD_STAGE - 1 (t+3): where the add takes the stored row from. The row was read in
         # t+1 and saw the writes of the cycles before: those of the beats accepted up to t-6. The
@@ -267,17 +286,17 @@ class Accumulator(wiring.Component):
             enable = Signal.like(bank.write_en, name=f"bank{k}_write_en")
             m.d.comb += bank.write_en.eq(enable)
             with m.If(back_valid & (back_bank == k)):
-                m.d.sync += [
+                to_bank += [
                     bank.write_addr.eq(back_addr[:index_bits]),
                     bank.write_data.eq(back_row),
                     enable.eq((1 << cols) - 1),
                 ]
             with m.Elif(grant_dma & (dma_bank == k)):
-                m.d.sync += [
+                to_bank += [
                     bank.write_addr.eq(dma.addr[:index_bits]),
                     bank.write_data.eq(dma.data),
                     enable.eq(dma.mask),
                 ]
             with m.Else():
-                m.d.sync += enable.eq(0)
+                to_bank += enable.eq(0)
         return m

@@ -143,14 +143,21 @@ class BankRAM(wiring.Component):
     per element; any other shape: one for the row), see the module docstring.
 
     ``transparent``: in simulation a read of a row written in the same cycle returns the new row
-    (else the old one); on an FPGA the result is undefined either way."""
+    (else the old one); on an FPGA the result is undefined either way.
 
-    def __init__(self, shape: ShapeLike, depth: int, *, transparent: bool = False) -> None:
+    ``registered`` (default): ``read_data`` is registered (the block RAM's output register on
+    ECP5), two cycles after the read was presented; else it is the generic memory's read data
+    itself, one cycle after (``memory_registers = false``, for small, slow FPGAs; on ECP5 yosys
+    then maps the memory to block RAM by itself)."""
+
+    def __init__(self, shape: ShapeLike, depth: int, *, transparent: bool = False,
+                 registered: bool = True) -> None:
         if not isinstance(depth, int) or depth < 1 or depth & (depth - 1):
             raise ValueError(f"depth must be a positive power of two, not {depth!r}")
         self._shape = shape
         self._depth = depth
         self._transparent = transparent
+        self._registered = registered
         self._elems = shape.length if isinstance(shape, data.ArrayLayout) else 1
         addr_bits = max(1, exact_log2(depth))
         super().__init__({
@@ -167,7 +174,7 @@ class BankRAM(wiring.Component):
         return self._depth
 
     def elaborate(self, platform: Any) -> Module:
-        if uses_dp16kd(platform, self._shape, self._depth):
+        if self._registered and uses_dp16kd(platform, self._shape, self._depth):
             return self._elaborate_dp16kd()
         m = Module()
         m.submodules.memory = memory = Memory(shape=self._shape, depth=self._depth, init=[],
@@ -178,7 +185,10 @@ class BankRAM(wiring.Component):
             write.addr.eq(self.write_addr), write.data.eq(self.write_data), write.en.eq(self.write_en),
             read.addr.eq(self.read_addr), read.en.eq(self.read_en),
         ]
-        m.d.sync += self.read_data.eq(read.data)
+        if self._registered:
+            m.d.sync += self.read_data.eq(read.data)
+        else:
+            m.d.comb += self.read_data.eq(read.data)
         return m
 
     def _elaborate_dp16kd(self) -> Module:

@@ -53,6 +53,10 @@ _DOC = {
     "scratchpad_bytes": "scratchpad capacity, bytes",
     "scratchpad_banks": "scratchpad banks (ping-pong halves are made of banks)",
     "accumulator_bytes": "accumulator memory capacity, bytes",
+    "memory_registers": "registers around every scratchpad and accumulator block RAM (requests "
+                        "beside the bank, the block RAM's output register, a data register): read "
+                        "latency 5 cycles, for 100 MHz on large FPGAs; false: read latency 2 and "
+                        "far fewer flip-flops, for small, slow FPGAs",
     "requant_table_rows": "rows of the SFU's per-channel bias/multiplier/shift table",
     "requant_row_words": "memory words per requantize-table row (1 to 64): more make the table's "
                          "block RAMs narrower and deeper (fewer of them on small FPGAs); a row then "
@@ -108,6 +112,7 @@ class AcceleratorConfig:
     scratchpad_bytes: int = 64 * 1024
     scratchpad_banks: int = 2
     accumulator_bytes: int = 16 * 1024
+    memory_registers: bool = True
     requant_table_rows: int = 64
     requant_row_words: int = 1
     dram_bytes: int = 256 * 1024 * 1024

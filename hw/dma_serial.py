@@ -180,27 +180,35 @@ class SerialGatherReader(GatherPorts):
         elem_end = Signal()
         m.d.comb += elem_end.eq(byte == elem_bytes - 1)
 
-        # the coordinate adders: the level that steps, from its saved start (element: current)
+        # the coordinate adders: the level that steps, from its saved start (element: current).
+        # When a command starts, the same adders load every coordinate register with 0 + the
+        # start (y0, x0, the start address): the registers have one source, the adders
+        starting = Signal()
         level_now = Signal(range(len(_LEVELS)))
-        with m.If(~last["elem"]):
+        with m.If(~last["elem"] & ~starting):
             m.d.comb += level_now.eq(0)
-        with m.Elif(~last["seg"]):
+        with m.Elif(~last["seg"] & ~starting):
             m.d.comb += level_now.eq(1)
-        with m.Elif(~last["inner"]):
+        with m.Elif(~last["inner"] & ~starting):
             m.d.comb += level_now.eq(2)
         with m.Else():
             m.d.comb += level_now.eq(3)
         src_y, src_x, src_addr = Signal(signed(_COORD)), Signal(signed(_COORD)), Signal(_ADDR)
-        d_y, d_x, d_addr = Signal(signed(8)), Signal(signed(8)), Signal(_ADDR)
+        step_y, step_x, d_addr = Signal(signed(8)), Signal(signed(8)), Signal(_ADDR)
         with m.Switch(level_now):
             for k, level in enumerate(_LEVELS):
                 with m.Case(k):
                     src = (cur["y"], cur["x"], cur_addr) if level == "elem" else saved[level]
                     m.d.comb += [src_y.eq(src[0]), src_x.eq(src[1]), src_addr.eq(src[2]),
-                                 d_y.eq(step_yx[level][0]), d_x.eq(step_yx[level][1]),
-                                 d_addr.eq(step_addr[level])]
+                                 step_y.eq(step_yx[level][0]), step_x.eq(step_yx[level][1]),
+                                 d_addr.eq(Mux(starting, acc_next, step_addr[level]) if level == "outer"
+                                           else step_addr[level])]
+        d_y, d_x = Signal(signed(16)), Signal(signed(16))
+        m.d.comb += [d_y.eq(Mux(starting, c.y0, step_y)), d_x.eq(Mux(starting, c.x0, step_x))]
         new_y, new_x, new_addr = Signal(signed(_COORD)), Signal(signed(_COORD)), Signal(_ADDR)
-        m.d.comb += [new_y.eq(src_y + d_y), new_x.eq(src_x + d_x), new_addr.eq(src_addr + d_addr)]
+        m.d.comb += [new_y.eq(Mux(starting, 0, src_y) + d_y), new_x.eq(Mux(starting, 0, src_x) + d_x),
+                     new_addr.eq(Mux(starting, 0, src_addr) + d_addr)]
+        advance = Signal()                    # the walk steps to the next element
 
         m.d.comb += [
             self.ar.payload.addr.eq(Cat(Const(0, BBL), ar_beat)),
@@ -231,11 +239,8 @@ class SerialGatherReader(GatherPorts):
                                         with m.Case(k):
                                             m.d.sync += [first_pos.eq(acc_next), pos.eq(acc_next)]
                     with m.If(setup_done):
-                        m.d.comb += self.cmd.ready.eq(1)
+                        m.d.comb += [self.cmd.ready.eq(1), starting.eq(1)]
                         m.d.sync += [
-                            cur["y"].eq(c.y0), cur["x"].eq(c.x0), cur_addr.eq(acc_next),
-                            *(s.eq(v) for level in saved
-                              for s, v in zip(saved[level], (c.y0, c.x0, acc_next), strict=True)),
                             *(step_yx[level][0].eq(getattr(c, f"{level}_dy")) for level in _LEVELS),
                             *(step_yx[level][1].eq(getattr(c, f"{level}_dx")) for level in _LEVELS),
                             count["elem"].eq(c.seg_len - 1), reload["elem"].eq(c.seg_len - 1),
@@ -265,12 +270,7 @@ class SerialGatherReader(GatherPorts):
                         m.d.sync += byte.eq(0)
                         # the next element: step the innermost level that is not at its end
                         # and restart the levels inside it
-                        with m.If(~(last["elem"] & last["seg"] & last["inner"] & last["outer"])):
-                            m.d.sync += [cur["y"].eq(new_y), cur["x"].eq(new_x), cur_addr.eq(new_addr)]
-                            for k, level in enumerate(_LEVELS[1:], start=1):
-                                with m.If(level_now >= k):
-                                    m.d.sync += [s.eq(v) for s, v in
-                                                 zip(saved[level], (new_y, new_x, new_addr), strict=True)]
+                        m.d.comb += advance.eq(~(last["elem"] & last["seg"] & last["inner"] & last["outer"]))
                         for k, level in enumerate(_LEVELS):
                             with m.If(level_now == k):
                                 m.d.sync += count[level].eq(count[level] - 1)
@@ -302,6 +302,13 @@ class SerialGatherReader(GatherPorts):
                     m.next = "WALK"
                     with m.If(last_row):
                         m.next = "IDLE"
+        # the coordinate registers, loaded from the adders only
+        with m.If(advance | starting):
+            m.d.sync += [cur["y"].eq(new_y), cur["x"].eq(new_x), cur_addr.eq(new_addr)]
+            for k, level in enumerate(_LEVELS[1:], start=1):
+                with m.If(level_now >= k):
+                    m.d.sync += [s.eq(v) for s, v in
+                                 zip(saved[level], (new_y, new_x, new_addr), strict=True)]
         m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
         with m.If(self.clear_error):         # after the FSM: a clear wins over an error
             m.d.sync += self.error.eq(0)

@@ -42,8 +42,9 @@ from .bankram import BankRAM
 from .config import AcceleratorConfig
 
 __all__ = [
-    "READ_LATENCY", "Scratchpad", "read_port_signature", "drive_read_response", "bank_data_registers",
-    "select_bank_row", "spad_row_layout", "spad_write_layout",
+    "READ_LATENCY", "DIRECT_READ_LATENCY", "read_latency", "Scratchpad", "read_port_signature",
+    "drive_read_response", "bank_data_registers", "select_bank_row", "spad_row_layout",
+    "spad_write_layout",
 ]
 
 #: Cycles from an accepted read request to its response, for the scratchpad's and the
@@ -54,6 +55,17 @@ __all__ = [
 #: then through the bank select into the response register: the block RAM's clock-to-output
 #: and the route to the consumer (across the die on large FPGAs) are in different cycles too.
 READ_LATENCY = 5
+#: ... without those registers (``memory_registers = false``, for small, slow FPGAs): the grant
+#: goes straight to the bank, whose block RAM reads at the end of the grant's cycle, and its read
+#: data goes through the bank select into the response register.
+DIRECT_READ_LATENCY = 2
+
+
+def read_latency(config: AcceleratorConfig) -> int:
+    """Cycles from an accepted read request to its response on the scratchpad's and the
+    accumulator's read ports for ``config``: :data:`READ_LATENCY` with ``memory_registers``, else
+    :data:`DIRECT_READ_LATENCY`."""
+    return READ_LATENCY if config.memory_registers else DIRECT_READ_LATENCY
 
 
 def read_port_signature(addr_layout: ShapeLike, data_layout: ShapeLike) -> wiring.Signature:
@@ -74,25 +86,28 @@ def read_port_signature(addr_layout: ShapeLike, data_layout: ShapeLike) -> wirin
     })
 
 
-def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: Value) -> Value:
+def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: Value,
+                        latency: int = READ_LATENCY) -> Value:
     """Drive the response stream of a read port whose memory was read for it in the cycles where
-    ``granted`` is high; ``row`` is the data of that read :data:`READ_LATENCY` - 1 cycles later
-    (the memory and the registers after it are not held: they may serve someone else after that;
-    :func:`select_bank_row` makes such a ``row``).
+    ``granted`` is high; ``row`` is the data of that read ``latency`` - 1 cycles later (the
+    memory and the registers after it are not held: they may serve someone else after that;
+    :func:`select_bank_row` makes such a ``row``). ``latency`` is the port's read latency
+    (:func:`read_latency`), at least 2.
 
-    The rows go into a queue of READ_LATENCY registers whose head is the response
+    The rows go into a queue of ``latency`` registers whose head is the response
     (``resp.payload`` comes from a register only): a row arriving when the queue, after this
-    cycle's take, has k entries goes into entry k. At most READ_LATENCY responses are owed (in
+    cycle's take, has k entries goes into entry k. At most ``latency`` responses are owed (in
     flight or queued), so a port reads one row per cycle while its consumer takes one per cycle,
-    and a response comes READ_LATENCY cycles after its request when the ones before it have been
+    and a response comes ``latency`` cycles after its request when the ones before it have been
     taken.
 
     Returns ``free``: high in a cycle where a request may be granted; the caller's ``granted``
     must imply it.
     """
+    assert latency >= 2, latency
     name = resp.valid.name
-    delay = READ_LATENCY - 1
-    depth = READ_LATENCY
+    delay = latency - 1
+    depth = latency
     in_flight = [Signal(name=f"{name}_in_flight{k}") for k in range(delay)]   # granted k+1 ago
     m.d.sync += [in_flight[0].eq(granted), *(in_flight[k].eq(in_flight[k - 1]) for k in range(1, delay))]
     arrives = in_flight[-1]
@@ -121,13 +136,16 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
     return free
 
 
-def bank_data_registers(m: Module, banks: Sequence[BankRAM]) -> list[Signal]:
+def bank_data_registers(m: Module, banks: Sequence[BankRAM], registered: bool = True) -> list[Value]:
     """One more register per bank after its :class:`~systolic.hw.bankram.BankRAM`'s registered
     read data (``read_data``: a register beside the block RAM, its output register on ECP5),
     taking it every cycle; returns them. A block RAM's clock-to-output is most of a cycle on ECP5
     (5.8 ns) and the block RAM may be far from the logic that uses its rows, so the route is in a
     cycle of its own. A read presented to a bank in cycle t (its request registered in t-1) is in
-    the bank's register in cycle t+3."""
+    the bank's register in cycle t+3. Without ``registered`` (``memory_registers = false``) the
+    banks' read data themselves."""
+    if not registered:
+        return [bank.read_data for bank in banks]
     registers = []
     for k, bank in enumerate(banks):
         register = Signal.like(bank.read_data, name=f"bank{k}_data")
@@ -136,15 +154,19 @@ def bank_data_registers(m: Module, banks: Sequence[BankRAM]) -> list[Signal]:
     return registers
 
 
-def select_bank_row(m: Module, bank_data: Sequence[Signal], bank: Value, row: Value) -> None:
-    """Drive ``row`` (combinationally) with the register of :func:`bank_data_registers` of the
-    bank that ``bank`` named READ_LATENCY - 1 cycles ago: the cycle of the grant, whose request
-    reached the block RAM one cycle later; the row :func:`drive_read_response` expects."""
+def select_bank_row(m: Module, bank_data: Sequence[Value], bank: Value, row: Value,
+                    latency: int = READ_LATENCY) -> None:
+    """Drive ``row`` (combinationally) with the entry of :func:`bank_data_registers` of the
+    bank that ``bank`` named ``latency`` - 1 cycles ago: the cycle of the grant, whose request
+    reached the block RAM one cycle later (in the same cycle without the memory registers); the
+    row :func:`drive_read_response` expects."""
     name = getattr(Value.cast(row), "name", "row")
     delayed = bank
     # the request is registered, the block RAM reads, its data is out, in the bank's registered
-    # read data, in the bank data register
-    for stage in ("requested", "read", "out", "registered"):
+    # read data, in the bank data register; without the memory registers: the block RAM reads
+    stages = ("requested", "read", "out", "registered") if latency == READ_LATENCY else ("read",)
+    assert len(stages) == latency - 1, latency
+    for stage in stages:
         later = Signal.like(bank, name=f"{name}_bank_{stage}")
         m.d.sync += later.eq(delayed)
         delayed = later
@@ -199,19 +221,24 @@ class Scratchpad(wiring.Component):
 
     @property
     def read_latency(self) -> int:
-        """Cycles from an accepted read request to its response (:data:`READ_LATENCY`)."""
-        return READ_LATENCY
+        """Cycles from an accepted read request to its response (:func:`read_latency`)."""
+        return read_latency(self._config)
 
     def elaborate(self, platform: object) -> Module:
         cfg = self._config
         m = Module()
 
         index_bits = exact_log2(cfg.spad_bank_rows)   # row within a bank; the bank is above
+        registered = cfg.memory_registers
+        latency = read_latency(cfg)
+        # requests registered beside the banks, or straight to them
+        to_bank = m.d.sync if registered else m.d.comb
         banks = []
         for k in range(cfg.scratchpad_banks):
             # no read of a row in the cycle it is written (the ISA's token rules): its result is
             # left undefined on an FPGA (hw/bankram.py); simulation reads the new row
-            bank = BankRAM(spad_row_layout(cfg), cfg.spad_bank_rows, transparent=True)
+            bank = BankRAM(spad_row_layout(cfg), cfg.spad_bank_rows, transparent=True,
+                           registered=registered)
             m.submodules[f"bank{k}"] = bank
             banks.append(bank)
 
@@ -221,7 +248,7 @@ class Scratchpad(wiring.Component):
         m.d.comb += self.write.ready.eq(1)
         for k, bank in enumerate(banks):
             enable = Signal.like(bank.write_en, name=f"bank{k}_write_en")
-            m.d.sync += [
+            to_bank += [
                 bank.write_addr.eq(write.addr[:index_bits]),
                 bank.write_data.eq(write.data),
                 enable.eq(Mux(self.write.valid & (write.addr[index_bits:] == k), write.mask, 0)),
@@ -236,8 +263,8 @@ class Scratchpad(wiring.Component):
         grant_b = Signal()
         row_a = Signal(spad_row_layout(cfg))     # the bank's read data, four cycles after a grant
         row_b = Signal(spad_row_layout(cfg))
-        free_a = drive_read_response(m, a.resp, grant_a, row_a)
-        free_b = drive_read_response(m, b.resp, grant_b, row_b)
+        free_a = drive_read_response(m, a.resp, grant_a, row_a, latency)
+        free_b = drive_read_response(m, b.resp, grant_b, row_b, latency)
         want_a = a.req.valid & free_a
         want_b = b.req.valid & free_b
         conflict = want_a & want_b & (a_bank == b_bank)
@@ -254,7 +281,7 @@ class Scratchpad(wiring.Component):
         for k, bank in enumerate(banks):
             a_here = grant_a & (a_bank == k)
             b_here = grant_b & (b_bank == k)
-            m.d.sync += [
+            to_bank += [
                 bank.read_en.eq(a_here | b_here),
                 bank.read_addr.eq(Mux(a_here, a.req.payload.addr[:index_bits],
                                       b.req.payload.addr[:index_bits])),
@@ -262,8 +289,9 @@ class Scratchpad(wiring.Component):
 
         # the request registered beside the bank (cycle t+1: the block RAM reads), each bank's read
         # data through the BankRAM's register and the bank data register (t+2, t+3); a port's row
-        # is selected from the latter four cycles after its grant
-        bank_data = bank_data_registers(m, banks)
-        select_bank_row(m, bank_data, a_bank, row_a)
-        select_bank_row(m, bank_data, b_bank, row_b)
+        # is selected from the latter four cycles after its grant (without the memory registers:
+        # the block RAM reads at the end of the grant's cycle, its data is selected in the next)
+        bank_data = bank_data_registers(m, banks, registered)
+        select_bank_row(m, bank_data, a_bank, row_a, latency)
+        select_bank_row(m, bank_data, b_bank, row_b, latency)
         return m

@@ -26,7 +26,7 @@ from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .accumulator import WRITE_LATENCY, acc_array_write_layout, acc_dma_write_layout, acc_row_layout
+from .accumulator import acc_array_write_layout, acc_dma_write_layout, acc_row_layout, write_latency
 from .array import input_layout, output_layout, weight_layout
 from .axi import AddressLayout, ReadDataLayout, ResponseLayout, WriteDataLayout
 from .config import AcceleratorConfig
@@ -36,7 +36,7 @@ from .dma_serial import SerialGatherReader, SerialScatterWriter
 from .interconnect import HalfRateRegister, StreamRegister
 from .isa import LAYOUTS, Memory, Opcode, OutType, PoolMode
 from .requant_table import requant_row_layout, requant_write_layout
-from .scratchpad import READ_LATENCY, read_port_signature, spad_row_layout, spad_write_layout
+from .scratchpad import read_latency, read_port_signature, spad_row_layout, spad_write_layout
 from .sfu import SFU_REGS, SpecialFunctionUnit
 
 __all__ = ["LoadUnit", "ComputeUnit", "StoreUnit", "residual_read_signature"]
@@ -360,9 +360,9 @@ class ComputeUnit(wiring.Component):
             m.d.comb += head.eq(fifo_.r_data)
             row = Signal(16, name=f"{name}_row")
             # first-word-fall-through: an entry is readable the cycle after it is written, no
-            # later than the memory's response; one entry more than the READ_LATENCY
+            # later than the memory's response; one entry more than the read_latency
             # responses a read port owes at most, so a full queue never holds up a request
-            meta = fifo.SyncFIFO(width=meta_layout.size, depth=READ_LATENCY + 1)
+            meta = fifo.SyncFIFO(width=meta_layout.size, depth=read_latency(cfg) + 1)
             m.submodules[f"{name}_meta"] = meta
             m.d.comb += [
                 port.req.valid.eq(fifo_.r_rdy & meta.w_rdy),
@@ -432,7 +432,7 @@ class ComputeUnit(wiring.Component):
             m.d.comb += a_head.eq(feeds.r_data)
             a_row = Signal(16)
             b_row = Signal(16)
-            ameta = fifo.SyncFIFO(width=ameta_layout.size, depth=READ_LATENCY + 1)
+            ameta = fifo.SyncFIFO(width=ameta_layout.size, depth=read_latency(cfg) + 1)
             m.submodules.ameta = ameta
             # A and B are requested row by row, neither running ahead of the other
             both = Signal()
@@ -504,10 +504,10 @@ class ComputeUnit(wiring.Component):
                 m.d.comb += [writes.r_en.eq(1), completing.eq(1)]
             with m.Else():
                 m.d.sync += out_row.eq(out_row + 1)
-        # A read accepted by the accumulator sees a beat WRITE_LATENCY cycles after the beat: the
-        # COMPUTE completes WRITE_LATENCY - 1 cycles after its last beat, and whatever reads on its
+        # A read accepted by the accumulator sees a beat write_latency cycles after the beat: the
+        # COMPUTE completes write_latency - 1 cycles after its last beat, and whatever reads on its
         # completion asks a cycle later at the earliest (as the golden model's estimate has it)
-        pending = Signal(WRITE_LATENCY - 1)
+        pending = Signal(write_latency(cfg) - 1)
         m.d.sync += pending.eq(Cat(completing, pending[:-1]))
         m.d.comb += [self.completed.eq(pending[-1]), self.busy.eq(writes.r_rdy | pending.any())]
         return m
@@ -590,9 +590,9 @@ class StoreUnit(wiring.Component):
         # the queue for the accumulator, its metadata for the response side. The walk waits only
         # for room in the queue, so the accumulator's ready (which depends on the array's beats)
         # reaches no walk register, and the request comes from a register. The metadata queue holds
-        # one entry more than the READ_LATENCY responses a port may owe, for one row per cycle.
+        # one entry more than the read_latency responses a port may owe, for one row per cycle.
         meta_layout = data.StructLayout({"first": 1, "last": 1, "pad": 1})
-        m.submodules.meta = meta = fifo.SyncFIFO(width=meta_layout.size, depth=READ_LATENCY + 1)
+        m.submodules.meta = meta = fifo.SyncFIFO(width=meta_layout.size, depth=read_latency(cfg) + 1)
         m.submodules.requests = requests = fifo.SyncFIFOBuffered(width=row_bits + meta_layout.size, depth=4)
         walking = Signal()
         last_pixel = Signal()

@@ -32,7 +32,7 @@ Where docs/isa.md leaves a detail open, this model decides as follows (to be wri
   input rows follow the previous COMPUTE's rows; OS operand beats follow the previous COMPUTE's,
   with ``last`` beats at least R cycles apart. It ends when its last result row is readable in the
   accumulator (:func:`~systolic.hw.array.array_latency`, the OS drain and
-  :data:`~systolic.hw.accumulator.WRITE_LATENCY`), and never before the previous instruction of its
+  :func:`~systolic.hw.accumulator.write_latency`), and never before the previous instruction of its
   queue ends (completion is in order, so a SYNC's token follows the COMPUTEs before it). The j-th
   token pushed into a channel arrives at max(end, the start of the instruction that took token
   j - token_depth). FINISH starts at max(its dispatch, the latest end or token arrival) and takes
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from systolic.hw.accumulator import WRITE_LATENCY
+from systolic.hw.accumulator import write_latency
 from systolic.hw.array import array_latency
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.dma_serial import serial_load_cycles, serial_store_write_cycles
@@ -441,6 +441,7 @@ class _Run:
         self.spad_rows, self.acc_rows = c.spad_rows, c.acc_rows
         self.dma_bytes, self.dram_latency = c.dma_bytes, c.dram_latency
         self.serial_reader = c.gather_engine == "serial"
+        self.write_latency = write_latency(c)
         self.serial_writer = c.scatter_engine == "serial"
         self.input_type = (c.input_bits, c.input_signed)
         self.weight_type = (c.weight_bits, c.weight_signed)
@@ -928,7 +929,7 @@ class _Run:
             last_result = stream_end - 1 + self.array_latency + R - 1   # R rows drain
         busy = stream_end - max(ready, self.stream_end)
         self.stream_end = stream_end
-        return busy, last_result + WRITE_LATENCY
+        return busy, last_result + self.write_latency
 
     # -- STORE ------------------------------------------------------------------------------
 

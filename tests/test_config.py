@@ -311,7 +311,7 @@ _OTHER_VALUE = {
     "requant_table_rows": 32, "dram_bytes": 1 << 20, "dma_data_bits": 128, "dma_max_burst": 8,
     "dma_outstanding": 2,
     "dram_latency": 40, "gather_engine": "serial", "scatter_engine": "serial",
-    "command_registers": False, "load_queue_depth": 4,
+    "command_registers": False, "memory_registers": False, "load_queue_depth": 4,
     "compute_queue_depth": 16, "store_queue_depth": 2,
     "token_depth": 4, "sfu_activations": ("relu",), "sfu_pooling": ("avg",), "sfu_residual": False,
     "counter_bits": 32, "clock_mhz": 50.0, "requant_row_words": 3, "sfu_row_cycles": 2,

@@ -69,6 +69,16 @@ def test_ecp5_banks_are_dp16kd_through_the_output_register(name, elems, bits, ro
     assert "DP16KD" not in to_verilog(BankRAM(layout, rows), name)
 
 
+def test_unregistered_banks_stay_amaranth_memories_on_ecp5():
+    """memory_registers = false: a bank without its output register is a generic memory (yosys
+    maps it to block RAM itself), read one cycle after the read is presented."""
+    layout = _layout(4, 8)
+    assert uses_dp16kd(_ECP5(), layout, 1024)
+    verilog = to_verilog(BankRAM(layout, 1024, registered=False), "bank", platform=_ECP5())
+    assert "DP16KD" not in verilog
+    assert re.search(r"^\s*reg\s*\[\d+:0\]\s*\w+\s*\[", verilog, re.MULTILINE)   # a memory array
+
+
 @pytest.mark.parametrize("layout, rows", [(_layout(4, 4), 1024), (_layout(2, 8), 2 * DP16KD_MAX_ROWS),
                                           (_layout(4, 32), 512), (_layout(16, 32), 128)],
                          ids=["nibbles", "too-deep", "shallow", "shallow-wide"])

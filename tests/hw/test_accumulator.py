@@ -4,9 +4,11 @@ DMA writes and store-path reads, all concurrent, with random gaps and backpressu
 Model of the timing (docs/arch-memory-sfu.md): writes take effect in accept order (a DMA write to
 a bank waits while an array beat for it is in flight, so no other interleaving can be seen); a
 read accepted at edge n sees the DMA writes of edges up to n - 1 and the array beats of edges up
-to n - WRITE_LATENCY (7). The bank memories read the old row in simulation when a read meets a
-write of its cycle (an FPGA build leaves it undefined), so these tests also check that the
-read-modify-write never uses such a read: its forwarding covers every beat ahead.
+to n - write_latency (7; 4 without the memory registers). The bank memories read the old row in
+simulation when a read meets a write of its cycle (an FPGA build leaves it undefined), so these
+tests also check that the read-modify-write never uses such a read: its forwarding covers every
+beat ahead. Every test runs with the memory registers (read latency 5) and without
+(``memory_registers = false``, read latency 2).
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import random
 from typing import Any
 
 import pytest
-from systolic.hw.accumulator import ACC_BANKS, WRITE_LATENCY, Accumulator
+from systolic.hw.accumulator import ACC_BANKS, Accumulator, write_latency
 from systolic.hw.config import AcceleratorConfig
-from systolic.hw.scratchpad import READ_LATENCY
+from systolic.hw.scratchpad import read_latency
 from systolic.sim.arith import wrap
 
 from .test_scratchpad import collect, construct_rejected, drive, simulate
@@ -30,6 +32,9 @@ SMALL = AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=256, accumulator_byte
 # unsigned 16-bit accumulator (uint8 x uint8), 2 banks of 8 rows of 2 elements
 NARROW = AcceleratorConfig(rows=2, cols=2, input_signed=False, weight_signed=False, acc_signed=False,
                            acc_bits=16, scratchpad_bytes=1024, accumulator_bytes=64)
+#: SMALL without the memory registers
+DIRECT = SMALL.replace(memory_registers=False)
+BOTH = pytest.mark.parametrize("config", [SMALL, DIRECT], ids=["registered", "direct"])
 
 
 class AccumulatorModel:
@@ -39,10 +44,10 @@ class AccumulatorModel:
 
     def replay(self, array: list[tuple[int, dict[str, Any]]], dma: list[tuple[int, dict[str, Any]]],
                reads: list[tuple[int, int]]) -> list[list[int]]:
-        # logical order: a DMA write at (e + 1, 0), an array beat at (e + WRITE_LATENCY, 1) (its
+        # logical order: a DMA write at (e + 1, 0), an array beat at (e + write_latency, 1) (its
         # write-back), a read at (n, 1.5)
         events = [(e + 1, 0.0, "dma", w) for e, w in dma]
-        events += [(e + WRITE_LATENCY, 1.0, "array", w) for e, w in array]
+        events += [(e + write_latency(self.config), 1.0, "array", w) for e, w in array]
         events += [(e, 1.5, "read", addr) for e, addr in reads]
         out = []
         cfg = self.config
@@ -112,7 +117,8 @@ def _readback(config: AcceleratorConfig) -> list[int]:
 
 # -- tests -----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("config", [SMALL, NARROW], ids=["int32", "uint16"])
+@pytest.mark.parametrize("config", [SMALL, NARROW, DIRECT, NARROW.replace(memory_registers=False)],
+                         ids=["int32", "uint16", "int32-direct", "uint16-direct"])
 def test_random_concurrent_traffic_matches_model(config: AcceleratorConfig) -> None:
     rng = random.Random(SEED)
     hot = [rng.randrange(config.acc_rows) for _ in range(3)]
@@ -134,9 +140,9 @@ def test_random_concurrent_traffic_matches_model(config: AcceleratorConfig) -> N
     check_against_model(config, array, dma, reads + _readback(config), final)
 
 
-def test_back_to_back_accumulate_into_one_row_wraps() -> None:
+@BOTH
+def test_back_to_back_accumulate_into_one_row_wraps(config: AcceleratorConfig) -> None:
     # beats every cycle into row 3, then rows 5, 6, 5, 6 (distance two) and 9, 10, 11, 9, ...
-    config = SMALL
     lo, hi = config.acc_range
     rng = random.Random(SEED)
     array = [{"addr": 3, "data": [hi, lo, lo, rng.randint(lo, hi)], "accumulate": 1} for _ in range(9)]
@@ -152,8 +158,8 @@ def test_back_to_back_accumulate_into_one_row_wraps() -> None:
     assert result["resp"][0][1][:3] == [int(wrap(9 * hi, 32)), int(wrap(9 * lo, 32)), int(wrap(9 * lo, 32))]
 
 
-def test_overwrite_ignores_the_old_row_and_then_accumulates() -> None:
-    config = SMALL
+@BOTH
+def test_overwrite_ignores_the_old_row_and_then_accumulates(config: AcceleratorConfig) -> None:
     array = [{"addr": 2, "data": [7, 7, 7, 7], "accumulate": 1},
              {"addr": 2, "data": [1, 2, 3, 4], "accumulate": 0},
              {"addr": 2, "data": [10, 20, 30, 40], "accumulate": 1}]
@@ -161,11 +167,11 @@ def test_overwrite_ignores_the_old_row_and_then_accumulates() -> None:
     assert result["resp"][0][1] == [11, 22, 33, 44]
 
 
-def test_dma_write_offered_with_an_accumulating_beat_is_ordered_first() -> None:
+@BOTH
+def test_dma_write_offered_with_an_accumulating_beat_is_ordered_first(config: AcceleratorConfig) -> None:
     # a masked DMA write offered at the same edge as an accumulating beat to the same bank is taken
     # at once and reaches the block RAM before the beat's read (the beat waits in the input
     # register), in either bank: the beat adds onto the DMA's elements
-    config = SMALL
     dma = [{"addr": 4, "data": [100, 200, 300, 400], "mask": 0b0110},
            {"addr": 12, "data": [5, 5, 5, 5], "mask": 0b1111}]
     array = [{"addr": 4, "data": [1, 1, 1, 1], "accumulate": 1},
@@ -177,24 +183,25 @@ def test_dma_write_offered_with_an_accumulating_beat_is_ordered_first() -> None:
     assert [row for _, row in result["resp"]] == [[1, 201, 301, 1], [6, 7, 8, 9]]
 
 
-def test_dma_write_offered_after_an_accumulating_beat_waits_for_its_write_back() -> None:
+@BOTH
+def test_dma_write_offered_after_an_accumulating_beat_waits_for_its_write_back(
+        config: AcceleratorConfig) -> None:
     # offered one edge after the beat (then in stage 0): waits until the beat's write-back has
     # reached the block RAM, so the DMA's elements overwrite the sum
-    config = SMALL
     dma = [{"addr": 4, "data": [100, 200, 300, 400], "mask": 0b0110}]
     array = [{"addr": 4, "data": [1, 1, 1, 1], "accumulate": 1}]
     result = run_traffic(config, array, dma, [4], seed=SEED, gap=0.0, stall=0.0, starts=(0, 1, 12))
     assert result["array"] == [1]
-    assert result["dma"] == [1 + WRITE_LATENCY]
+    assert result["dma"] == [1 + write_latency(config)]
     check_against_model(config, array, dma, [4], result)
     assert [row for _, row in result["resp"]] == [[1, 200, 300, 1]]
 
 
-def test_dma_waits_only_for_array_writes_to_its_bank() -> None:
-    config = SMALL
+@BOTH
+def test_dma_waits_only_for_array_writes_to_its_bank(config: AcceleratorConfig) -> None:
     bank = config.acc_rows // ACC_BANKS
     rng = random.Random(SEED)
-    # array beats for bank 0 (the last at edge 10) are in flight until edge 10 + WRITE_LATENCY;
+    # array beats for bank 0 (the last at edge 10) are in flight until edge 10 + write_latency(config);
     # DMA writes to bank 0 wait, to bank 1 not
     array = [{"addr": k % bank, "data": [rng.randint(-9, 9) for _ in range(4)], "accumulate": k % 2}
              for k in range(10)]
@@ -206,13 +213,13 @@ def test_dma_waits_only_for_array_writes_to_its_bank() -> None:
     dma_same = [{"addr": bank - 1 - k, "data": [k] * 4, "mask": 0b1111} for k in range(3)]
     reads = list(range(bank))
     result = run_traffic(config, array, dma_same, reads, seed=SEED, gap=0.0, stall=0.0, starts=(0, 2, 30))
-    last = 10 + WRITE_LATENCY
+    last = 10 + write_latency(config)
     assert result["dma"] == [last, last + 1, last + 2], "waits for the array's last write request"
     check_against_model(config, array, dma_same, reads, result)
 
 
-def test_store_read_waits_only_for_accumulating_reads_of_its_bank() -> None:
-    config = SMALL
+@BOTH
+def test_store_read_waits_only_for_accumulating_reads_of_its_bank(config: AcceleratorConfig) -> None:
     bank = config.acc_rows // ACC_BANKS
     array = [{"addr": k, "data": [k] * 4, "accumulate": 1} for k in range(6)]         # bank 0
     array += [{"addr": k, "data": [k] * 4, "accumulate": 0} for k in range(6)]        # no reads
@@ -224,17 +231,18 @@ def test_store_read_waits_only_for_accumulating_reads_of_its_bank() -> None:
     reads_other = [bank, bank + 1, bank + 2]
     result = run_traffic(config, array, [], reads_other, seed=SEED, gap=0.0, stall=0.0, starts=(0, 0, 1))
     assert result["req"] == [2, 3, 4]
-    assert [e for e, _ in result["resp"]] == [2 + READ_LATENCY, 3 + READ_LATENCY, 4 + READ_LATENCY]
+    assert [e for e, _ in result["resp"]] == [edge + read_latency(config) for edge in (2, 3, 4)]
     check_against_model(config, array, [], reads_other, result)
 
 
-def test_read_sees_an_array_beat_write_latency_after_it() -> None:
-    config = SMALL
+@BOTH
+def test_read_sees_an_array_beat_write_latency_after_it(config: AcceleratorConfig) -> None:
     array = [{"addr": 2, "data": [10 * (k + 1)] * 4, "accumulate": 0} for k in range(3)]  # edges 1..3
     result = run_traffic(config, array, [], [2, 2], seed=SEED, gap=0.0, stall=0.0,
-                         starts=(0, 0, WRITE_LATENCY + 1))
-    assert result["array"] == [1, 2, 3] and result["req"] == [WRITE_LATENCY + 2, WRITE_LATENCY + 3]
-    assert result["req"][0] == result["array"][1] + WRITE_LATENCY
+                         starts=(0, 0, write_latency(config) + 1))
+    latency = write_latency(config)
+    assert result["array"] == [1, 2, 3] and result["req"] == [latency + 2, latency + 3]
+    assert result["req"][0] == result["array"][1] + write_latency(config)
     assert [row for _, row in result["resp"]] == [[20] * 4, [30] * 4]
     check_against_model(config, array, [], [2, 2], result)
 

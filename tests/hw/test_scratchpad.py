@@ -19,7 +19,7 @@ import pytest
 from amaranth.hdl import UnusedElaboratable
 from amaranth.sim import Simulator
 from systolic.hw.config import AcceleratorConfig
-from systolic.hw.scratchpad import READ_LATENCY, Scratchpad
+from systolic.hw.scratchpad import Scratchpad, read_latency
 
 SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
 #: A testbench gives up after this many clock edges, so a broken handshake fails instead of hanging.
@@ -30,6 +30,9 @@ SMALL = AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=256, scratchpad_banks
 # 2 banks of 8 rows of 8 int16 elements (rows > cols: the row is R wide)
 WIDE = AcceleratorConfig(rows=8, cols=4, input_bits=16, weight_bits=16, scratchpad_bytes=256,
                          scratchpad_banks=2)
+#: SMALL without the memory registers (read latency 2)
+DIRECT = SMALL.replace(memory_registers=False)
+BOTH = pytest.mark.parametrize("config", [SMALL, DIRECT], ids=["registered", "direct"])
 
 
 # -- cycle-stamped stream drivers (shared with test_accumulator and test_sfu) ----------------------
@@ -77,16 +80,16 @@ async def collect(ctx: Any, stream: Any, count: int, *, rng: random.Random,
     return taken
 
 
-def simulate(dut: Any, *testbenches: Callable[..., Any]) -> None:
-    """Run the testbenches to completion on a 1 MHz clock; fails after EDGE_LIMIT edges."""
+def simulate(dut: Any, *testbenches: Callable[..., Any], limit: int = EDGE_LIMIT) -> None:
+    """Run the testbenches to completion on a 1 MHz clock; fails after ``limit`` edges."""
     sim = Simulator(dut)
     sim.add_clock(1e-6)
     for testbench in testbenches:
         sim.add_testbench(testbench)
 
     async def watchdog(ctx):
-        await ctx.delay(EDGE_LIMIT * 1e-6)
-        raise AssertionError(f"the testbenches did not finish within {EDGE_LIMIT} clock edges")
+        await ctx.delay(limit * 1e-6)
+        raise AssertionError(f"the testbenches did not finish within {limit} clock edges")
 
     sim.add_testbench(watchdog, background=True)
     sim.run()
@@ -191,14 +194,15 @@ def check_against_model(config: AcceleratorConfig, writes: list[dict[str, Any]],
     for port in ("a", "b"):
         got = [row for _, row in result[f"{port}_resp"]]
         assert got == expected[port], f"read_{port} responses differ from the model"
-        # responses come in order, never before READ_LATENCY
+        # responses come in order, never before read_latency(config)
         for (resp_edge, _), req_edge in zip(result[f"{port}_resp"], result[f"{port}_req"], strict=True):
-            assert resp_edge >= req_edge + READ_LATENCY
+            assert resp_edge >= req_edge + read_latency(config)
 
 
 # -- tests ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("config", [SMALL, WIDE], ids=["int8-4banks", "int16-2banks"])
+@pytest.mark.parametrize("config", [SMALL, WIDE, DIRECT, WIDE.replace(memory_registers=False)],
+                         ids=["int8-4banks", "int16-2banks", "int8-4banks-direct", "int16-2banks-direct"])
 def test_random_concurrent_traffic_matches_model(config: AcceleratorConfig) -> None:
     rng = random.Random(SEED)
     hot = [rng.randrange(config.spad_rows) for _ in range(6)]      # rows hit again and again
@@ -215,8 +219,8 @@ def test_random_concurrent_traffic_matches_model(config: AcceleratorConfig) -> N
     check_against_model(config, writes, reads_a, reads_b, result)
 
 
-def test_masked_writes_keep_other_elements() -> None:
-    config = SMALL
+@BOTH
+def test_masked_writes_keep_other_elements(config: AcceleratorConfig) -> None:
     writes = [{"addr": 5, "data": [0x11, 0x22, 0x33, 0x44], "mask": 0b1111},
               {"addr": 5, "data": [0xAA, 0xBB, 0xCC, 0xDD], "mask": 0b0101},
               {"addr": 5, "data": [0xEE] * 4, "mask": 0b0000},
@@ -226,9 +230,9 @@ def test_masked_writes_keep_other_elements() -> None:
     assert result["a_resp"][-1][1] == [0xAA, 0x22, 0xCC, 0x7F]
 
 
-def test_dma_and_both_operands_on_different_banks_run_at_full_rate() -> None:
+@BOTH
+def test_dma_and_both_operands_on_different_banks_run_at_full_rate(config: AcceleratorConfig) -> None:
     # write fills bank 1 while A reads bank 0 and B reads bank 2: one row per cycle each
-    config = SMALL
     bank = config.spad_bank_rows
     rng = random.Random(SEED)
     writes = [{"addr": bank + k, "data": _random_row(rng, config), "mask": 0b1111} for k in range(bank)]
@@ -239,14 +243,14 @@ def test_dma_and_both_operands_on_different_banks_run_at_full_rate() -> None:
     for port in ("write", "a_req", "b_req"):
         assert result[port] == list(range(1, bank + 1)), port
     for port in ("a", "b"):
-        expected = [e + READ_LATENCY for e in result[f"{port}_req"]]
+        expected = [e + read_latency(config) for e in result[f"{port}_req"]]
         assert [e for e, _ in result[f"{port}_resp"]] == expected
 
 
-def test_write_and_read_of_one_bank_proceed_together() -> None:
+@BOTH
+def test_write_and_read_of_one_bank_proceed_together(config: AcceleratorConfig) -> None:
     # the write never waits, even for the bank the reader uses; a read of the row written at
     # the same edge returns the new row
-    config = SMALL
     rows = [{"addr": k, "data": [k + 1] * 4, "mask": 0b1111} for k in range(8)]
     rewrite = [{"addr": k, "data": [0xF0 + k] * 4, "mask": 0b1111} for k in range(8)]
     reads_a = list(range(8)) * 2
@@ -260,8 +264,8 @@ def test_write_and_read_of_one_bank_proceed_together() -> None:
     assert [row for _, row in result["a_resp"][8:]] == [[0xF0 + k] * 4 for k in range(8)]
 
 
-def test_same_bank_reads_alternate_round_robin() -> None:
-    config = SMALL
+@BOTH
+def test_same_bank_reads_alternate_round_robin(config: AcceleratorConfig) -> None:
     rng = random.Random(SEED)
     writes = [{"addr": k, "data": _random_row(rng, config), "mask": 0b1111} for k in range(16)]
     pre = run_traffic(config, writes, [], [], seed=SEED, gap=0.0, stall=0.0)
@@ -283,9 +287,9 @@ def test_same_bank_reads_alternate_round_robin() -> None:
     assert result["b_req"] == list(range(19, 59, 2))      # ... then they alternate
 
 
-def test_pending_response_holds_while_other_port_reuses_the_bank() -> None:
+@BOTH
+def test_pending_response_holds_while_other_port_reuses_the_bank(config: AcceleratorConfig) -> None:
     # A's consumer is slow; B reads other rows of the same bank meanwhile: A's row must not change
-    config = SMALL
     rng = random.Random(SEED + 1)
     writes = [{"addr": k, "data": _random_row(rng, config), "mask": 0b1111} for k in range(16)]
     reads_a = [rng.randrange(16) for _ in range(60)]
@@ -303,13 +307,14 @@ def test_pending_response_holds_while_other_port_reuses_the_bank() -> None:
     assert result["b_req"][-1] < result["a_req"][-1], "B ran ahead while A's response waited"
 
 
-def test_a_port_owes_read_latency_responses_at_most_and_otherwise_runs_at_full_rate() -> None:
+@BOTH
+def test_a_port_owes_read_latency_responses_at_most_and_otherwise_runs_at_full_rate(
+        config: AcceleratorConfig) -> None:
     """One port, requests offered every cycle, a consumer that stalls at random: exact cycles.
-    A response is taken at the first edge with ``ready`` from READ_LATENCY after its request
+    A response is taken at the first edge with ``ready`` from the read latency after its request
     and after the previous one; a request is accepted at the first edge after the previous one
-    where at most READ_LATENCY responses are owed with it (one taken at the same edge no
+    where at most read-latency responses are owed with it (one taken at the same edge no
     longer counts)."""
-    config = SMALL
     rng = random.Random(SEED + 2)
     writes = [{"addr": k, "data": _random_row(rng, config), "mask": 0b1111} for k in range(16)]
     reads = [rng.randrange(16) for _ in range(80)]
@@ -338,16 +343,16 @@ def test_a_port_owes_read_latency_responses_at_most_and_otherwise_runs_at_full_r
     requests, taken = result["a_req"], [e for e, _ in result["a_resp"]]
     previous_take = 0
     for k, request in enumerate(requests):
-        due = max(request + READ_LATENCY, previous_take + 1)
+        due = max(request + read_latency(config), previous_take + 1)
         assert taken[k] == min(e for e in result["ready_at"] if e >= due), f"response {k}"
         previous_take = taken[k]
     for k in range(1, len(requests)):
         def owed(edge: int, k: int = k) -> int:
             return k + 1 - sum(t <= edge for t in taken)
         expected = next(e for e in range(requests[k - 1] + 1, requests[k] + 1)
-                        if owed(e) <= READ_LATENCY)
+                        if owed(e) <= read_latency(config))
         assert requests[k] == expected, f"request {k}"
-    assert max(k + 1 - sum(t <= e for t in taken) for k, e in enumerate(requests)) == READ_LATENCY
+    assert max(k + 1 - sum(t <= e for t in taken) for k, e in enumerate(requests)) == read_latency(config)
 
 
 def test_config_must_be_an_accelerator_config() -> None:

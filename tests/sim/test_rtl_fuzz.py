@@ -93,7 +93,7 @@ def test_a_job_depends_only_on_seed_index_and_config() -> None:
 def test_jobs_are_valid_and_varied() -> None:
     """The golden model runs every job; the builders' numpy results hold where the SFU settings
     were kept; the kinds, layouts, SFU edges and DRAM bases all occur."""
-    jobs = fuzz_jobs(CONFIG, 3, 60)
+    jobs = fuzz_jobs(CONFIG, 3, 120)
     for job in jobs:
         result = run_golden(CONFIG, job.case.program, job.case.dram)
         if job.case.expected:
