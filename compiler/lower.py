@@ -60,7 +60,9 @@ from typing import Any
 
 import numpy as np
 from systolic.hw.config import AcceleratorConfig
+from systolic.hw.dma_serial import serial_load_cycles, serial_store_write_cycles
 from systolic.hw.isa import INSTR_BYTES, Instruction
+from systolic.hw.sfu_serial import serial_sfu_cycles
 
 from .errors import CompileError
 from .ir import AccelOp, Graph
@@ -502,6 +504,20 @@ def _beats(starts: np.ndarray, nbytes: int, beat: int) -> int:
     return int(((starts % beat + nbytes + beat - 1) // beat).sum())
 
 
+#: The rounding shift the compiler's estimate of the serial SFU assumes (hw/sfu_serial.py: a
+#: channel's rounding takes cycles by its shift; the golden model uses the table's own).
+_TYPICAL_SHIFT = 31
+
+
+def _load_busy(c: AcceleratorConfig, fields: dict[str, int], elem_bytes: int, beats: int) -> int:
+    """The golden model's LOAD estimate (docs/isa.md) for ``c``'s read engine: ``dram_latency +
+    beats`` (``beats``: the rows' beat costs), or the serial reader's
+    :func:`~systolic.hw.dma_serial.serial_load_cycles` with ``beats`` as the beats read."""
+    if c.gather_engine == "serial":
+        return serial_load_cycles(fields, elem_bytes, beats, c.dram_latency)
+    return c.dram_latency + beats
+
+
 def _row_cost(first: int, step: int, count: int, nbytes: int, beat: int) -> int:
     """Beats of ``count`` rows of ``nbytes`` bytes at ``first + r * step`` (exact: the pattern of
     alignments repeats with a period of at most ``beat`` rows)."""
@@ -622,13 +638,13 @@ class _LayerJobs:
             tiles = group
             start = self.state.table_rows(len(tiles))
             self.table_last = (key, start)
-        spec = _Spec("LOAD", {
-            "dst": 2, "dst_addr": start,
-            "dram_addr": self.addr.table + tiles[0] * c.cols * c.requant_entry_bytes,
-            "pitch_c": c.requant_entry_bytes, "rows_outer": 1, "rows_inner": len(tiles),
-            "inner_dc": c.cols, "segs": 1, "seg_len": c.cols, "elem_dc": 1},
-            busy=c.dram_latency + len(tiles) * -(-c.cols * c.requant_entry_bytes // c.dma_bytes),
-            table=((start, len(tiles), True),))
+        f = {"dst": 2, "dst_addr": start,
+             "dram_addr": self.addr.table + tiles[0] * c.cols * c.requant_entry_bytes,
+             "pitch_c": c.requant_entry_bytes, "rows_outer": 1, "rows_inner": len(tiles),
+             "inner_dc": c.cols, "segs": 1, "seg_len": c.cols, "elem_dc": 1}
+        beats = len(tiles) * -(-c.cols * c.requant_entry_bytes // c.dma_bytes)
+        spec = _Spec("LOAD", f, busy=_load_busy(c, f, c.requant_entry_bytes, beats),
+                     table=((start, len(tiles), True),))
         return [spec], {t: start + (t - tiles[0]) for t in group}
 
     def _store(self, block: Block, t: int, acc_addr: int, qrow: int) -> _Spec:
@@ -654,10 +670,23 @@ class _LayerJobs:
                 sfu *= p.window[0] * p.window[1]
         beats = _row_cost(f["dram_addr"], geo.out_c * oe, block.out_cols, nn * oe,
                           c.dma_bytes) * block.out_rows
+        writes = beats
+        if c.scatter_engine == "serial":
+            writes = serial_store_write_cycles(block.out_pixels * nn * oe, beats)
         if op.residual is not None:
             f["residual"] = 1
             f["res_addr"] = self.addr.residual + offset * oe
-            beats += beats + c.dram_latency
+            writes += _load_busy(c, {"rows_outer": block.out_rows, "rows_inner": block.out_cols,
+                                     "segs": 1, "seg_len": nn, "outer_dy": 1, "inner_dx": 1,
+                                     "elem_dc": 1}, oe, beats)
+        beats = writes
+        if c.sfu_engine == "serial":
+            # the table's shifts are not known here: a typical one (the golden model uses each
+            # channel's own); window pixels outside the image are counted as inside
+            sfu = serial_sfu_cycles([_TYPICAL_SHIFT] * nn, raw=self.raw,
+                                    residual=op.residual is not None, pixels=sfu, pad_pixels=0,
+                                    avg_windows=block.out_pixels if f.get("pool") == 2 else 0,
+                                    avg_shift=_TYPICAL_SHIFT)
         table = () if self.raw else ((qrow, 1, False),)
         timing = _timing(c)
         latency = timing.sfu_avg if f.get("pool") == 2 else timing.sfu
@@ -767,11 +796,11 @@ class _LayerJobs:
         """Broadcast LOAD of a raw op's int32 bias row over the tile's ``m`` accumulator rows."""
         c = self.c
         nn = self.ntiles[tt][1]
-        return _Spec("LOAD", {
-            "dst": 1, "dst_addr": acc_row, "dram_addr": self.addr.bias + tt * c.cols * c.acc_bytes,
-            "pitch_c": c.acc_bytes, "rows_outer": 1, "rows_inner": m, "segs": 1, "seg_len": nn,
-            "elem_dc": 1}, busy=c.dram_latency + m * -(-nn * c.acc_bytes // c.dma_bytes),
-            acc=((acc_row, m, True),))
+        f = {"dst": 1, "dst_addr": acc_row, "dram_addr": self.addr.bias + tt * c.cols * c.acc_bytes,
+             "pitch_c": c.acc_bytes, "rows_outer": 1, "rows_inner": m, "segs": 1, "seg_len": nn,
+             "elem_dc": 1}
+        beats = m * -(-nn * c.acc_bytes // c.dma_bytes)
+        return _Spec("LOAD", f, busy=_load_busy(c, f, c.acc_bytes, beats), acc=((acc_row, m, True),))
 
     def _b_load(self, group: list[int], kts: list[KTile], chunk: list[int], row: int) -> _Spec:
         """One LOAD of the packed weight rows of a chunk for every n-tile of the group."""
@@ -785,7 +814,7 @@ class _LayerJobs:
              "rows_outer": len(group), "outer_dx": 1, "rows_inner": rows, "inner_dy": 1,
              "segs": 1, "seg_len": c.cols, "elem_dc": 1}
         beats = len(group) * _row_cost(f["dram_addr"], c.cols * esz, rows, c.cols * esz, c.dma_bytes)
-        return _Spec("LOAD", f, busy=c.dram_latency + beats, spad=((row, len(group) * rows, True),))
+        return _Spec("LOAD", f, busy=_load_busy(c, f, esz, beats), spad=((row, len(group) * rows, True),))
 
     def _a_loads(self, block: Block, kts: list[KTile], chunk: list[int], row: int,
                  rows_chunk: int) -> list[_Spec]:
@@ -819,7 +848,7 @@ class _LayerJobs:
                      "outer_dc": c.rows if len(run) > 1 else 0, "rows_inner": m, "inner_dy": 1,
                      "segs": 1, "seg_len": first.nci, "elem_dc": 1}
                 beats = len(run) * _row_cost(f["dram_addr"], geo.in_c * esz, m, first.nci * esz, beat)
-                out.append(_Spec("LOAD", f, busy=c.dram_latency + beats,
+                out.append(_Spec("LOAD", f, busy=_load_busy(c, f, esz, beats),
                                  spad=((dst, len(run) * m, True),), dram=src))
             return out
         if self.ws:
@@ -835,7 +864,7 @@ class _LayerJobs:
                 nbytes = (kt.rows if dw == 1 else kt.nci) * esz
                 beats = runs_per_row * block.acc_rows * _row_cost(
                     f["dram_addr"], sw * geo.in_c * esz, block.acc_cols, nbytes, beat)
-                out.append(_Spec("LOAD", f, busy=c.dram_latency + beats, spad=((dst, m, True),),
+                out.append(_Spec("LOAD", f, busy=_load_busy(c, f, esz, beats), spad=((dst, m, True),),
                                  dram=src))
             return out
         for p, (y, rows, x, cols, _) in enumerate(_pieces(block, c.rows)):
@@ -852,7 +881,7 @@ class _LayerJobs:
                     f.update(segs=1, seg_len=rows, elem_dy=sh)
                 else:
                     f.update(segs=rows, seg_dy=sh, seg_len=cols, elem_dx=sw)
-                out.append(_Spec("LOAD", f, busy=c.dram_latency + kt.rows * rows * cols,
+                out.append(_Spec("LOAD", f, busy=_load_busy(c, f, esz, kt.rows * rows * cols),
                                  spad=((dst, kt.rows, True),), dram=src))
         return out
 
@@ -928,7 +957,7 @@ class _LayerJobs:
                      "inner_dx": 1, "segs": 1, "seg_len": nn, "elem_dc": 1}
                 beats = block.acc_rows * _row_cost(f["dram_addr"], geo.in_c * esz, block.acc_cols,
                                                    nn * esz, c.dma_bytes)
-                job.loads.append(_Spec("LOAD", f, busy=c.dram_latency + beats, acc=((dst, m, True),),
+                job.loads.append(_Spec("LOAD", f, busy=_load_busy(c, f, esz, beats), acc=((dst, m, True),),
                                        dram=((self.addr.input_buffer, False),)))
             job.stores += [self._store(block, tt, acc_base + k * m, qrows.get(tt, 0))
                            for k, tt in enumerate(group)]

@@ -86,6 +86,9 @@ _DOC = {
     "sfu_row_cycles": "cycles the SFU takes per accumulator row (a power of two, 1 to cols): its "
                       "cols / sfu_row_cycles lanes each process that many channels in turn; more "
                       "cycles share DSP blocks and logic on small FPGAs, at a slower store path",
+    "sfu_engine": "SFU: 'pipelined' (a row every sfu_row_cycles cycles) or 'serial' (one channel "
+                  "at a time through one adder, tens of cycles each: a fraction of the logic and "
+                  "no DSP blocks, for small FPGAs; docs/arch-memory-sfu.md)",
     "counter_bits": "width of each performance counter, bits (16 to 64; a counter wraps modulo "
                     "2**counter_bits): 32 halves their logic on small FPGAs",
     "clock_mhz": "target clock frequency, MHz",
@@ -131,6 +134,7 @@ class AcceleratorConfig:
     sfu_pooling: tuple[str, ...] = field(default=POOLINGS)
     sfu_residual: bool = True
     sfu_row_cycles: int = 1
+    sfu_engine: str = "pipelined"
     counter_bits: int = 64
     clock_mhz: float = 100.0
 
@@ -228,7 +232,7 @@ class AcceleratorConfig:
             raise ConfigError(f"dma_outstanding must be between 1 and 16, not {self.dma_outstanding!r}")
         if not 1 <= self.dram_latency <= 1024:
             raise ConfigError(f"dram_latency must be between 1 and 1024 cycles, not {self.dram_latency!r}")
-        for name in ("gather_engine", "scatter_engine"):
+        for name in ("gather_engine", "scatter_engine", "sfu_engine"):
             if getattr(self, name) not in DMA_ENGINES:
                 raise ConfigError(f"{name} must be one of {', '.join(map(repr, DMA_ENGINES))}, "
                                   f"not {getattr(self, name)!r}")

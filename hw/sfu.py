@@ -61,8 +61,9 @@ from .isa import HEADER_LAYOUT, LAYOUTS, Activation, Opcode, OutType, PoolMode
 from .requant_table import REQUANT_ENTRY
 
 __all__ = [
-    "SFU_REGS", "SFU_SETTINGS", "SpecialFunctionUnit", "sfu_latency", "sfu_input_layout", "sfu_output_layout",
-    "output_elem_shape",
+    "SFU_REGS", "SFU_SETTINGS", "SFUPorts", "SpecialFunctionUnit", "SERIAL_LATENCY", "sfu_latency",
+    "sfu_input_layout",
+    "sfu_output_layout", "output_elem_shape",
 ]
 
 #: The SFU registers, exactly the CONFIG instruction's fields (zp_out, act_lo, act_hi, avg_mult,
@@ -214,15 +215,57 @@ class _Multiplier:
         self.product = register("product", _wrap(total, wrap) if wrap is not None else total)
 
 
+#: ``sfu_latency`` of the serial SFU (``sfu_engine = "serial"``, hw/sfu_serial.py), whose work
+#: per beat the golden model counts on its own (``serial_sfu_cycles``): its output register is
+#: valid the cycle after a row's last channel.
+SERIAL_LATENCY = 1
+
+
 def sfu_latency(config: AcceleratorConfig, *, avg: bool = False) -> int:
     """Cycles from the SFU accepting a beat to its output being valid, without stalls, when the
     beat ends its window (or without pooling): input, bias, 3 multiply, [residual], round,
     2 shift, zero point, narrow, 2 activation, [pooling], plus ``sfu_row_cycles - 1`` for the
     row's later lane groups. ``avg``: for the last beat of an average-pooling window, which adds
-    centre, 3 multiply, round, 2 shift, zero point, narrow and 2 activation stages."""
+    centre, 3 multiply, round, 2 shift, zero point, narrow and 2 activation stages. With
+    ``sfu_engine = "serial"``: :data:`SERIAL_LATENCY`."""
+    if config.sfu_engine == "serial":
+        return SERIAL_LATENCY
+    return _pipelined_latency(config, avg=avg)
+
+
+def _pipelined_latency(config: AcceleratorConfig, *, avg: bool = False) -> int:
+    """:func:`sfu_latency` of :class:`SpecialFunctionUnit`, whatever ``config.sfu_engine`` says."""
     latency = (12 + int(config.sfu_residual) + int(bool(config.sfu_pooling)) + _FIFO_LATENCY
                + config.sfu_row_cycles - 1)
     return latency + 11 if avg else latency
+
+
+def activation_clamp(m: Module, config: AcceleratorConfig, settings: Value, regs: Value,
+                     clamp_lo: Signal, clamp_hi: Signal, clamp_empty: Signal) -> None:
+    """Drive the registers ``clamp_lo``, ``clamp_hi`` (signed 17 bits) and ``clamp_empty`` with the
+    activation and the output saturation of ``settings.act`` as one clamp:
+    ``clamp(sat(act(q))) = min(max(q, sat(L)), sat(U))`` for the activation's bounds [L, U], and
+    ``clamp_empty`` = sat(L) > sat(U) (then every result is sat(U)). The bounds, their saturation
+    and their comparison are one register stage each, three cycles from the settings."""
+    out_lo, out_hi = config.output_range
+    act = settings.act
+    lower: Value = Const(out_lo, signed(17))
+    upper: Value = Const(out_hi, signed(17))
+    if "relu" in config.sfu_activations:
+        lower = Mux(act == Activation.RELU, regs.zp_out, lower)
+    if "relu6" in config.sfu_activations:
+        lower = Mux(act == Activation.RELU6, regs.zp_out, lower)
+        upper = Mux(act == Activation.RELU6, regs.act_hi, upper)
+    if "clip" in config.sfu_activations:
+        lower = Mux(act == Activation.CLIP, regs.act_lo, lower)
+        upper = Mux(act == Activation.CLIP, regs.act_hi, upper)
+    act_lower = Signal(signed(17))
+    act_upper = Signal(signed(17))
+    m.d.sync += [
+        act_lower.eq(lower), act_upper.eq(upper),
+        clamp_lo.eq(_clamp(act_lower, out_lo, out_hi)), clamp_hi.eq(_clamp(act_upper, out_lo, out_hi)),
+        clamp_empty.eq(clamp_lo > clamp_hi),
+    ]
 
 
 def _pick(options: list[Value], index: Value) -> Value:
@@ -235,19 +278,10 @@ def _pick(options: list[Value], index: Value) -> Value:
     return level[0]
 
 
-class SpecialFunctionUnit(wiring.Component):
-    """The SFU: ``config.sfu_lanes`` lanes of bias add, requantize, residual add, activation and
-    saturation, then max or average pooling over windows of beats, then an output FIFO. With
-    ``config.sfu_row_cycles`` = 1 there is a lane per column; with more, each lane takes the
-    channels ``k * sfu_lanes + lane`` in turn (k = 0, 1, ...: the row's *lane groups*, one per
-    cycle), so a beat is accepted every ``sfu_row_cycles`` cycles.
-
-    Parameters
-    ----------
-    config : AcceleratorConfig
-        Uses ``cols``, ``sfu_row_cycles``, the accumulator and output element types,
-        ``sfu_activations``, ``sfu_pooling`` and ``sfu_residual``.
-    """
+class SFUPorts(wiring.Component):
+    """The ports of a special-function unit (:class:`SpecialFunctionUnit`, or the serial one in
+    ``hw/sfu_serial.py``), for ``config``: see :class:`SpecialFunctionUnit` and the module
+    docstring."""
 
     def __init__(self, config: AcceleratorConfig) -> None:
         if not isinstance(config, AcceleratorConfig):
@@ -266,6 +300,21 @@ class SpecialFunctionUnit(wiring.Component):
     def config(self) -> AcceleratorConfig:
         return self._config
 
+
+class SpecialFunctionUnit(SFUPorts):
+    """The SFU: ``config.sfu_lanes`` lanes of bias add, requantize, residual add, activation and
+    saturation, then max or average pooling over windows of beats, then an output FIFO. With
+    ``config.sfu_row_cycles`` = 1 there is a lane per column; with more, each lane takes the
+    channels ``k * sfu_lanes + lane`` in turn (k = 0, 1, ...: the row's *lane groups*, one per
+    cycle), so a beat is accepted every ``sfu_row_cycles`` cycles.
+
+    Parameters
+    ----------
+    config : AcceleratorConfig
+        Uses ``cols``, ``sfu_row_cycles``, the accumulator and output element types,
+        ``sfu_activations``, ``sfu_pooling`` and ``sfu_residual``.
+    """
+
     @property
     def _fifo_rows(self) -> int:
         # Enough rows for every output the pipeline can hold when the consumer stops, so that
@@ -278,12 +327,12 @@ class SpecialFunctionUnit(wiring.Component):
     @property
     def latency(self) -> int:
         """Cycles from accepting a beat to its output being valid (see :func:`sfu_latency`)."""
-        return sfu_latency(self._config)
+        return _pipelined_latency(self._config)
 
     @property
     def avg_latency(self) -> int:
         """:func:`sfu_latency` for the last beat of an average-pooling window; 0 without ``avg``."""
-        return sfu_latency(self._config, avg=True) if "avg" in self._config.sfu_pooling else 0
+        return _pipelined_latency(self._config, avg=True) if "avg" in self._config.sfu_pooling else 0
 
     def elaborate(self, platform: object) -> Module:
         cfg = self._config
@@ -320,29 +369,8 @@ class SpecialFunctionUnit(wiring.Component):
         entry_bias = [Mux(is_raw, 0, self.params[c].bias) for c in range(cfg.cols)]
         entry_mult = [Mux(is_raw, 1, self.params[c].mult) for c in range(cfg.cols)]
         entry_shift = [Mux(is_raw, 0, self.params[c].shift) for c in range(cfg.cols)]
-        # clamp(sat(act(q))) = min(max(q, sat(L)), sat(U)) for the activation's bounds [L, U]
-        act = settings.act
-        lower: Value = Const(out_lo, signed(17))
-        upper: Value = Const(out_hi, signed(17))
-        if "relu" in cfg.sfu_activations:
-            lower = Mux(act == Activation.RELU, regs.zp_out, lower)
-        if "relu6" in cfg.sfu_activations:
-            lower = Mux(act == Activation.RELU6, regs.zp_out, lower)
-            upper = Mux(act == Activation.RELU6, regs.act_hi, upper)
-        if "clip" in cfg.sfu_activations:
-            lower = Mux(act == Activation.CLIP, regs.act_lo, lower)
-            upper = Mux(act == Activation.CLIP, regs.act_hi, upper)
-        # A setting used in a later stage may take more than one cycle: the activation's bounds,
-        # their saturation and their comparison (used from the act compare stage on) are one
-        # register stage each.
-        act_lower = Signal(signed(17))
-        act_upper = Signal(signed(17))
         clamp_empty = Signal()
-        m.d.sync += [
-            act_lower.eq(lower), act_upper.eq(upper),
-            clamp_lo.eq(_clamp(act_lower, out_lo, out_hi)), clamp_hi.eq(_clamp(act_upper, out_lo, out_hi)),
-            clamp_empty.eq(clamp_lo > clamp_hi),
-        ]
+        activation_clamp(m, cfg, settings, regs, clamp_lo, clamp_hi, clamp_empty)
         if has_residual:
             residual_on = Signal()
             res_zp = Signal(signed(16))

@@ -38,6 +38,7 @@ from .isa import LAYOUTS, Memory, Opcode, OutType, PoolMode
 from .requant_table import requant_row_layout, requant_write_layout
 from .scratchpad import read_latency, read_port_signature, spad_row_layout, spad_write_layout
 from .sfu import SFU_REGS, SpecialFunctionUnit
+from .sfu_serial import SerialSpecialFunctionUnit
 
 __all__ = ["LoadUnit", "ComputeUnit", "StoreUnit", "residual_read_signature"]
 
@@ -543,7 +544,8 @@ class StoreUnit(wiring.Component):
         m = Module()
         cfg = self.config
         C = cfg.cols
-        m.submodules.sfu = sfu = SpecialFunctionUnit(cfg)
+        sfu_class = SerialSpecialFunctionUnit if cfg.sfu_engine == "serial" else SpecialFunctionUnit
+        m.submodules.sfu = sfu = sfu_class(cfg)
         writer_class = SerialScatterWriter if cfg.scatter_engine == "serial" else ScatterWriter
         m.submodules.writer = writer = writer_class(cfg)
         wiring.connect(m, writer=writer.aw, axi=wiring.flipped(self.axi_w.aw))

@@ -31,14 +31,15 @@ __all__ = [
 #: each: weight- and output-stationary, 8x8 (the default config, which other RTL tests build too)
 #: and 4x4 with a 128-byte scratchpad (32 rows: M and K tiles of a few rows, so that the
 #: programs tile every dimension) and an accumulator with room for the pooled images. The OS 4x4
-#: one has the small FPGAs' choices: the serial DMA engines, no command or memory registers.
+#: one has the small FPGAs' choices: the serial DMA engines and SFU, no command or memory
+#: registers.
 RTL_CONFIGS: dict[str, AcceleratorConfig] = {
     "ws8": AcceleratorConfig(),
     "os8": AcceleratorConfig(dataflow="os"),
     "ws4": AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=128, accumulator_bytes=2048),
     "os4": AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=128, accumulator_bytes=2048,
                              dataflow="os", gather_engine="serial", scatter_engine="serial",
-                             command_registers=False, memory_registers=False),
+                             sfu_engine="serial", command_registers=False, memory_registers=False),
 }
 
 #: The builders an entry may name.

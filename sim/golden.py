@@ -69,6 +69,7 @@ from systolic.hw.isa import (
     decode,
 )
 from systolic.hw.sfu import sfu_latency
+from systolic.hw.sfu_serial import serial_sfu_cycles
 from systolic.sim.arith import (
     MAX_SHIFT,
     avg_pool_finish,
@@ -443,6 +444,7 @@ class _Run:
         self.serial_reader = c.gather_engine == "serial"
         self.write_latency = write_latency(c)
         self.serial_writer = c.scatter_engine == "serial"
+        self.serial_sfu = c.sfu_engine == "serial"
         self.input_type = (c.input_bits, c.input_signed)
         self.weight_type = (c.weight_bits, c.weight_signed)
         self.acc_type = (c.acc_bits, c.acc_signed)
@@ -1102,6 +1104,18 @@ class _Run:
                 res_beats, _ = _bus_beats(res_addr, None, c.input_bytes, c.dma_bytes)
                 beats += res_beats + c.dram_latency
         sfu_cycles = out_h * out_w * (f["pool_h"] * f["pool_w"] if pool else 1) * c.sfu_row_cycles
+        if self.serial_sfu:
+            # a beat per window pixel; those outside the image (pad) take a cycle per channel
+            window_beats = out_h * out_w * (f["pool_h"] * f["pool_w"] if pool else 1)
+            inside = window_beats
+            if pool:
+                inside = (_inside_count(out_h, f["stride_h"], f["pad_top"], f["pool_h"], in_h)
+                          * _inside_count(out_w, f["stride_w"], f["pad_left"], f["pool_w"], in_w))
+            sfu_cycles = serial_sfu_cycles(
+                [int(v) for v in self.table[qrow, :, 2]] if not raw else [], raw=raw,
+                residual=bool(residual), pixels=inside, pad_pixels=window_beats - inside,
+                avg_windows=out_h * out_w if pool == PoolMode.AVG.value else 0,
+                avg_shift=self.sfu["avg_shift"])
         latency = self.sfu_avg_latency if pool == PoolMode.AVG.value else self.sfu_latency
         return max(sfu_cycles, beats) + latency
 
@@ -1121,6 +1135,13 @@ def _spread_bytes(values: np.ndarray, nbytes: int) -> np.ndarray:
     raw = np.asarray(values, np.int64)
     shifts = 8 * np.arange(nbytes, dtype=np.int64)
     return ((raw[:, None] >> shifts) & 0xFF).reshape(-1)
+
+
+def _inside_count(out: int, stride: int, pad: int, size: int, extent: int) -> int:
+    """Window positions inside the image along one axis, summed over the ``out`` windows."""
+    coords = (np.arange(out, dtype=np.int64)[:, None] * stride - pad
+              + np.arange(size, dtype=np.int64)[None, :])
+    return int(((coords >= 0) & (coords < extent)).sum())
 
 
 def _window_coords(out: int, stride: int, pad: int, size: int, extent: int) -> np.ndarray:

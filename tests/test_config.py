@@ -127,6 +127,7 @@ RULES = [
     ({"gather_engine": "fast"}, "gather_engine must be one of 'pipelined', 'serial', not 'fast'"),
     ({"gather_engine": 1}, "gather_engine must be a string, not 1"),
     ({"scatter_engine": "burst"}, "scatter_engine must be one of 'pipelined', 'serial', not 'burst'"),
+    ({"sfu_engine": "lut"}, "sfu_engine must be one of 'pipelined', 'serial', not 'lut'"),
     # queues
     ({"load_queue_depth": 3}, "load_queue_depth must be a power of two between 1 and 256, not 3"),
     ({"compute_queue_depth": 0}, "compute_queue_depth must be a power of two between 1 and 256, not 0"),
@@ -315,6 +316,7 @@ _OTHER_VALUE = {
     "compute_queue_depth": 16, "store_queue_depth": 2,
     "token_depth": 4, "sfu_activations": ("relu",), "sfu_pooling": ("avg",), "sfu_residual": False,
     "counter_bits": 32, "clock_mhz": 50.0, "requant_row_words": 3, "sfu_row_cycles": 2,
+    "sfu_engine": "serial",
 }
 # Changes that need a companion change to stay valid.
 _COMPANION = {"acc_signed": {"input_signed": False, "weight_signed": False}}

@@ -1,4 +1,5 @@
-"""SpecialFunctionUnit against the reference arithmetic (systolic.sim.arith), bit for bit.
+"""SpecialFunctionUnit and SerialSpecialFunctionUnit (``sfu_engine``) against the reference
+arithmetic (systolic.sim.arith), bit for bit: every job list of :func:`check` runs on both.
 
 Each simulation streams several STOREs ("jobs") through one SFU with random input gaps and random
 output backpressure, changing the static inputs between jobs once the SFU is idle, and compares every
@@ -20,7 +21,8 @@ import numpy as np
 import pytest
 from systolic.hw.config import AcceleratorConfig, ConfigError
 from systolic.hw.isa import Activation, OutType, PoolMode
-from systolic.hw.sfu import SFU_REGS, SpecialFunctionUnit, sfu_input_layout, sfu_latency
+from systolic.hw.sfu import SERIAL_LATENCY, SFU_REGS, SpecialFunctionUnit, sfu_input_layout, sfu_latency
+from systolic.hw.sfu_serial import SerialSpecialFunctionUnit, serial_sfu_cycles
 from systolic.sim.arith import ACT_NONE, MAX_SHIFT, avg_pool_finish, sfu_pointwise
 
 from .streams import stream_get, stream_put
@@ -28,6 +30,8 @@ from .test_lint_synth_memories import synth
 from .test_scratchpad import collect, construct_rejected, drive, simulate
 
 SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
+#: The two SFUs (``sfu_engine``).
+ENGINES = {"pipelined": SpecialFunctionUnit, "serial": SerialSpecialFunctionUnit}
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 SMALL = AcceleratorConfig(rows=4, cols=4)
@@ -112,9 +116,10 @@ def _payload(config: AcceleratorConfig, beat: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_sfu(config: AcceleratorConfig, jobs: list[Job], *, seed: int, gap: float = 0.3,
-            stall: float = 0.3) -> list[list[list[int]]]:
-    """Stream the jobs through an SFU; returns the output vectors of each job."""
-    dut = SpecialFunctionUnit(config)
+            stall: float = 0.3, engine: str = "pipelined") -> list[list[list[int]]]:
+    """Stream the jobs through an SFU (``ENGINES[engine]``); returns the output vectors of each
+    job."""
+    dut = ENGINES[engine](config)
     expected_counts = [len(reference(config, job)) for job in jobs]
     results: list[list[list[int]]] = [[] for _ in jobs]
     progress = {"consumed_jobs": 0}
@@ -141,16 +146,24 @@ def run_sfu(config: AcceleratorConfig, jobs: list[Job], *, seed: int, gap: float
                 results[k].append([payload[c] for c in range(config.cols)])
             progress["consumed_jobs"] = k + 1
 
-    simulate(dut, producer, consumer)
+    # the serial SFU takes tens of cycles per channel (hw/sfu_serial.py)
+    simulate(dut, producer, consumer, limit=20_000 if engine == "pipelined" else 1_000_000)
     return results
 
 
 def check(config: AcceleratorConfig, jobs: list[Job], *, seed: int = SEED, **kwargs: Any) -> None:
-    results = run_sfu(config, jobs, seed=seed, **kwargs)
+    """The jobs on both SFUs, each output equal to the reference's."""
+    for engine in ENGINES:
+        _check_engine(config, jobs, seed=seed, engine=engine, **kwargs)
+
+
+def _check_engine(config: AcceleratorConfig, jobs: list[Job], *, seed: int, engine: str,
+                  **kwargs: Any) -> None:
+    results = run_sfu(config, jobs, seed=seed, engine=engine, **kwargs)
     for k, job in enumerate(jobs):
         expected = reference(config, job)
         assert results[k] == expected, (
-            f"job {k} ({job.out_type.name} act={job.act.name} pool={job.pool.name} "
+            f"{engine} SFU, job {k} ({job.out_type.name} act={job.act.name} pool={job.pool.name} "
             f"residual={job.residual}): first mismatch at output "
             f"{next(i for i, (a, b) in enumerate(zip(results[k], expected, strict=True)) if a != b)}")
 
@@ -578,3 +591,53 @@ def test_icebreaker_sfu_takes_four_ice40_dsps() -> None:
     lane_per_column = ICEBREAKER.replace(sfu_row_cycles=1)
     result = synth(SpecialFunctionUnit(lane_per_column), "SpecialFunctionUnit", "ice40", flags=("-noabc",))
     assert result["dsps"] == 8, result
+
+
+# -- the serial SFU's cycles ------------------------------------------------------------------
+
+def _serial_cycles(config: AcceleratorConfig, job: Job) -> int:
+    """Cycles from offering a job's first beat (beats back to back, outputs taken at once) until
+    its last output is valid, on the serial SFU."""
+    dut = SerialSpecialFunctionUnit(config)
+    outputs = len(reference(config, job))
+    took: list[int] = []
+
+    async def bench(ctx):
+        _set_static(ctx, dut, job)
+        await ctx.tick().repeat(4)            # the settings' registers (the clamp takes three)
+        ctx.set(dut.o.ready, 1)
+        ctx.set(dut.i.payload, _payload(config, job.beats[0]))
+        ctx.set(dut.i.valid, 1)
+        cycles, seen, k = 0, 0, 0
+        while seen < outputs:
+            _, _, taken, valid = await ctx.tick().sample(dut.i.ready, dut.o.valid)
+            cycles += 1
+            if taken and k < len(job.beats):
+                k += 1
+                if k < len(job.beats):
+                    ctx.set(dut.i.payload, _payload(config, job.beats[k]))
+                else:
+                    ctx.set(dut.i.valid, 0)
+            seen += valid
+        took.append(cycles)
+
+    simulate(dut, bench, limit=1_000_000)
+    return took[0]
+
+
+def test_serial_cycles_are_the_golden_estimate() -> None:
+    """Pointwise (with and without residual, shifts from 0 to 62), max and average windows with
+    pad pixels, raw: the serial SFU takes exactly ``serial_sfu_cycles`` + SERIAL_LATENCY, which
+    the golden model's STORE estimate uses."""
+    rng = random.Random(SEED + 11)
+    jobs = [_pointwise_job(rng, SMALL, 4), _pointwise_job(rng, SMALL, 3, residual=True),
+            _pool_job(rng, SMALL, PoolMode.MAX, 3), _pool_job(rng, SMALL, PoolMode.AVG, 3),
+            _pointwise_job(rng, SMALL, 4, out_type=OutType.RAW)]
+    jobs[0].shift[:] = [0, 1, 8, MAX_SHIFT]
+    for job in jobs:
+        pads = sum(beat["pad"] for beat in job.beats)
+        windows = len(reference(SMALL, job)) if job.pool == PoolMode.AVG else 0
+        want = serial_sfu_cycles(job.shift, raw=job.out_type == OutType.RAW, residual=job.residual,
+                                 pixels=len(job.beats) - pads, pad_pixels=pads, avg_windows=windows,
+                                 avg_shift=_reg(job, "avg_shift")) + SERIAL_LATENCY
+        assert _serial_cycles(SMALL, job) == want, f"{job.pool.name} {job.out_type.name} {job.shift}"

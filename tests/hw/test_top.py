@@ -83,13 +83,13 @@ def test_random_backpressure_does_not_change_results(seed):
 
 
 SERIAL = AcceleratorConfig(**SMALL, gather_engine="serial", scatter_engine="serial",
-                           command_registers=False, memory_registers=False)
+                           sfu_engine="serial", command_registers=False, memory_registers=False)
 
 
 @pytest.mark.parametrize("case", ["conv", "residual", "gemm_os"])
 def test_serial_engines_without_command_registers(case):
-    """gather_engine and scatter_engine "serial", no command or memory registers (the small
-    FPGAs' choices): the same results and DRAM traffic as the golden model, for an im2col gather with
+    """The serial DMA engines and SFU, no command or memory registers (the small FPGAs'
+    choices): the same results and DRAM traffic as the golden model, for an im2col gather with
     padding, a residual add (its reads go through the same reader) and an output-stationary
     GEMM from an NCHW image."""
     if case == "conv":

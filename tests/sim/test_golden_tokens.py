@@ -126,6 +126,19 @@ def test_serial_scatter_engine_store_cycles_by_hand():
     assert result.dram_write_bytes == 8 * 8
 
 
+def test_serial_sfu_store_cycles_by_hand():
+    """sfu_engine = "serial": a STORE's SFU time is a cycle per beat plus, per channel of the
+    accumulator row (all C, whatever n), the bias, 32 multiply, rounding (1 for shift 0), zero
+    point and activation cycles; the output is valid SERIAL_LATENCY (1) cycle later."""
+    config = AcceleratorConfig(sfu_engine="serial")
+    # the table is all zero (shift 0): 36 cycles per channel, 8 channels, 2 pixels
+    store = _i("STORE", n=8, in_h=2, in_w=1, out_h=2, out_w=1, dram_addr=0x3000, pitch_y=8,
+               pitch_c=1)
+    result = _run([store, _i("FINISH")], config)
+    timing = result.timings[0]
+    assert timing.end - timing.start == 2 * (1 + 8 * (1 + 32 + 1 + 2)) + 1
+
+
 def test_output_stationary_compute_cycles():
     config = AcceleratorConfig(dataflow="os")
     program = [_i("COMPUTE", m=8, k=20, n=8), _i("COMPUTE", m=3, k=5, n=2, acc_addr=8), _i("FINISH")]

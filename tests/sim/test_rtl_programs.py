@@ -1,5 +1,5 @@
 """Every program of the golden tests (sim/catalogue.py) on the RTL of the four configurations of
-``RTL_CONFIGS`` (WS and OS, 8x8 and 4x4; the OS 4x4 one with the serial DMA engines and no command or
+``RTL_CONFIGS`` (WS and OS, 8x8 and 4x4; the OS 4x4 one with the serial DMA engines and SFU and no command or
 memory registers): the DRAM image the accelerator leaves must be the
 golden model's, byte for byte, it must hold the builder's numpy result, and the ``macs`` and
 ``instructions`` counters must equal the golden model's.
@@ -116,9 +116,10 @@ def test_the_configs_are_the_four_dataflow_and_size_pairs() -> None:
     shapes = {(c.dataflow, c.rows, c.cols) for c in RTL_CONFIGS.values()}
     assert shapes == {("ws", 8, 8), ("os", 8, 8), ("ws", 4, 4), ("os", 4, 4)}
     assert RTL_CONFIGS["ws8"] == AcceleratorConfig()    # the build the other RTL tests use
-    engines = {(c.gather_engine, c.scatter_engine, c.command_registers, c.memory_registers)
-               for c in RTL_CONFIGS.values()}
-    assert engines == {("pipelined", "pipelined", True, True), ("serial", "serial", False, False)}
+    engines = {(c.gather_engine, c.scatter_engine, c.sfu_engine, c.command_registers,
+                c.memory_registers) for c in RTL_CONFIGS.values()}
+    assert engines == {("pipelined", "pipelined", "pipelined", True, True),
+                       ("serial", "serial", "serial", False, False)}
 
 
 def test_the_4x4_configs_tile_every_dimension() -> None:
