@@ -159,7 +159,7 @@ class SerialSpecialFunctionUnit(SFUPorts):
         m.d.comb += total.eq((_clear_lsb(x, clear) + operand + carry)[:_WORD])
 
         # the activation's clamp of the value narrowed to 19 bits
-        tie_mode = Mux(finishing, avg_tie_out, tie_out)
+        tie_mode = Mux(finishing, avg_tie_out, tie_out) if has_avg else tie_out
         narrow = Signal(signed(_NARROW))
         m.d.comb += narrow.eq(_saturate(_clear_lsb(x, tie & tie_mode), _NARROW, True))
         value = Signal(signed(_NARROW))
@@ -182,10 +182,11 @@ class SerialSpecialFunctionUnit(SFUPorts):
                 m.d.comb += self.i.ready.eq(1)
                 m.d.sync += channel.eq(0)
                 m.next = "IDLE"
-                with m.If(pool_avg & beat.last):
-                    m.d.sync += finishing.eq(1)
-                    m.next = "COUNT"
-                with m.Elif(makes_output):
+                if has_avg:
+                    with m.If(pool_avg & beat.last):
+                        m.d.sync += finishing.eq(1)
+                        m.next = "COUNT"
+                with m.If(makes_output & ~(pool_avg & beat.last)):
                     m.d.sync += out_valid.eq(1)
 
         with m.FSM() as fsm:
@@ -203,14 +204,16 @@ class SerialSpecialFunctionUnit(SFUPorts):
             with m.State("ELEMENT"):
                 with m.If(pooling & beat.pad):
                     # a pad pixel: max starts its window at the lowest value, avg adds zp_out
-                    head = run_max[channel]
-                    new_max = Mux(beat.first, out_lo, head)
-                    with m.If(pool_max):
-                        m.d.sync += head.eq(new_max)
-                        with m.If(beat.last):
-                            m.d.sync += out[channel].eq(new_max)
-                    with m.If(pool_avg):
-                        m.d.sync += run_sum[channel].eq(Mux(beat.first, 0, run_sum[channel]) + zp)
+                    if has_max:
+                        head = run_max[channel]
+                        new_max = Mux(beat.first, out_lo, head)
+                        with m.If(pool_max):
+                            m.d.sync += head.eq(new_max)
+                            with m.If(beat.last):
+                                m.d.sync += out[channel].eq(new_max)
+                    if has_avg:
+                        with m.If(pool_avg):
+                            m.d.sync += run_sum[channel].eq(Mux(beat.first, 0, run_sum[channel]) + zp)
                     channel_done()
                 with m.Else():
                     t = Signal(signed(acc_width))
@@ -234,13 +237,14 @@ class SerialSpecialFunctionUnit(SFUPorts):
                                     m.d.sync += [a.eq(res), b.eq(res_mult), step.eq(0),
                                                  phase.eq(RESIDUAL)]
                                     m.next = "MULTIPLY"
-                        with m.Case(COUNT):
-                            m.d.sync += count_zp.eq(total)
-                            m.next = "CENTRE"
+                        if has_avg:
+                            with m.Case(COUNT):
+                                m.d.sync += count_zp.eq(total)
+                                m.next = "CENTRE"
 
             with m.State("ROUND"):
                 # x + 2**(s-1), wrapping as the reference does, then shifted right by s
-                shift = Mux(finishing, avg_shift, entry.shift)
+                shift = Mux(finishing, avg_shift, entry.shift) if has_avg else entry.shift
                 m.d.comb += operand.eq(_half(shift))
                 m.d.sync += [x.eq(total), left.eq(shift), sticky.eq(0), tie.eq(0)]
                 m.next = "SHIFT"
@@ -265,40 +269,44 @@ class SerialSpecialFunctionUnit(SFUPorts):
                 m.next = "ACTIVATION"
 
             with m.State("ACTIVATION"):
-                with m.If(finishing):
-                    m.d.sync += out[channel].eq(value)
-                    with m.If(last_channel):
-                        m.d.sync += [finishing.eq(0), out_valid.eq(1), channel.eq(0)]
-                        m.next = "IDLE"
-                    with m.Else():
-                        m.d.sync += channel.eq(channel + 1)
-                        m.next = "CENTRE"
-                with m.Else():
+                if has_avg:
+                    with m.If(finishing):
+                        m.d.sync += out[channel].eq(value)
+                        with m.If(last_channel):
+                            m.d.sync += [finishing.eq(0), out_valid.eq(1), channel.eq(0)]
+                            m.next = "IDLE"
+                        with m.Else():
+                            m.d.sync += channel.eq(channel + 1)
+                            m.next = "CENTRE"
+                with m.If(~finishing):
                     with m.If(pool_max):
-                        bits = cfg.output_bits
-                        flip = 1 << (bits - 1) if cfg.output_signed else 0
-                        head = run_max[channel]
-                        bigger = (value[:bits] ^ flip) > (head[:bits] ^ flip)
-                        new_max = Mux(beat.first | bigger, value, head)
-                        m.d.sync += head.eq(new_max)
-                        with m.If(beat.last):
-                            m.d.sync += out[channel].eq(new_max)
+                        if has_max:
+                            bits = cfg.output_bits
+                            flip = 1 << (bits - 1) if cfg.output_signed else 0
+                            head = run_max[channel]
+                            bigger = (value[:bits] ^ flip) > (head[:bits] ^ flip)
+                            new_max = Mux(beat.first | bigger, value, head)
+                            m.d.sync += head.eq(new_max)
+                            with m.If(beat.last):
+                                m.d.sync += out[channel].eq(new_max)
                     with m.Elif(pool_avg):
-                        m.d.sync += run_sum[channel].eq(Mux(beat.first, 0, run_sum[channel]) + value)
+                        if has_avg:
+                            m.d.sync += run_sum[channel].eq(Mux(beat.first, 0, run_sum[channel]) + value)
                     with m.Else():
                         m.d.sync += out[channel].eq(value)
                     channel_done()
 
-            with m.State("COUNT"):
-                # an average window's end: count * zp_out once for all channels
-                m.d.sync += start_multiply(zp, pool_count, COUNT)
-                m.next = "MULTIPLY"
+            if has_avg:
+                with m.State("COUNT"):
+                    # an average window's end: count * zp_out once for all channels
+                    m.d.sync += start_multiply(zp, pool_count, COUNT)
+                    m.next = "MULTIPLY"
 
-            with m.State("CENTRE"):
-                centred = Signal(signed(_SUM_BITS + 1))
-                m.d.comb += centred.eq(run_sum[channel] - count_zp)
-                m.d.sync += start_multiply(centred, avg_mult, AVERAGE)
-                m.next = "MULTIPLY"
+                with m.State("CENTRE"):
+                    centred = Signal(signed(_SUM_BITS + 1))
+                    m.d.comb += centred.eq(run_sum[channel] - count_zp)
+                    m.d.sync += start_multiply(centred, avg_mult, AVERAGE)
+                    m.next = "MULTIPLY"
 
         m.d.comb += self.idle.eq(fsm.ongoing("IDLE"))
         return m

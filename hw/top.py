@@ -127,7 +127,12 @@ class Accelerator(wiring.Component):
         sequencers = [Sequencer() for _ in Queue]
         for q, seq in zip(Queue, sequencers, strict=True):
             core.submodules[f"seq_{q.name.lower()}"] = seq
-        load, compute, store = LoadUnit(cfg), ComputeUnit(cfg), StoreUnit(cfg)
+        # the load unit keeps up to 4 LOADs in flight (the serial reader takes one at a time: 1);
+        # the compute unit up to 4 COMPUTEs, 3 with a compute queue of one instruction (smaller
+        # descriptor FIFOs; a SyncFIFOBuffered of 2 would have zero-width pointers)
+        load = LoadUnit(cfg, depth=1 if cfg.gather_engine == "serial" else 4)
+        compute = ComputeUnit(cfg, depth=4 if cfg.compute_queue_depth > 1 else 3)
+        store = StoreUnit(cfg)
         # outside the core's reset: theirs includes the soft reset, so no logic lies between
         # its register and the units' flip-flops
         m.submodules.load = ResetInserter(unit_reset)(load)

@@ -101,7 +101,8 @@ def _bytes_le(row: data.View, first: int, count: int):
 # -- load -------------------------------------------------------------------------------------
 
 class LoadUnit(wiring.Component):
-    """Executes LOAD instructions, several in flight: the next LOAD is accepted (and its address
+    """Executes LOAD instructions, several in flight (``depth``; the serial reader,
+    ``gather_engine = "serial"``, takes one at a time): the next LOAD is accepted (and its address
     pattern set up) while the rows of earlier ones are still being read, and each completes, in
     order, in the cycle after its last row is written (``completed`` is a register).
 
