@@ -104,6 +104,18 @@ def test_serial_engines_without_command_registers(case):
     assert rtl.counters["dram_write_bytes"] == golden.dram_write_bytes
 
 
+@pytest.mark.parametrize("field, value", [("command_registers", False), ("memory_registers", False),
+                                          ("sfu_engine", "serial"), ("gather_engine", "serial"),
+                                          ("scatter_engine", "serial")])
+def test_each_small_fpga_option_alone(field, value):
+    """Each area option on its own, the others at their defaults: a residual add (LOADs,
+    residual reads, requantized STOREs) and an average-pooled image, as the golden model has
+    them."""
+    config = AcceleratorConfig(**SMALL, **{field: value})
+    _check_against_golden(residual_case(config, 6, 5, 4, seed=7), stall=0.2, latency=(0, 3), seed=2)
+    _check_against_golden(pool_case(config, 5, 5, 4, pool="avg", kernel=3, stride=2, pad=1, seed=6))
+
+
 def test_serial_engines_slverr_on_a_load_halts():
     load = Instruction("LOAD", dst="spad", dram_addr=512, pitch_y=4, pitch_c=1, rows_outer=1,
                        rows_inner=2, inner_dy=1, segs=1, seg_len=4, elem_dc=1)
