@@ -21,8 +21,9 @@ beat when its last channel is done) and works through its channels in turn, each
 An average window ends, after its last beat, with ``count * zp_out`` (one multiplication), then
 per channel the centred sum times ``avg_mult``, rounded by ``avg_shift`` the same way. The output
 row is a register, offered until taken; a beat that makes an output starts only once the last
-one was taken. ``out_type = raw`` beats pass in one cycle. :func:`serial_sfu_cycles` gives the
-cycles of a STORE's beats for the golden model's estimate.
+output leaves (in that cycle at the latest). ``out_type = raw`` beats pass in one cycle. Modes
+the config lacks (``sfu_pooling``, ``sfu_residual``) build no logic. :func:`serial_sfu_cycles`
+gives the cycles of a STORE's beats for the golden model's estimate.
 """
 
 from __future__ import annotations
