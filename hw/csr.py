@@ -192,8 +192,14 @@ class CSRBank(wiring.Component):
         # a counter is stale from a clear until the pipeline writes it: it reads as 0
         stale = Signal(count, init=(1 << count) - 1)
         pending = []
+        arriving = []
         for index, (name, _) in enumerate(COUNTERS):
-            increment = getattr(self, f"increment_{name}")
+            # the increment is registered first (dropped in a clear, as it would be in the
+            # pending count): the array's input handshake and the units' states reach no adder
+            raw_increment = getattr(self, f"increment_{name}")
+            increment = Signal.like(raw_increment, name=f"arriving_{name}")
+            m.d.sync += increment.eq(Mux(clear, 0, raw_increment))
+            arriving.append(increment)
             p = Signal(self.pending_bits(len(increment)), name=f"pending_{name}")
             pending.append(p)
             with m.If(clear):
@@ -241,7 +247,8 @@ class CSRBank(wiring.Component):
         moving1, moving2 = Signal(), Signal()
         m.d.comb += moving1.eq(valid1 & (delta1 != 0))
         m.d.sync += moving2.eq(moving1 & ~clear)
-        m.d.comb += self.settled.eq(~Cat(*pending).any() & ~moving1 & ~moving2 & (stale == 0))
+        m.d.comb += self.settled.eq(~Cat(*arriving).any() & ~Cat(*pending).any() & ~moving1 & ~moving2
+                                    & (stale == 0))
 
         # -- reads: one outstanding; answered the cycle after the address, a counter's low word
         # (from the memory) one cycle later

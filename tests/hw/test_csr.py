@@ -126,6 +126,25 @@ def test_counters_count_every_increment_and_wrap(counter_bits: int, extremes: bo
     assert got["settle"] <= SETTLE_CYCLES
 
 
+def test_settled_waits_for_an_increment_of_the_last_cycle() -> None:
+    """An increment given in one cycle (registered on arrival) is in its counter when ``settled``
+    is first high after it: settled never rises over an increment still on its way."""
+    dut = CSRBank(0, increment_bits=WIDTHS)
+    got = {}
+
+    async def testbench(ctx: Any) -> None:
+        await _settle(ctx, dut)
+        ctx.set(dut.increment_macs, 12345)
+        await ctx.tick()
+        ctx.set(dut.increment_macs, 0)
+        while not ctx.get(dut.settled):
+            await ctx.tick()
+        got["macs"] = (await _read(ctx, dut.bus, REG["macs_lo"]))[0]
+
+    _simulate(dut, testbench)
+    assert got["macs"] == 12345
+
+
 def test_the_counters_share_one_high_word_latch() -> None:
     """The high word read is that of the counter whose low word was read last, as it was then."""
     dut = CSRBank(0, increment_bits={"macs": 32, "cycles": 32})
