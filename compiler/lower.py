@@ -681,9 +681,10 @@ class _LayerJobs:
                                      "elem_dc": 1}, oe, beats)
         beats = writes
         if c.sfu_engine == "serial":
-            # the table's shifts are not known here: a typical one (the golden model uses each
-            # channel's own); window pixels outside the image are counted as inside
-            sfu = serial_sfu_cycles([_TYPICAL_SHIFT] * nn, raw=self.raw,
+            # every channel of the row (C, whatever nn) with a typical shift (the table's are not
+            # known here; the golden model uses each channel's own); window pixels outside the
+            # image are counted as inside
+            sfu = serial_sfu_cycles([_TYPICAL_SHIFT] * c.cols, raw=self.raw,
                                     residual=op.residual is not None, pixels=sfu, pad_pixels=0,
                                     avg_windows=block.out_pixels if f.get("pool") == 2 else 0,
                                     avg_shift=_TYPICAL_SHIFT)
