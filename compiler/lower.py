@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 from systolic.hw.config import AcceleratorConfig
+from systolic.hw.dma import residual_read_fields
 from systolic.hw.dma_serial import serial_load_cycles, serial_store_write_cycles
 from systolic.hw.isa import INSTR_BYTES, Instruction
 from systolic.hw.sfu_serial import serial_sfu_cycles
@@ -676,9 +677,8 @@ class _LayerJobs:
         if op.residual is not None:
             f["residual"] = 1
             f["res_addr"] = self.addr.residual + offset * oe
-            writes += _load_busy(c, {"rows_outer": block.out_rows, "rows_inner": block.out_cols,
-                                     "segs": 1, "seg_len": nn, "outer_dy": 1, "inner_dx": 1,
-                                     "elem_dc": 1}, oe, beats)
+            writes += _load_busy(c, residual_read_fields(block.out_rows, block.out_cols, nn), oe,
+                                 beats)
         beats = writes
         if c.sfu_engine == "serial":
             # every channel of the row (C, whatever nn) with a typical shift (the table's are not

@@ -63,7 +63,8 @@ from amaranth.lib.wiring import In, Out
 from .axi import RESP_OKAY, AddressLayout, ReadDataLayout, ResponseLayout, WriteDataLayout
 from .config import AcceleratorConfig
 
-__all__ = ["LoadCommandLayout", "RowWriteLayout", "GatherPorts", "GatherReader", "row_buffer_bytes",
+__all__ = ["LoadCommandLayout", "RowWriteLayout", "GatherPorts", "GatherReader", "residual_read_fields",
+           "row_buffer_bytes",
            "read_run_fifo_depth", "StoreCommandLayout", "ScatterPorts", "ScatterWriter", "write_burst_beats"]
 
 _ADDR = 32          # DRAM address bits
@@ -143,6 +144,15 @@ def _lanes_at_least(m: Module, value, lanes: int, name: str) -> Signal:
             with m.Case(v):
                 m.d.comb += flags.eq(((1 << lanes) - 1) & ~((1 << v) - 1))
     return flags
+
+
+def residual_read_fields(out_h: int, out_w: int, n: int) -> dict[str, int]:
+    """The LOAD fields of a STORE's residual read, as the store unit gives it to the read engine
+    (the other fields are 0; ``dram_addr`` and the pitches are the STORE's): one row per output
+    pixel (oy, ox), its n elements along c. The store unit, the golden model's estimate and the
+    compiler's read them here."""
+    return {"rows_outer": out_h, "rows_inner": out_w, "segs": 1, "seg_len": n,
+            "outer_dy": 1, "inner_dx": 1, "elem_dc": 1}
 
 
 class LoadCommandLayout(data.StructLayout):

@@ -123,7 +123,8 @@ class SerialGatherReader(GatherPorts):
         m.d.comb += [job_start.eq(Cat(*(term == k for k in starts)).any()),
                      job_end.eq(Cat(*(term == k for k in ends)).any())]
         base = Signal(_ADDR)
-        m.d.comb += base.eq(Mux(first & job_start, Mux(term == len(TERMS) - 2, c.dram_addr, 0), acc))
+        start_term = next(k for k, (target, _, _) in enumerate(TERMS) if target == "start")
+        m.d.comb += base.eq(Mux(first & job_start, Mux(term == start_term, c.dram_addr, 0), acc))
         addend = Signal(_ADDR)
         m.d.comb += addend.eq(Mux(m_now[0], Mux(neg_now, ~p_now, p_now), 0))
         acc_next = Signal(_ADDR)

@@ -31,7 +31,14 @@ from .array import input_layout, output_layout, weight_layout
 from .axi import AddressLayout, ReadDataLayout, ResponseLayout, WriteDataLayout
 from .config import AcceleratorConfig
 from .controller import InstructionLayout
-from .dma import GatherReader, LoadCommandLayout, RowWriteLayout, ScatterWriter, row_buffer_bytes
+from .dma import (
+    GatherReader,
+    LoadCommandLayout,
+    RowWriteLayout,
+    ScatterWriter,
+    residual_read_fields,
+    row_buffer_bytes,
+)
 from .dma_serial import SerialGatherReader, SerialScatterWriter
 from .interconnect import HalfRateRegister, StreamRegister
 from .isa import LAYOUTS, Memory, Opcode, OutType, PoolMode
@@ -727,8 +734,8 @@ class StoreUnit(wiring.Component):
             m.d.comb += [
                 rcmd.elem_bytes.eq(ob), rcmd.dram_addr.eq(s.res_addr + self.dram_base),
                 rcmd.pitch_y.eq(s.pitch_y), rcmd.pitch_x.eq(s.pitch_x), rcmd.pitch_c.eq(s.pitch_c),
-                rcmd.rows_outer.eq(s.out_h), rcmd.rows_inner.eq(s.out_w), rcmd.segs.eq(1),
-                rcmd.seg_len.eq(s.n), rcmd.outer_dy.eq(1), rcmd.inner_dx.eq(1), rcmd.elem_dc.eq(1),
+                *(getattr(rcmd, name).eq(value) for name, value in
+                  residual_read_fields(s.out_h, s.out_w, s.n).items()),
             ]
 
         # `completed` is a register, a cycle after the state machine finishes an instruction, so

@@ -56,6 +56,7 @@ import numpy as np
 from systolic.hw.accumulator import write_latency
 from systolic.hw.array import array_latency
 from systolic.hw.config import AcceleratorConfig
+from systolic.hw.dma import residual_read_fields
 from systolic.hw.dma_serial import serial_load_cycles, serial_store_write_cycles
 from systolic.hw.isa import (
     INSTR_BYTES,
@@ -1096,10 +1097,8 @@ class _Run:
             res_bytes = _dma_bus_bytes(res_addr, c.input_bytes, c.dma_bytes)
             self.read_bytes += res_bytes
             if self.serial_reader:      # the residual command the store unit gives the reader
-                read = {"rows_outer": out_h, "rows_inner": out_w, "segs": 1, "seg_len": n,
-                        "outer_dy": 1, "inner_dx": 1, "elem_dc": 1}
-                beats += serial_load_cycles(read, c.input_bytes, res_bytes // c.dma_bytes,
-                                            c.dram_latency)
+                beats += serial_load_cycles(residual_read_fields(out_h, out_w, n), c.input_bytes,
+                                            res_bytes // c.dma_bytes, c.dram_latency)
             else:
                 res_beats, _ = _bus_beats(res_addr, None, c.input_bytes, c.dma_bytes)
                 beats += res_beats + c.dram_latency
