@@ -58,6 +58,7 @@ def _row(kind: str, board: str, config: AcceleratorConfig, mhz: float, report: d
         "luts": resources["lut"]["used"], "ffs": resources["ff"]["used"],
         "dsps": resources["dsp"]["used"], "brams": resources["bram"]["used"],
         "sprams": resources["spram"]["used"] if "spram" in resources else 0,
+        "logic_cells": resources["lc"]["used"] if "lc" in resources else None,     # iCE40
         "lut_percent": resources["lut"]["percent"],
         "target_mhz": report["target_mhz"], "fmax_mhz": fmax, "timing_met": report["timing_met"],
         "peak_gops": round(2 * config.rows * config.cols * fmax / 1000, 2),

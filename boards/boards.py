@@ -34,7 +34,7 @@ class BoardError(ValueError):
 
 class FitError(BoardError):
     """A design needs more of some resource than the device has. ``over`` maps each such
-    resource kind (lut, ff, dsp, alu, bram, spram) to (needed, available)."""
+    resource kind (lut, ff, lc, dsp, alu, bram, spram) to (needed, available)."""
 
     def __init__(self, message: str, over: Mapping[str, tuple[int, int]]) -> None:
         super().__init__(message)
@@ -49,8 +49,12 @@ class DeviceResource:
     ``cells``: yosys cell types that use one unit each (a name ending in ``*`` matches a prefix),
     ``weight``: units per cell of the same position in ``cells`` (an ECP5 CCU2C carry cell holds
     two LUT4s); ``available``: units on the device; ``nextpnr``: the bel type nextpnr reports
-    utilization for, None when nextpnr does not count this resource on its own (iCE40 flip-flops
-    share logic cells with the LUTs).
+    utilization for, None when nextpnr does not count this resource on its own (iCE40 LUT4s and
+    flip-flops, which share logic cells).
+
+    A resource with no ``cells`` is only known once nextpnr has packed the netlist (iCE40 logic
+    cells: a LUT4 and a flip-flop share one only when the LUT drives nothing but that flip-flop);
+    before that, the largest count of the kinds in ``at_least`` is a lower bound of it.
     """
 
     label: str
@@ -58,6 +62,7 @@ class DeviceResource:
     available: int
     nextpnr: str | None
     weight: tuple[int, ...] = ()
+    at_least: tuple[str, ...] = ()
 
     def count(self, cells: Mapping[str, int]) -> int:
         """Units of this resource that ``cells`` (yosys cell type -> count) use."""
@@ -75,12 +80,18 @@ class DeviceResource:
 class Device:
     """An FPGA: ``name`` (e.g. iCE40UP5K), ``family`` ("ice40" or "ecp5") and its resources by
     kind: ``lut``, ``ff``, ``dsp``, ``bram`` and, where the family has them, ``alu`` (ECP5
-    ALU54B) and ``spram`` (iCE40UP SB_SPRAM256KA)."""
+    ALU54B), ``spram`` (iCE40UP SB_SPRAM256KA) and ``lc`` (iCE40 logic cells, each a LUT4 and a
+    flip-flop)."""
 
     name: str
     family: str
     resources: Mapping[str, DeviceResource]
     nextpnr_args: tuple[str, ...]
+
+    @property
+    def packed_kinds(self) -> tuple[str, ...]:
+        """The resource kinds only nextpnr's packing counts (no yosys cells of their own)."""
+        return tuple(kind for kind, resource in self.resources.items() if not resource.cells)
 
     def available(self, kind: str) -> int:
         """Units of resource ``kind`` on the device (0 for a kind the family does not have)."""
@@ -92,8 +103,9 @@ def _ice40_up5k() -> Device:
     # iCE40 UltraPlus family data sheet: 5280 logic cells (a LUT4 and a flip-flop each),
     # 30 sysMEM blocks of 4 kbit, 8 sysDSP blocks, 4 SPRAM blocks of 256 kbit, 1 PLL.
     return Device("iCE40UP5K", "ice40", {
-        "lut": DeviceResource("LUT4", ("SB_LUT4",), 5280, "ICESTORM_LC"),
+        "lut": DeviceResource("LUT4", ("SB_LUT4",), 5280, None),
         "ff": DeviceResource("FF", ("SB_DFF*",), 5280, None),
+        "lc": DeviceResource("logic cells (LUT4 + FF)", (), 5280, "ICESTORM_LC", at_least=("lut", "ff")),
         "dsp": DeviceResource("SB_MAC16", ("SB_MAC16",), 8, "ICESTORM_DSP"),
         "bram": DeviceResource("SB_RAM40_4K", ("SB_RAM40_4K",), 30, "ICESTORM_RAM"),
         "spram": DeviceResource("SB_SPRAM256KA", ("SB_SPRAM256KA",), 4, "ICESTORM_SPRAM"),

@@ -330,24 +330,34 @@ def _yosys_script(build: Path, commands: list[str], env: Mapping[str, str]) -> d
     return {str(k): int(v) for k, v in design.get("num_cells_by_type", {}).items()}
 
 
-def check_fit(board: str | Board, cells: Mapping[str, int], *,
-              what: str = "config") -> dict[str, dict[str, int]]:
+def check_fit(board: str | Board, cells: Mapping[str, int], *, what: str = "config",
+              packed: Mapping[str, int] | None = None) -> dict[str, dict[str, int]]:
     """Resources the synthesized netlist ``cells`` (yosys cell type -> count) needs on
     ``board``'s device: ``{kind: {"needed": n, "available": m}}`` for lut, ff, dsp, bram and
-    the device's own kinds (alu, spram).
+    the device's own kinds (alu, spram, lc). ``packed``: nextpnr's utilization after packing (bel
+    type -> used), which counts the kinds that have no yosys cells (iCE40 logic cells); without
+    it their need is the lower bound of :class:`~systolic.boards.boards.DeviceResource`.
 
     Raises :class:`~systolic.boards.boards.FitError` when any kind exceeds the device, e.g.
     ``config does not fit icebreaker (iCE40UP5K): needs 20037 LUT4, the device has 5280``
-    (several resources separated by ``;``). These are lower bounds of what place and route
-    uses; nextpnr may still find the design too big (reported the same way)."""
+    (several resources separated by ``;``). Apart from the packed kinds these are lower bounds
+    of what place and route uses; nextpnr may still find the design too big (reported the same
+    way)."""
     board = get_board(board) if isinstance(board, str) else board
+    resources = board.device.resources
     usage = {kind: {"needed": resource.count(cells), "available": resource.available}
-             for kind, resource in board.device.resources.items()}
-    over = {kind: (usage[kind]["needed"], resource.available)
-            for kind, resource in board.device.resources.items()
-            if usage[kind]["needed"] > resource.available}
+             for kind, resource in resources.items() if resource.cells}
+    for kind in board.device.packed_kinds:
+        resource = resources[kind]
+        if packed is not None and resource.nextpnr in packed:
+            needed = packed[resource.nextpnr]
+        else:
+            needed = max((usage[k]["needed"] for k in resource.at_least), default=0)
+        usage[kind] = {"needed": needed, "available": resource.available}
+    usage = {kind: usage[kind] for kind in resources}          # the device's order
+    over = {kind: (use["needed"], use["available"]) for kind, use in usage.items()
+            if use["needed"] > use["available"]}
     if over:
-        resources = board.device.resources
         raise FitError(f"{what} does not fit {board.name} ({board.device.name}): " + "; ".join(
             f"needs {needed} {resources[kind].label}, the device has {available}"
             for kind, (needed, available) in over.items()), over)
@@ -397,6 +407,28 @@ def _nextpnr(board: Board, build: Path, seed: int, env: Mapping[str, str], what:
         raise ToolError(f"{_NEXTPNR[family]} failed with status {result.returncode} (log in "
                         f"{build / 'nextpnr.log'}):\n" + "\n".join(errors or output.splitlines()[-20:]))
     return json.loads(report.read_text())
+
+
+def _pack_only(board: Board, build: Path, env: Mapping[str, str]) -> dict[str, int]:
+    """nextpnr's utilization (bel type -> used) after it has only packed ``top.json`` (a second
+    or so, log ``pack.log``): on iCE40 this counts the logic cells, which hold a LUT4 and a
+    flip-flop together only when the LUT drives nothing but that flip-flop."""
+    family = board.family
+    log = build / "pack.log"
+    log.unlink(missing_ok=True)
+    command = [tool_path(_NEXTPNR[family], env), *board.nextpnr_args(), "--json", "top.json",
+               f"--{_CONSTRAINTS[family].split('.')[1]}", _CONSTRAINTS[family], "--pack-only",
+               "--log", log.name, "--quiet"]
+    result = _run(command, build, env)
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    used = {match.group("bel"): int(match.group("used"))
+            for match in map(_UTILISATION.match, text.splitlines()) if match}
+    if result.returncode != 0 or not used:
+        output = (result.stdout + result.stderr + text).splitlines()
+        errors = [line for line in output if "ERROR" in line]
+        raise ToolError(f"{_NEXTPNR[family]} --pack-only failed with status {result.returncode} "
+                        f"(log in {log}):\n" + "\n".join(errors or output[-20:]))
+    return used
 
 
 def _pack(board: Board, build: Path, env: Mapping[str, str]) -> Path:
@@ -534,7 +566,16 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     step = time.monotonic()
     cells, lut_mapper = _yosys(out, board.family, env)
     seconds["yosys"] = time.monotonic() - step
-    usage = check_fit(board, cells, what=what)
+    packed = None
+    if board.device.packed_kinds:
+        step = time.monotonic()
+        try:
+            packed = _pack_only(board, out, env)
+        except ToolError:
+            check_fit(board, cells, what=what)      # a netlist too big to pack says so first
+            raise
+        seconds["nextpnr_pack"] = time.monotonic() - step
+    usage = check_fit(board, cells, what=what, packed=packed)
 
     step = time.monotonic()
     placed = _nextpnr(board, out, seed, env, what)
@@ -580,11 +621,12 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
 
 def summary_table(report: Mapping[str, Any]) -> str:
     """A few lines for people: the board, the clocks, used/available per resource."""
+    width = max(14, *(len(resource["label"]) + 1 for resource in report["resources"].values()))
     lines = [f"{report['board']} ({report['device']}), {report['core']} with a {report['array']} array "
              f"(config {report['config_hash']})",
-             f"{'resource':<14}{'used':>8}{'available':>11}{'use':>7}"]
+             f"{'resource':<{width}}{'used':>8}{'available':>11}{'use':>7}"]
     for resource in report["resources"].values():
-        lines.append(f"{resource['label']:<14}{resource['used']:>8}{resource['available']:>11}"
+        lines.append(f"{resource['label']:<{width}}{resource['used']:>8}{resource['available']:>11}"
                      f"{resource['percent']:>6.0f}%")
     for name, clock in report["clocks"].items():
         verdict = "met" if clock["met"] else "NOT MET"

@@ -238,7 +238,7 @@ def _tool_env() -> dict[str, str]:
 @pytest.mark.parametrize("board, cells, message", [
     ("icebreaker", {"SB_LUT4": 20037, "SB_DFFESR": 9000, "SB_DFF": 8373, "SB_MAC16": 8},
      r"^config does not fit icebreaker \(iCE40UP5K\): needs 20037 LUT4, the device has 5280; "
-     r"needs 17373 FF, the device has 5280$"),
+     r"needs 17373 FF, the device has 5280; needs 20037 logic cells \(LUT4 \+ FF\), the device has 5280$"),
     ("orangecrab-25f", {"LUT4": 20000, "CCU2C": 2000, "TRELLIS_DPR16X4": 100, "DP16KD": 57},
      r"^config does not fit orangecrab-25f \(LFE5U-25F\): needs 57 DP16KD, the device has 56$"),
     ("ulx3s-85f", {"LUT4": 100, "MULT18X18D": 157, "ALU54B": 79},
@@ -248,6 +248,19 @@ def _tool_env() -> dict[str, str]:
 def test_check_fit_names_every_resource_over(board: str, cells: dict[str, int], message: str) -> None:
     with pytest.raises(BoardError, match=message):
         check_fit(board, cells)
+
+
+def test_ice40_logic_cells_are_nextpnrs_packed_count() -> None:
+    """A LUT4 and a flip-flop share an iCE40 logic cell only when the LUT drives nothing else:
+    the cells nextpnr packs decide the fit, not the LUT4 and FF counts, which may each fit."""
+    cells = {"SB_LUT4": 5000, "SB_DFFE": 5000}
+    usage = check_fit("icebreaker", cells)
+    assert usage["lc"] == {"needed": 5000, "available": 5280}      # the lower bound: max(LUT4, FF)
+    assert check_fit("icebreaker", cells, packed={"ICESTORM_LC": 5280})["lc"]["needed"] == 5280
+    with pytest.raises(BoardError, match=r"^config does not fit icebreaker \(iCE40UP5K\): needs 9100 logic "
+                                         r"cells \(LUT4 \+ FF\), the device has 5280$") as info:
+        check_fit("icebreaker", cells, packed={"ICESTORM_LC": 9100, "ICESTORM_DSP": 4})
+    assert info.value.over == {"lc": (9100, 5280)}
 
 
 def test_check_fit_counts_carry_and_lutram_as_lut4() -> None:
@@ -350,6 +363,12 @@ def _check_report(report: dict, board_name: str, out: Path, mhz: float, *, dsps:
     if dsps is not None:
         assert report["resources"]["dsp"]["used"] == dsps
     assert 0 < report["resources"]["lut"]["used"] < report["resources"]["lut"]["available"]
+    if board.family == "ice40":         # logic cells as nextpnr placed them: LUT4s, FFs, both
+        resources = report["resources"]
+        assert resources["lc"]["source"] == "nextpnr"
+        assert max(resources["lut"]["used"], resources["ff"]["used"]) <= resources["lc"]["used"] \
+            <= resources["lut"]["used"] + resources["ff"]["used"]
+        assert report["seconds"]["nextpnr_pack"] > 0
     assert report["resources"]["ff"]["used"] >= 300
     pll = "ICESTORM_PLL" if board.family == "ice40" else "EHXPLLL"
     assert report["placement"][pll]["used"] == 1
