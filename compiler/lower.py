@@ -505,11 +505,6 @@ def _beats(starts: np.ndarray, nbytes: int, beat: int) -> int:
     return int(((starts % beat + nbytes + beat - 1) // beat).sum())
 
 
-#: The rounding shift the compiler's estimate of the serial SFU assumes (hw/sfu_serial.py: a
-#: channel's rounding takes cycles by its shift; the golden model uses the table's own).
-_TYPICAL_SHIFT = 31
-
-
 def _load_busy(c: AcceleratorConfig, fields: dict[str, int], elem_bytes: int, beats: int) -> int:
     """The golden model's LOAD estimate (docs/isa.md) for ``c``'s read engine: ``dram_latency +
     beats`` (``beats``: the rows' beat costs), or the serial reader's
@@ -681,13 +676,16 @@ class _LayerJobs:
                                  beats)
         beats = writes
         if c.sfu_engine == "serial":
-            # every channel of the row (C, whatever nn) with a typical shift (the table's are not
-            # known here; the golden model uses each channel's own); window pixels outside the
-            # image are counted as inside
-            sfu = serial_sfu_cycles([_TYPICAL_SHIFT] * c.cols, raw=self.raw,
-                                    residual=op.residual is not None, pixels=sfu, pad_pixels=0,
-                                    avg_windows=block.out_pixels if f.get("pool") == 2 else 0,
-                                    avg_shift=_TYPICAL_SHIFT)
+            # every channel of the row (C, whatever nn) with its table row's shift (0 past the
+            # n-tile's last channel, pack_table); window pixels outside the image are counted as
+            # inside
+            shifts = [0] * c.cols
+            if not self.raw:
+                shifts[:nn] = [int(s) for s in op.shift[n0:n0 + nn]]
+            avg = f.get("pool") == 2
+            sfu = serial_sfu_cycles(shifts, raw=self.raw, residual=op.residual is not None, pixels=sfu,
+                                    pad_pixels=0, avg_windows=block.out_pixels if avg else 0,
+                                    avg_shift=op.pool.avg_shift if avg else 0)
         table = () if self.raw else ((qrow, 1, False),)
         timing = _timing(c)
         latency = timing.sfu_avg if f.get("pool") == 2 else timing.sfu

@@ -276,6 +276,35 @@ def test_candidate_tilings_and_the_choice(config: str) -> None:
     assert golden[chosen] <= 1.05 * min(golden.values())
 
 
+def test_serial_sfu_store_estimates_are_the_golden_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sfu_engine = "serial": a STORE's time depends on each channel's rounding shift, which the
+    compiler knows (the table rows it packs): every STORE's estimate is the golden model's time
+    for it (the SFU is the bottleneck; the channels past the n-tile's last have shift 0)."""
+    from systolic.sim.golden import GoldenModel
+
+    cfg = CONFIGS["ws4x8"].replace(sfu_engine="serial")
+    graph, inputs = conv_layer(cfg, ci=3, co=11, h=4, w=5, seed=5)
+    op = graph.accel_ops[0]
+    assert len(set(op.shift.tolist())) > 1
+    model = compile_graph(graph)
+    timings = []
+    run = GoldenModel.run
+
+    def capture(self, *args, **kwargs):
+        result = run(self, *args, **kwargs)
+        timings.extend(t for t in result.timings if t.op == "STORE")
+        return result
+
+    monkeypatch.setattr(GoldenModel, "run", capture)
+    run_model(model, inputs)
+    geo = lower.geometry(op, graph)
+    tiling = model.segments[0].layers[0].tiling
+    jobs, _ = lower.layer_jobs(op, geo, cfg, tiling, lower.LayerAddresses(0, 0))
+    estimates = [spec.busy for job in jobs for spec in job.stores if spec.op == "STORE"]
+    assert len(estimates) == len(timings) > 1
+    assert estimates == [t.end - t.start for t in timings]
+
+
 def test_images_per_run_share_the_weights() -> None:
     cfg = CONFIGS["ws8"]
     graph, inputs = conv_layer(cfg, ci=6, co=5, h=5, w=5)
