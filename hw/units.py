@@ -210,18 +210,32 @@ class LoadUnit(wiring.Component):
         m.d.comb += inflight.w_en.eq(to_reader.valid & to_reader.ready)
 
         # byte rows -> destination rows of the oldest command in flight. The pipelined reader's
-        # rows pass a StreamRegister first: a memory's ready (the accumulator's waits on the
-        # array's beats) does not reach the gather reader and the SoC memory behind it in the same
-        # cycle (the serial reader's rows come from registers and its ready goes into its state
-        # alone). A row counts as written when its memory accepts it.
+        # rows pass a StreamRegister first, together with their command's entry (which leaves the
+        # in-flight FIFO as the last row goes in): a memory's ready (the accumulator's waits on the
+        # array's beats) reaches neither the gather reader and the SoC memory behind it nor the
+        # in-flight FIFO in the same cycle, only the register's output and `completed`. (The
+        # serial reader's rows come from registers and its ready goes into its state alone.) A row
+        # counts as written when its memory accepts it.
+        info = Signal(info_layout)
         if serial:
             produced = reader.rows
+            m.d.comb += [info.eq(inflight.r_data),
+                         inflight.r_en.eq(produced.valid & produced.ready & produced.payload.last)]
         else:
-            m.submodules.rows = rows_register = StreamRegister(reader.rows.payload.shape())
-            wiring.connect(m, reader=reader.rows, register=rows_register.i)
-            produced = rows_register.o
-        info = Signal(info_layout)
-        m.d.comb += info.eq(inflight.r_data)
+            tagged = data.StructLayout({"rows": reader.rows.payload.shape(), "info": info_layout})
+            m.submodules.rows = rows_register = StreamRegister(tagged)
+            m.d.comb += [
+                rows_register.i.payload.rows.eq(reader.rows.payload),
+                rows_register.i.payload.info.eq(inflight.r_data),
+                rows_register.i.valid.eq(reader.rows.valid),
+                reader.rows.ready.eq(rows_register.i.ready),
+                inflight.r_en.eq(reader.rows.valid & rows_register.i.ready & reader.rows.payload.last),
+                info.eq(rows_register.o.payload.info),
+            ]
+            produced = stream.Signature(reader.rows.payload.shape()).create(path=("produced",))
+            m.d.comb += [produced.payload.eq(rows_register.o.payload.rows),
+                         produced.valid.eq(rows_register.o.valid),
+                         rows_register.o.ready.eq(produced.ready)]
         rows = produced.payload
         spad = self.spad_write.payload
         eb = cfg.spad_elem_bytes
@@ -254,7 +268,9 @@ class LoadUnit(wiring.Component):
         if residual is not None:
             m.d.comb += residual.rows.payload.eq(rows)
 
-        with m.If(inflight.r_rdy):
+        # a row leaving the serial reader has its command at the in-flight FIFO's head; a
+        # registered row carries its command's entry
+        with m.If(inflight.r_rdy if serial else 1):
             if residual is not None:
                 with m.If(info.residual):
                     m.d.comb += [residual.rows.valid.eq(produced.valid),
@@ -272,7 +288,6 @@ class LoadUnit(wiring.Component):
         # accepted writes and reads): the LOAD is complete with its last row. `completed` is a
         # register, a cycle later, so that a memory's readiness (the accumulator's depends on its
         # pipeline) does not run through the sequencer's retire logic in the same cycle
-        m.d.comb += inflight.r_en.eq(written & rows.last)
         m.d.sync += self.completed.eq(written & rows.last & is_load)
         with m.If(written & is_load & (rows.resp != 0) & (self.error == 0)):
             m.d.sync += [self.error.eq(rows.resp), self.error_pc.eq(info.pc)]
