@@ -272,14 +272,20 @@ class Accumulator(wiring.Component):
         # forwarding, never meets a write-back, and never reaches the block RAM in the cycle a
         # beat's read does. (A beat arriving in the DMA write's cycle reads the block RAM two
         # cycles after the DMA write reaches it: it sees the DMA's row, as accept order wants.)
-        # Every term is a register: `ready` reaches the load unit through two LUT levels.
+        # Which banks have such a beat is a register per bank, computed a cycle ahead from what
+        # the stages will hold (stage 0: the arriving beat; stage n + 1: stage n; the write-back:
+        # the add stage), so `ready` is that register selected by the write's bank: no address
+        # comparison lies between the stages and the load unit.
         dma = self.dma_write.payload
         dma_bank = dma.addr[index_bits:]
-        in_flight = [(valid, addr) for valid, addr, _, _ in stages] + [(back_valid, back_addr)]
-        busy = Cat(*(valid & (addr[index_bits:] == dma_bank) for valid, addr in in_flight))
+        arriving = [(self.array_write.valid, self.array_write.payload.addr),
+                    *((valid, addr) for valid, addr, _, _ in stages)]
+        busy = Signal(ACC_BANKS)          # bank k has a beat in stages 0 to ADD_STAGE or written back
+        for k in range(ACC_BANKS):
+            m.d.sync += busy[k].eq(Cat(*(valid & (addr[index_bits:] == k) for valid, addr in arriving)).any())
         grant_dma = Signal()
         m.d.comb += [
-            grant_dma.eq(self.dma_write.valid & ~busy.any()),
+            grant_dma.eq(self.dma_write.valid & ~busy.bit_select(dma_bank, 1)),
             self.dma_write.ready.eq(grant_dma),
         ]
         for k, bank in enumerate(banks):
