@@ -34,10 +34,8 @@ from .controller import InstructionLayout
 from .dma import (
     GatherReader,
     LoadCommandLayout,
-    RowWriteLayout,
     ScatterWriter,
     residual_read_fields,
-    row_buffer_bytes,
 )
 from .dma_serial import SerialGatherReader, SerialScatterWriter
 from .interconnect import HalfRateRegister, StreamRegister
@@ -86,13 +84,22 @@ def _small_product(a, b, width: int | None = None):
     return terms[0] if terms else Const(0, 1)
 
 
+def residual_row_layout(config: AcceleratorConfig) -> data.StructLayout:
+    """A residual row as the store unit takes it: the bytes of one output pixel's ``cols``
+    elements (``input_bytes`` each; the read's row, cut to them) and the first AXI error response
+    of the beats it was read from. The reader's rows are as wide as the widest destination row
+    (a requantize-table row: ``cols`` x 12 bytes); a residual row needs only these."""
+    return data.StructLayout({"data": data.ArrayLayout(8, config.cols * config.input_bytes),
+                              "resp": unsigned(2)})
+
+
 def residual_read_signature(config: AcceleratorConfig) -> wiring.Signature:
     """The store unit's residual reads, which run on the load unit's GatherReader, seen from the
     store unit: one ``cmd`` (a ``LoadCommandLayout`` read pattern) goes out per STORE, its rows
-    (``RowWriteLayout``: bytes, mask, ``last``, AXI response) come back in order."""
+    (:func:`residual_row_layout`) come back in order, one per output pixel."""
     return wiring.Signature({
         "cmd": Out(stream.Signature(LoadCommandLayout())),
-        "rows": In(stream.Signature(RowWriteLayout(row_buffer_bytes(config)))),
+        "rows": In(stream.Signature(residual_row_layout(config))),
     })
 
 
@@ -266,7 +273,8 @@ class LoadUnit(wiring.Component):
             ]
         m.d.comb += table.addr.eq(rows.row)
         if residual is not None:
-            m.d.comb += residual.rows.payload.eq(rows)
+            res = residual.rows.payload
+            m.d.comb += [res.data.eq(rows.data.as_value()[:len(res.data.as_value())]), res.resp.eq(rows.resp)]
 
         # a row leaving the serial reader has its command at the in-flight FIFO's head; a
         # registered row carries its command's entry
