@@ -251,6 +251,10 @@ class Accelerator(wiring.Component):
         # engine through the arbiter into the reader's handshakes and back (one cycle per burst)
         core.submodules.r_slice = r_slice = StreamRegister(bus.r.payload.shape())
         wiring.connect(core, slice=r_slice.o, arbiter=bus.r)
+        # write data leave through one: no combinational path from the scatter writer's beat
+        # queue through the DRAM's write acceptance (the SoC memory's arbiter) and back into it
+        core.submodules.w_slice = w_slice = StreamRegister(writes.w.payload.shape())
+        wiring.connect(core, writer=writes.w, slice=w_slice.i)
         core.d.comb += [
             self.m_axi_arvalid.eq(bus.ar.valid), bus.ar.ready.eq(self.m_axi_arready),
             self.m_axi_araddr.eq(bus.ar.payload.addr), self.m_axi_arlen.eq(bus.ar.payload.len),
@@ -261,9 +265,9 @@ class Accelerator(wiring.Component):
             self.m_axi_awvalid.eq(writes.aw.valid), writes.aw.ready.eq(self.m_axi_awready),
             self.m_axi_awaddr.eq(writes.aw.payload.addr), self.m_axi_awlen.eq(writes.aw.payload.len),
             self.m_axi_awsize.eq(writes.aw.payload.size), self.m_axi_awburst.eq(BURST_INCR),
-            self.m_axi_wvalid.eq(writes.w.valid), writes.w.ready.eq(self.m_axi_wready),
-            self.m_axi_wdata.eq(writes.w.payload.data), self.m_axi_wstrb.eq(writes.w.payload.strb),
-            self.m_axi_wlast.eq(writes.w.payload.last),
+            self.m_axi_wvalid.eq(w_slice.o.valid), w_slice.o.ready.eq(self.m_axi_wready),
+            self.m_axi_wdata.eq(w_slice.o.payload.data), self.m_axi_wstrb.eq(w_slice.o.payload.strb),
+            self.m_axi_wlast.eq(w_slice.o.payload.last),
             writes.b.valid.eq(self.m_axi_bvalid), self.m_axi_bready.eq(writes.b.ready),
             writes.b.payload.resp.eq(self.m_axi_bresp),
         ]
@@ -271,7 +275,7 @@ class Accelerator(wiring.Component):
         # -- performance counters ------------------------------------------------------------------
         BB = cfg.dma_bytes
         dma_reads = reads.managers[1].r.valid & reads.managers[1].r.ready   # LOADs and residuals
-        w_fire = writes.w.valid & writes.w.ready
+        w_fire = w_slice.o.valid & w_slice.o.ready
         increments = {
             "cycles": running & ~dispatcher.done,
             "load_busy": load.busy,
