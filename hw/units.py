@@ -731,10 +731,17 @@ class StoreUnit(wiring.Component):
             meta.r_en.eq(sfu.i.valid & sfu.i.ready),
         ]
 
-        # SFU -> pixel bytes -> writer
+        # SFU -> pixel bytes -> writer. The pipelined writer takes them through a StreamRegister:
+        # its pixel handshake (the output position's counters) and the SFU's output FIFO do not
+        # meet in one cycle (the ULX3S 4x4 critical path ran from one to the other and back)
+        pixels = writer.pixels
+        if cfg.scatter_engine == "pipelined":
+            m.submodules.pixels = pixel_register = StreamRegister(writer.pixels.payload.shape())
+            wiring.connect(m, register=pixel_register.o, writer=writer.pixels)
+            pixels = pixel_register.i
         raw = Signal()
         m.d.comb += raw.eq(s.out_type == OutType.RAW)
-        pix = writer.pixels.payload
+        pix = pixels.payload
         ob, ab = cfg.input_bytes, cfg.acc_bytes
         with m.If(raw):
             for c in range(C):
@@ -744,7 +751,7 @@ class StoreUnit(wiring.Component):
             for c in range(C):
                 for b in range(ob):
                     m.d.comb += pix[c * ob + b].eq(sfu.o.payload[c][8 * b:8 * b + 8])
-        m.d.comb += [writer.pixels.valid.eq(sfu.o.valid), sfu.o.ready.eq(writer.pixels.ready)]
+        m.d.comb += [pixels.valid.eq(sfu.o.valid), sfu.o.ready.eq(pixels.ready)]
 
         wcmd = writer.cmd.payload
         m.d.comb += [
