@@ -234,9 +234,12 @@ class LoadUnit(wiring.Component):
             m.d.comb += [
                 rows_register.i.payload.rows.eq(reader.rows.payload),
                 rows_register.i.payload.info.eq(inflight.r_data),
-                rows_register.i.valid.eq(reader.rows.valid),
-                reader.rows.ready.eq(rows_register.i.ready),
-                inflight.r_en.eq(reader.rows.valid & rows_register.i.ready & reader.rows.payload.last),
+                # a row is tagged with the FIFO's head, so it waits until the head is there (it
+                # is, long before the command's first row: it is written when the reader takes it)
+                rows_register.i.valid.eq(reader.rows.valid & inflight.r_rdy),
+                reader.rows.ready.eq(rows_register.i.ready & inflight.r_rdy),
+                inflight.r_en.eq(reader.rows.valid & rows_register.i.ready & inflight.r_rdy &
+                                 reader.rows.payload.last),
                 info.eq(rows_register.o.payload.info),
             ]
             produced = stream.Signature(reader.rows.payload.shape()).create(path=("produced",))
