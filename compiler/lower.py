@@ -556,6 +556,9 @@ class _LayerJobs:
                           and c.requant_table_rows >= 2)
         self.table_base: int | None = None
         self.table_last: tuple[tuple[int, ...], int] | None = None
+        # each n-tile's table-row shifts (the serial SFU's time depends on them)
+        self.shifts = (pack_table(op, geo, c)[:, :, 2] if c.sfu_engine == "serial" and not self.raw
+                       else np.zeros((len(self.ntiles), c.cols), np.int32))
         self.m_max = max((b.pixels for b in self.blocks), default=0)
         self.chunks: list[list[int]] = [[0]]
         if geo.gemm_like:
@@ -676,15 +679,12 @@ class _LayerJobs:
                                  beats)
         beats = writes
         if c.sfu_engine == "serial":
-            # every channel of the row (C, whatever nn) with its table row's shift (0 past the
-            # n-tile's last channel, pack_table); window pixels outside the image are counted as
-            # inside
-            shifts = [0] * c.cols
-            if not self.raw:
-                shifts[:nn] = [int(s) for s in op.shift[n0:n0 + nn]]
+            # every channel of the row (C, whatever nn) with the shift of the table row it loads;
+            # window pixels outside the image are counted as inside
             avg = f.get("pool") == 2
-            sfu = serial_sfu_cycles(shifts, raw=self.raw, residual=op.residual is not None, pixels=sfu,
-                                    pad_pixels=0, avg_windows=block.out_pixels if avg else 0,
+            sfu = serial_sfu_cycles([int(s) for s in self.shifts[t]], raw=self.raw,
+                                    residual=op.residual is not None, pixels=sfu, pad_pixels=0,
+                                    avg_windows=block.out_pixels if avg else 0,
                                     avg_shift=op.pool.avg_shift if avg else 0)
         table = () if self.raw else ((qrow, 1, False),)
         timing = _timing(c)
