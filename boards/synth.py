@@ -386,10 +386,16 @@ def _nextpnr_capacity_error(board: Board, log: str, what: str) -> FitError | Non
         for kind, (needed, available) in over.items()) + " (nextpnr)", over)
 
 
+def _nextpnr_command(board: Board, env: Mapping[str, str]) -> list[str]:
+    """nextpnr on ``top.json`` with the board's device, package and constraints file."""
+    family = board.family
+    return [tool_path(_NEXTPNR[family], env), *board.nextpnr_args(),
+            "--json", "top.json", f"--{_CONSTRAINTS[family].split('.')[1]}", _CONSTRAINTS[family]]
+
+
 def _nextpnr(board: Board, build: Path, seed: int, env: Mapping[str, str], what: str) -> dict[str, Any]:
     family = board.family
-    command = [tool_path(_NEXTPNR[family], env), *board.nextpnr_args(),
-               "--json", "top.json", f"--{_CONSTRAINTS[family].split('.')[1]}", _CONSTRAINTS[family],
+    command = [*_nextpnr_command(board, env),
                "--asc" if family == "ice40" else "--textcfg", _PLACED[family],
                "--report", "nextpnr-report.json", "--log", "nextpnr.log",
                "--seed", str(seed), "--timing-allow-fail", "--quiet"]
@@ -416,16 +422,14 @@ def _pack_only(board: Board, build: Path, env: Mapping[str, str]) -> dict[str, i
     family = board.family
     log = build / "pack.log"
     log.unlink(missing_ok=True)
-    command = [tool_path(_NEXTPNR[family], env), *board.nextpnr_args(), "--json", "top.json",
-               f"--{_CONSTRAINTS[family].split('.')[1]}", _CONSTRAINTS[family], "--pack-only",
-               "--log", log.name, "--quiet"]
+    command = [*_nextpnr_command(board, env), "--pack-only", "--log", log.name, "--quiet"]
     result = _run(command, build, env)
     text = log.read_text(errors="replace") if log.is_file() else ""
     used = {match.group("bel"): int(match.group("used"))
             for match in map(_UTILISATION.match, text.splitlines()) if match}
     if result.returncode != 0 or not used:
         output = (result.stdout + result.stderr + text).splitlines()
-        errors = [line for line in output if "ERROR" in line]
+        errors = list(dict.fromkeys(line for line in output if "ERROR" in line))   # log and stderr
         raise ToolError(f"{_NEXTPNR[family]} --pack-only failed with status {result.returncode} "
                         f"(log in {log}):\n" + "\n".join(errors or output[-20:]))
     return used

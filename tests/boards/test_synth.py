@@ -263,6 +263,16 @@ def test_ice40_logic_cells_are_nextpnrs_packed_count() -> None:
     assert info.value.over == {"lc": (9100, 5280)}
 
 
+def test_a_failed_packing_names_nextpnrs_error(tmp_path: Path) -> None:
+    from systolic.boards.synth import _pack_only
+
+    (tmp_path / "top.pcf").write_text("")
+    with pytest.raises(ToolError, match=r"^nextpnr-ice40 --pack-only failed with status \d+ \(log in "
+                                        r".*pack\.log\):\nERROR: Failed to open '--json' file 'top\.json': "
+                                        r"No such file or directory\.$"):
+        _pack_only(get_board("icebreaker"), tmp_path, _tool_env())
+
+
 def test_check_fit_counts_carry_and_lutram_as_lut4() -> None:
     """An ECP5 CCU2C holds two LUT4s, a TRELLIS_DPR16X4 two: 20000 + 2 * 2000 + 2 * 100 fit."""
     usage = check_fit("orangecrab-25f", {"LUT4": 20000, "CCU2C": 2000, "TRELLIS_DPR16X4": 100,
