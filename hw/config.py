@@ -20,6 +20,7 @@ __all__ = ["AcceleratorConfig", "ConfigError", "ACTIVATIONS", "POOLINGS", "DATAF
 
 DATAFLOWS = ("ws", "os")
 DMA_ENGINES = ("pipelined", "serial")
+CONTROLS = ("hardware", "firmware")
 ACTIVATIONS = ("relu", "relu6", "clip")
 POOLINGS = ("max", "avg")
 
@@ -89,6 +90,12 @@ _DOC = {
     "sfu_engine": "SFU: 'pipelined' (a row every sfu_row_cycles cycles) or 'serial' (one channel "
                   "at a time through one adder, tens of cycles each: a fraction of the logic and "
                   "no DSP blocks, for small FPGAs; docs/arch-memory-sfu.md)",
+    "control": "what executes the program: 'hardware' (fetcher, dispatcher, three queue sequencers, "
+               "load and store units, SFU) or 'firmware' (an RV32 core, hw/cpu.py, runs firmware that "
+               "fetches the program and executes LOAD, STORE, CONFIG and SYNC itself and hands COMPUTEs "
+               "to the compute unit: far less logic, for the smallest FPGAs, but LOADs and STOREs take "
+               "hundreds to thousands of cycles per element; needs dma_data_bits = 32, queues of at "
+               "most 4, a requantize table of at most 1024 bytes; docs/arch-system.md)",
     "counter_bits": "width of each performance counter, bits (16 to 64; a counter wraps modulo "
                     "2**counter_bits): 32 halves their logic on small FPGAs",
     "clock_mhz": "target clock frequency, MHz",
@@ -135,6 +142,7 @@ class AcceleratorConfig:
     sfu_residual: bool = True
     sfu_row_cycles: int = 1
     sfu_engine: str = "pipelined"
+    control: str = "hardware"
     counter_bits: int = 64
     clock_mhz: float = 100.0
 
@@ -236,6 +244,12 @@ class AcceleratorConfig:
             if getattr(self, name) not in DMA_ENGINES:
                 raise ConfigError(f"{name} must be one of {', '.join(map(repr, DMA_ENGINES))}, "
                                   f"not {getattr(self, name)!r}")
+        if self.control not in CONTROLS:
+            raise ConfigError(f"control must be one of {', '.join(map(repr, CONTROLS))}, "
+                              f"not {self.control!r}")
+        if self.control == "firmware" and self.dma_data_bits != 32:
+            raise ConfigError(f"control = 'firmware' needs dma_data_bits = 32 (the core's word), "
+                              f"not {self.dma_data_bits!r}")
         for name in ("load_queue_depth", "compute_queue_depth", "store_queue_depth", "token_depth"):
             value = getattr(self, name)
             if not _is_pow2(value) or not 1 <= value <= 256:
@@ -257,6 +271,10 @@ class AcceleratorConfig:
             raise ConfigError(f"counter_bits must be between 16 and 64, not {self.counter_bits!r}")
         if not 1.0 <= self.clock_mhz <= 1000.0:
             raise ConfigError(f"clock_mhz must be between 1 and 1000, not {self.clock_mhz!r}")
+        if self.control == "firmware":
+            from .fw_engine import check_firmware_config  # it reads the fields checked above
+
+            check_firmware_config(self)
 
     # -- element types --------------------------------------------------------------------------
 

@@ -34,7 +34,10 @@ SECTIONS {{
   __stack_top = ORIGIN(RAM) + LENGTH(RAM);
   ASSERT(__stack_top - __bss_end >= {stack_bytes},
          "firmware: less than {stack_bytes} bytes left for the stack")
-}}
+{data_rule}}}
+"""
+_NO_DATA = """  ASSERT(SIZEOF(.data) == 0, "firmware: no initialized writable data allowed (it would not be \
+reinitialized when the core restarts)")
 """
 
 
@@ -50,12 +53,15 @@ def _zig() -> list[str]:
 
 
 def build_firmware(sources: Sequence[str | Path], *, ram_bytes: int, stack_bytes: int = 256,
-                   defines: Mapping[str, int] | None = None, include: Sequence[str | Path] = ()) -> bytes:
+                   defines: Mapping[str, int] | None = None, include: Sequence[str | Path] = (),
+                   writable_data: bool = True) -> bytes:
     """The memory image (bytes from address 0) of ``sources`` (``.c``, ``.S``) built for the core.
 
     ``defines`` become ``-DNAME=value``; ``include`` are extra include directories. The image
     holds code and initialized data; the zeroed data and the stack follow it in the same
-    ``ram_bytes`` memory, at least ``stack_bytes`` of it left for the stack.
+    ``ram_bytes`` memory, at least ``stack_bytes`` of it left for the stack. Without
+    ``writable_data`` the link fails if there is initialized writable data (firmware that the
+    core restarts without reloading its memory must not have any).
     """
     if not isinstance(ram_bytes, int) or ram_bytes <= 0 or ram_bytes % 4:
         raise ValueError(f"ram_bytes must be a positive multiple of 4, not {ram_bytes!r}")
@@ -67,7 +73,8 @@ def build_firmware(sources: Sequence[str | Path], *, ram_bytes: int, stack_bytes
     with tempfile.TemporaryDirectory(prefix="systolic-fw-") as tmp:
         tmpdir = Path(tmp)
         script = tmpdir / "link.ld"
-        script.write_text(_LINKER_SCRIPT.format(ram_bytes=ram_bytes, stack_bytes=stack_bytes))
+        script.write_text(_LINKER_SCRIPT.format(ram_bytes=ram_bytes, stack_bytes=stack_bytes,
+                                                data_rule="" if writable_data else _NO_DATA))
         elf, binary = tmpdir / "firmware.elf", tmpdir / "firmware.bin"
         flags = [*CFLAGS, *(f"-D{k}={v}" for k, v in (defines or {}).items()),
                  *(f"-I{d}" for d in include)]

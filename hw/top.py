@@ -20,7 +20,7 @@ AXI read channels between instruction fetch, LOADs and residual reads.
 
 from __future__ import annotations
 
-from amaranth import Module, Signal
+from amaranth import Module, Signal, Value
 from amaranth.hdl import ResetInserter
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
@@ -31,6 +31,7 @@ from .axi import BURST_INCR
 from .config import AcceleratorConfig
 from .controller import Dispatcher, Fetcher, InstructionLayout, Sequencer, TokenChannel
 from .csr import COUNTERS, CSR_ADDR_BITS, CSRBank
+from .fw_engine import FirmwareController
 from .interconnect import HalfRateRegister, ReadArbiter, StreamRegister
 from .isa import Queue
 from .requant_table import RequantTable
@@ -121,6 +122,15 @@ class Accelerator(wiring.Component):
             self.s_axil_rdata.eq(lite.r.payload.data), self.s_axil_rresp.eq(lite.r.payload.resp),
         ]
 
+        if cfg.control == "firmware":
+            self._elaborate_firmware(m, core, csr, start)
+        else:
+            self._elaborate_hardware(m, core, csr, start, unit_reset)
+        return m
+
+    def _elaborate_hardware(self, m: Module, core: Module, csr: CSRBank, start: Signal,
+                            unit_reset: Signal) -> None:
+        cfg = self.config
         # -- blocks -----------------------------------------------------------------------------
         core.submodules.fetcher = fetcher = Fetcher(cfg)
         core.submodules.dispatcher = dispatcher = Dispatcher(cfg)
@@ -208,35 +218,15 @@ class Accelerator(wiring.Component):
                 core.d.comb += [dispatcher.unit_error.eq(unit.error),
                                 dispatcher.unit_error_pc.eq(unit.error_pc)]
 
-        running = Signal()
-        with core.If(start):
-            core.d.sync += running.eq(1)
-        with core.Elif(dispatcher.done):
-            core.d.sync += running.eq(0)
-        # the host sees done once the counters hold every count (a few cycles after the program)
-        done = Signal()
-        core.d.comb += [
-            done.eq(dispatcher.done & csr.settled),
-            csr.busy.eq((running | dispatcher.done) & ~done),
-            csr.done.eq(done),
-            csr.error.eq(dispatcher.error),
-            csr.error_pc.eq(dispatcher.error_pc),
-            csr.pc.eq(fetcher.beats.payload.pc),
-            self.irq.eq(done),
-        ]
+        running = self._status(core, csr, start, dispatcher.done, dispatcher.error, dispatcher.error_pc,
+                               fetcher.beats.payload.pc)
         core.d.comb += [load.dram_base.eq(csr.dram_base), store.dram_base.eq(csr.dram_base)]
 
         # -- datapath ---------------------------------------------------------------------------
         wiring.connect(core, load=load.spad_write, spad=spad.write)
         wiring.connect(core, load=load.acc_write, acc=acc.dma_write)
         wiring.connect(core, load=load.table_write, table=table.write)
-        wiring.connect(core, compute=compute.read_a, spad=spad.read_a)
-        wiring.connect(core, compute=compute.read_b, spad=spad.read_b)
-        if cfg.dataflow == "ws":
-            wiring.connect(core, compute=compute.weights, array=array.weights)
-        wiring.connect(core, compute=compute.inputs, array=array.inputs)
-        wiring.connect(core, array=array.outputs, compute=compute.outputs)
-        wiring.connect(core, compute=compute.acc_write, acc=acc.array_write)
+        self._compute_datapath(core, compute, spad, acc, array)
         wiring.connect(core, store=store.read_acc, acc=acc.read)
         wiring.connect(core, store=store.read_table, table=table.read)
         if cfg.sfu_residual:
@@ -292,8 +282,107 @@ class Accelerator(wiring.Component):
             "dram_write_bytes": w_fire * BB,
             "instructions": dispatcher.dispatched,
         }
+        self._count(core, csr, increments)
+
+    def _elaborate_firmware(self, m: Module, core: Module, csr: CSRBank, start: Signal) -> None:
+        """``control = "firmware"``: the core and its firmware (hw/fw_engine.py) in place of the
+        fetcher, dispatcher, sequencers, load and store units; the compute unit, array,
+        scratchpad and accumulator as in hardware control."""
+        cfg = self.config
+        core.submodules.firmware = fw = FirmwareController(cfg)
+        compute = ComputeUnit(cfg, depth=4 if cfg.compute_queue_depth > 1 else 3)
+        core.submodules.compute = compute
+        core.submodules.spad = spad = Scratchpad(cfg)
+        core.submodules.acc = acc = Accumulator(cfg)
+        core.submodules.array = array = SystolicArray(cfg)
+        core.d.comb += [
+            fw.start.eq(start), fw.prog_addr.eq(csr.prog_addr), fw.prog_len.eq(csr.prog_len),
+            fw.dram_base.eq(csr.dram_base),
+            compute.cmd.valid.eq(fw.compute_cmd.valid), fw.compute_cmd.ready.eq(compute.cmd.ready),
+            compute.cmd.payload.eq(fw.compute_cmd.payload), fw.compute_completed.eq(compute.completed),
+            spad.write.valid.eq(fw.spad_write.valid), fw.spad_write.ready.eq(spad.write.ready),
+            spad.write.payload.eq(fw.spad_write.payload),
+            acc.dma_write.valid.eq(fw.acc_write.valid), fw.acc_write.ready.eq(acc.dma_write.ready),
+            acc.dma_write.payload.eq(fw.acc_write.payload),
+            acc.read.req.valid.eq(fw.acc_read_req.valid), fw.acc_read_req.ready.eq(acc.read.req.ready),
+            acc.read.req.payload.addr.eq(fw.acc_read_req.payload),
+            fw.acc_read_resp.valid.eq(acc.read.resp.valid), acc.read.resp.ready.eq(fw.acc_read_resp.ready),
+            fw.acc_read_resp.payload.eq(acc.read.resp.payload),
+        ]
+        self._compute_datapath(core, compute, spad, acc, array)
+
+        # -- DRAM port: single beats -----------------------------------------------------------
+        core.d.comb += [
+            self.m_axi_arvalid.eq(fw.ar_valid), fw.ar_ready.eq(self.m_axi_arready),
+            self.m_axi_araddr.eq(fw.ar_addr), self.m_axi_arlen.eq(0), self.m_axi_arsize.eq(2),
+            self.m_axi_arburst.eq(BURST_INCR),
+            fw.r_valid.eq(self.m_axi_rvalid), self.m_axi_rready.eq(fw.r_ready),
+            fw.r_data.eq(self.m_axi_rdata), fw.r_resp.eq(self.m_axi_rresp),
+            self.m_axi_awvalid.eq(fw.aw_valid), fw.aw_ready.eq(self.m_axi_awready),
+            self.m_axi_awaddr.eq(fw.aw_addr), self.m_axi_awlen.eq(0), self.m_axi_awsize.eq(2),
+            self.m_axi_awburst.eq(BURST_INCR),
+            self.m_axi_wvalid.eq(fw.w_valid), fw.w_ready.eq(self.m_axi_wready),
+            self.m_axi_wdata.eq(fw.w_data), self.m_axi_wstrb.eq(fw.w_strb), self.m_axi_wlast.eq(1),
+            fw.b_valid.eq(self.m_axi_bvalid), self.m_axi_bready.eq(fw.b_ready),
+            fw.b_resp.eq(self.m_axi_bresp),
+        ]
+
+        # -- status and counters ---------------------------------------------------------------
+        running = self._status(core, csr, start, fw.done, fw.error, fw.error_pc, fw.pc)
+        increments = {
+            "cycles": running & ~fw.done,
+            "load_busy": fw.flag_load_busy,
+            "compute_busy": compute.busy,
+            "store_busy": fw.flag_store_busy,
+            "array_active": compute.array_active,
+            "macs": compute.macs,
+            "stall_load_token": fw.flag_stall_load_token,
+            "stall_compute_token": fw.flag_stall_compute_token,
+            "stall_store_token": fw.flag_stall_store_token,
+            "stall_dispatch": fw.flag_stall_dispatch,
+            "stall_fetch": fw.flag_stall_fetch,
+            "dram_read_bytes": fw.dram_read_beat * cfg.dma_bytes,
+            "dram_write_bytes": fw.dram_write_beat * cfg.dma_bytes,
+            "instructions": fw.instructions,
+        }
+        self._count(core, csr, increments)
+
+    def _status(self, core: Module, csr: CSRBank, start: Signal, program_done: Value, error: Value,
+                error_pc: Value, pc: Value) -> Signal:
+        """STATUS, ERROR_PC, PC and irq from the control's ``program_done`` and error; returns
+        ``running`` (from start until the program is done)."""
+        running = Signal()
+        with core.If(start):
+            core.d.sync += running.eq(1)
+        with core.Elif(program_done):
+            core.d.sync += running.eq(0)
+        # the host sees done once the counters hold every count (a few cycles after the program)
+        done = Signal()
+        core.d.comb += [
+            done.eq(program_done & csr.settled),
+            csr.busy.eq((running | program_done) & ~done),
+            csr.done.eq(done),
+            csr.error.eq(error),
+            csr.error_pc.eq(error_pc),
+            csr.pc.eq(pc),
+            self.irq.eq(done),
+        ]
+        return running
+
+    @staticmethod
+    def _count(core: Module, csr: CSRBank, increments: dict[str, Value]) -> None:
+        """Each counter's increment this cycle into the CSR bank (which clears them at start)."""
         assert set(increments) == {name for name, _ in COUNTERS}
         for name, increment in increments.items():
-            # the CSR bank counts them (and clears the counts at start)
             core.d.comb += getattr(csr, f"increment_{name}").eq(increment)
-        return m
+
+    def _compute_datapath(self, core: Module, compute: ComputeUnit, spad: Scratchpad, acc: Accumulator,
+                          array: SystolicArray) -> None:
+        """Scratchpad -> compute unit -> array -> compute unit -> accumulator."""
+        wiring.connect(core, compute=compute.read_a, spad=spad.read_a)
+        wiring.connect(core, compute=compute.read_b, spad=spad.read_b)
+        if self.config.dataflow == "ws":
+            wiring.connect(core, compute=compute.weights, array=array.weights)
+        wiring.connect(core, compute=compute.inputs, array=array.inputs)
+        wiring.connect(core, array=array.outputs, compute=compute.outputs)
+        wiring.connect(core, compute=compute.acc_write, acc=acc.array_write)

@@ -316,10 +316,12 @@ _OTHER_VALUE = {
     "compute_queue_depth": 16, "store_queue_depth": 2,
     "token_depth": 4, "sfu_activations": ("relu",), "sfu_pooling": ("avg",), "sfu_residual": False,
     "counter_bits": 32, "clock_mhz": 50.0, "requant_row_words": 3, "sfu_row_cycles": 2,
-    "sfu_engine": "serial",
+    "sfu_engine": "serial", "control": "firmware",
 }
 # Changes that need a companion change to stay valid.
-_COMPANION = {"acc_signed": {"input_signed": False, "weight_signed": False}}
+_COMPANION = {"acc_signed": {"input_signed": False, "weight_signed": False},
+              "control": {"dma_data_bits": 32, "load_queue_depth": 4, "compute_queue_depth": 4,
+                          "store_queue_depth": 4, "requant_table_rows": 8}}
 
 
 def test_hash_differs_for_every_field() -> None:

@@ -640,18 +640,25 @@ FAILING = {
 }
 
 
+def failing_batch(config: AcceleratorConfig, watchdog: int, good_watchdog: int) -> dict[str, object]:
+    """Outcome of each FAILING program on ``config`` (one batch, ``watchdog`` cycles each), and of
+    a good GEMM after them ("good": outcome, its case, golden)."""
+    image = _failing_image()
+    jobs = [RTLJob(words, image, PROG_ADDR, watchdog, **options) for words, options in FAILING.values()]
+    good = gemm_case(config, 9, 17, 3, seed=4)
+    jobs.append(RTLJob(good.program, good.dram, good.program_addr, good_watchdog))
+    outcomes = RTLRunner(config, seed=2).run_many(jobs)
+    runs: dict[str, object] = dict(zip(FAILING, outcomes, strict=False))
+    runs["good"] = (outcomes[-1], good, run_golden(config, good.program, good.dram))
+    return runs
+
+
 @pytest.fixture(scope="module")
 def failing_runs() -> Iterator[dict[str, object]]:
     """Outcome of each FAILING program, and of a good GEMM after them ("good", its case, golden)."""
-    image = _failing_image()
-    jobs = [RTLJob(words, image, PROG_ADDR, 5000, **options) for words, options in FAILING.values()]
-    good = gemm_case(CONFIG, 9, 17, 3, seed=4)
-    jobs.append(RTLJob(good.program, good.dram, good.program_addr, 200_000))
-    outcomes = RTLRunner(CONFIG, seed=2).run_many(jobs)
-    runs: dict[str, object] = dict(zip(FAILING, outcomes, strict=False))
-    runs["good"] = (outcomes[-1], good, run_golden(CONFIG, good.program, good.dram))
+    runs = failing_batch(CONFIG, 5000, 200_000)
     yield runs
-    for outcome in outcomes:
+    for outcome in runs.values():
         if isinstance(outcome, RTLError):
             _forget(outcome)
 

@@ -1,0 +1,85 @@
+"""The firmware controller's build and configuration rules (hw/fw_engine.py); its behaviour on
+programs is in tests/sim/test_rtl_firmware.py.
+
+* the packaged firmware image is what its source builds to (so the source is what runs);
+* the generated header has every ISA field at the bit position of hw/isa.py;
+* the parameter words describe the instance;
+* configurations the firmware cannot serve are rejected with the field and the rule.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from systolic.hw.config import AcceleratorConfig, ConfigError
+from systolic.hw.fw_engine import (
+    PARAMS,
+    RAM_BYTES,
+    FirmwareController,
+    build_engine_firmware,
+    engine_header,
+    engine_image,
+    params,
+)
+from systolic.hw.isa import LAYOUTS, Opcode
+
+from .test_scratchpad import construct_rejected
+
+FW = dict(dma_data_bits=32, control="firmware", load_queue_depth=2, compute_queue_depth=2,
+          store_queue_depth=2, token_depth=2, requant_table_rows=8, rows=4, cols=4)
+
+
+def test_the_packaged_image_is_built_from_the_source() -> None:
+    built = build_engine_firmware()
+    assert built == engine_image(), (
+        "hw/firmware_src/engine.bin is stale: rebuild it with "
+        "python -c 'from systolic.hw.fw_engine import build_engine_firmware as b; "
+        "b(\"hw/firmware_src/engine.bin\")'")
+    # code and data leave room for the zeroed data, the stack and the parameters
+    assert len(built) + 4 * len(PARAMS) < RAM_BYTES - 1024
+
+
+def test_the_header_has_every_field_of_the_isa() -> None:
+    header = engine_header()
+    tables = dict(re.findall(r"#define FIELDS_(\w+) \{(.*)\}\n", header))
+    for op in Opcode:
+        fields = [(f.offset, f.width) for name, f in LAYOUTS[op] if name != "_reserved" and f.offset >= 8]
+        got = [tuple(map(int, t.split(",")[:2])) for t in re.findall(r"\{(\d+, \d+, \d)\}", tables[op.name])]
+        assert got == (fields or [(0, 0)]), op
+        used = max(f.offset + f.width for name, f in LAYOUTS[op] if name != "_reserved")
+        assert f"#define USED_BITS_{op.name} {used}\n" in header
+    assert "#define LOAD_Y0 11\n" in header and "{172, 16, 1}" in tables["LOAD"]   # signed
+
+
+def test_parameters_describe_the_instance() -> None:
+    config = AcceleratorConfig(**{**FW, "input_signed": False, "sfu_pooling": ("max",)})
+    p = params(config)
+    assert tuple(p) == PARAMS
+    assert (p["cols"], p["spad_shift"], p["acc_shift"], p["input_signed"]) == (4, 2, 2, 0)
+    assert (p["out_lo"], p["out_hi"]) == (0, 255)
+    assert p["acc_lo"] == (-(1 << 31)) & 0xFFFF_FFFF
+    assert p["features"] == 0b101111          # every activation, max pooling, residual
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(control="cpu"), r"control must be one of 'hardware', 'firmware', not 'cpu'"),
+    (dict(dma_data_bits=64), r"control = 'firmware' needs dma_data_bits = 32 \(the core's word\), not 64"),
+    (dict(requant_table_rows=32), r"control = 'firmware' keeps the requantize table in the core's RAM: "
+                                  r"requant_table_rows \* cols \* 12 must be at most 1024 bytes, not 1536 "
+                                  r"\(32 x 4 x 12\)"),
+    (dict(store_queue_depth=8), r"control = 'firmware' keeps queues of at most 4 instructions, so "
+                                r"store_queue_depth must be at most 4, not 8"),
+    (dict(acc_bits=32, acc_signed=False, input_signed=False, weight_signed=False),
+     r"control = 'firmware' computes in 32 bits: a 32-bit accumulator must be signed"),
+])
+def test_configurations_the_firmware_cannot_serve(changes, message) -> None:
+    with pytest.raises(ConfigError, match=f"^{message}$"):
+        AcceleratorConfig(**{**FW, **changes})
+
+
+def test_an_image_too_large_for_the_ram_is_rejected() -> None:
+    config = AcceleratorConfig(**FW)
+    with pytest.raises(ValueError, match=rf"^the firmware image \({RAM_BYTES} bytes\) leaves no room for "
+                                         rf"the parameters in {RAM_BYTES} bytes of RAM$"):
+        construct_rejected(lambda: FirmwareController(config, image=bytes(RAM_BYTES)))

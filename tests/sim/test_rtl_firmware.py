@@ -1,0 +1,143 @@
+"""``control = "firmware"`` (hw/fw_engine.py, hw/firmware_src/engine.c) on the RTL in Verilator:
+the RV32 core's firmware executes the programs of the golden tests and the failing programs of
+tests/sim/test_rtl.py as the hardware control does.
+
+* every program of the catalogue (sim/catalogue.py, on a 4x4 array with a 128-byte scratchpad as
+  its "ws4" configuration, so that every dimension is tiled) and a few more (output-stationary,
+  raw, extremes) leaves the golden model's DRAM image, byte for byte, with the golden model's
+  ``macs``, ``instructions`` and DRAM traffic (``dram_read_bytes``, ``dram_write_bytes``);
+* illegal words, illegal flags, a missing FINISH and AXI error responses on a fetch, a LOAD, a
+  STORE and a residual read stop it with the error code and instruction of the hardware control;
+  a token never sent hangs it (the watchdog);
+* the program after a failing one runs clean (the core restarts its firmware at every start).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from systolic.hw.config import AcceleratorConfig
+from systolic.sim.catalogue import CATALOGUE, GEMM_INT32_WRAP, CaseSpec
+from systolic.sim.golden import run_golden
+from systolic.sim.programs import conv_case, gemm_case, pool_case, residual_case
+from systolic.sim.rtl import RTLDeviceError, RTLJob, RTLRunner, RTLRunResult, RTLTimeoutError
+
+from .test_rtl import failing_batch
+
+#: The failing programs' fields need 8 columns; the firmware keeps queues of up to 4
+#: instructions and a table of up to 1024 bytes.
+FW8 = AcceleratorConfig(dma_data_bits=32, control="firmware", load_queue_depth=4, compute_queue_depth=4,
+                        store_queue_depth=4, token_depth=4, requant_table_rows=8)
+FW4 = AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=4096, accumulator_bytes=2048, dma_data_bits=32,
+                        control="firmware", load_queue_depth=2, compute_queue_depth=2, store_queue_depth=1,
+                        token_depth=2, requant_table_rows=8)
+
+#: The catalogue's configuration: "ws4" of sim/catalogue.py under firmware control.
+FWCAT = AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=128, accumulator_bytes=2048, dma_data_bits=32,
+                          control="firmware", load_queue_depth=2, compute_queue_depth=4, store_queue_depth=2,
+                          token_depth=4, requant_table_rows=16)
+#: every entry but the 131073-deep GEMM (a million hardware cycles, a thousand times that here)
+SPECS = [spec for spec in CATALOGUE if spec != GEMM_INT32_WRAP]
+
+CASES = {
+    "gemm": lambda c: gemm_case(c, 9, 7, 6, seed=1, act="relu"),
+    "gemm-extremes": lambda c: gemm_case(c, 5, 9, 4, extremes=True),
+    "conv": lambda c: conv_case(c, 5, 6, 3, 5, 3, 3, stride=2, pad=1, act="relu", seed=4),
+    "residual": lambda c: residual_case(c, 6, 5, 4, seed=7),
+    "avg-pool": lambda c: pool_case(c, 5, 5, 4, pool="avg", kernel=3, stride=2, pad=1, seed=6),
+    "max-pool": lambda c: pool_case(c, 6, 5, 3, pool="max", kernel=2, stride=2, seed=2),
+    "raw": lambda c: gemm_case(c, 6, 5, 4, seed=3, requant=False),
+    "os-nchw": lambda c: conv_case(c.replace(dataflow="os"), 5, 5, 2, 3, 3, 3, pad=1, layout="nchw", seed=5),
+}
+
+
+@pytest.fixture(scope="module")
+def fw4_runs() -> dict[str, tuple]:
+    """Each case on FW4 (the OS case on its OS twin): (case, golden, outcome)."""
+    runs = {}
+    by_config: dict[AcceleratorConfig, list[str]] = {}
+    built = {}
+    for name, build in CASES.items():
+        case = build(FW4)
+        built[name] = (case, run_golden(case.config, case.program, case.dram))
+        by_config.setdefault(case.config, []).append(name)
+    for config, names in by_config.items():
+        jobs = [RTLJob(built[n][0].program, built[n][0].dram, built[n][0].program_addr,
+                       max_cycles=2000 * built[n][1].cycles + 100_000) for n in names]
+        for name, outcome in zip(names, RTLRunner(config, seed=3).run_many(jobs), strict=True):
+            runs[name] = (*built[name], outcome)
+    return runs
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_programs_match_the_golden_model(fw4_runs, name: str) -> None:
+    case, golden, result = fw4_runs[name]
+    assert isinstance(result, RTLRunResult), result
+    case.check(result.dram)
+    np.testing.assert_array_equal(result.dram, golden.dram, err_msg=name)
+    assert (result.macs, result.instructions) == (golden.macs, golden.instructions)
+    assert (result.dram_read_bytes, result.dram_write_bytes) == (golden.dram_read_bytes,
+                                                                golden.dram_write_bytes)
+    assert result.counters["load_busy"] > 0 and result.counters["store_busy"] > 0
+
+
+@pytest.fixture(scope="module")
+def catalogue_runs() -> dict[CaseSpec, tuple]:
+    """The catalogue on FWCAT, one batch: spec -> (case, golden, outcome). The firmware takes
+    about a thousand cycles per element a LOAD or STORE moves: the watchdog allows 3000 per
+    golden cycle."""
+    built = {}
+    for spec in SPECS:
+        case = spec.build(FWCAT)
+        built[spec] = (case, run_golden(FWCAT, case.program, case.dram))
+    jobs = [RTLJob(case.program, case.dram, case.program_addr, max_cycles=3000 * golden.cycles + 100_000)
+            for case, golden in built.values()]
+    outcomes = RTLRunner(FWCAT, seed=1).run_many(jobs)
+    return {spec: (*built[spec], outcome) for spec, outcome in zip(SPECS, outcomes, strict=True)}
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=[spec.id for spec in SPECS])
+def test_the_catalogue_matches_the_golden_model(catalogue_runs, spec: CaseSpec) -> None:
+    case, golden, result = catalogue_runs[spec]
+    assert isinstance(result, RTLRunResult), result
+    case.check(result.dram)
+    np.testing.assert_array_equal(result.dram, golden.dram, err_msg=spec.id)
+    assert (result.macs, result.instructions) == (golden.macs, golden.instructions)
+    assert (result.dram_read_bytes, result.dram_write_bytes) == (golden.dram_read_bytes,
+                                                                golden.dram_write_bytes)
+
+
+@pytest.fixture(scope="module")
+def failing_runs() -> dict[str, object]:
+    return failing_batch(FW8, 300_000, 3_000_000)
+
+
+# name -> (error code, error pc) as the hardware control reports them (tests/sim/test_rtl.py)
+ERRORS = {
+    "opcode": (1, 1), "reserved": (1, 1), "flags": (4, 0), "no finish": (5, 1),
+    "load slverr": (2, 1), "store decerr": (3, 2), "residual slverr": (2, 3), "fetch slverr": (2, 2),
+}
+
+
+@pytest.mark.parametrize("name", ERRORS)
+def test_failing_programs_stop_with_the_hardware_controls_error(failing_runs, name: str) -> None:
+    code, pc = ERRORS[name]
+    error = failing_runs[name]
+    assert isinstance(error, RTLDeviceError), error
+    assert str(error).startswith(f"the accelerator stopped with error {code} ("), str(error)
+    assert f" at instruction {pc} (" in str(error), str(error)
+
+
+@pytest.mark.parametrize("name", ["token", "full queue"])
+def test_a_token_never_sent_hangs(failing_runs, name: str) -> None:
+    error = failing_runs[name]
+    assert isinstance(error, RTLTimeoutError), error
+    assert "the compute queue waits for a token" in str(error), str(error)
+
+
+def test_the_good_program_after_the_failures(failing_runs) -> None:
+    result, case, golden = failing_runs["good"]
+    assert isinstance(result, RTLRunResult), result
+    case.check(result.dram)
+    np.testing.assert_array_equal(result.dram, golden.dram)
+    assert (result.macs, result.instructions) == (golden.macs, golden.instructions)
