@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import numpy as np
+from systolic.hw.fw_engine import estimate_factor
 
 from .codegen import CompiledModel, Segment
 from .errors import CompileError, InputError
@@ -52,7 +53,9 @@ __all__ = ["BACKENDS", "BackendError", "ModelRun", "SegmentRun", "run_model", "c
 BACKENDS = ("golden", "rtl", "board")
 
 # The board backend's time limit per program run: this many seconds, plus the compile-time
-# estimate at _BOARD_SLOWEST_HZ cycles per second (a simulated board under load), doubled.
+# estimate at _BOARD_SLOWEST_HZ cycles per second (a simulated board under load), doubled (and
+# times estimate_factor under firmware control). The rtl backend's watchdog: 50 times the
+# estimate (times estimate_factor), at least a million cycles.
 _BOARD_RUN_SECONDS = 30.0
 _BOARD_SLOWEST_HZ = 50_000
 # Byte ranges of the board backend closer than this are moved in one transfer.
@@ -174,7 +177,7 @@ class _Backend:
             layers = _layer_cycles(seg, result.timings)
         else:
             assert self._rtl is not None
-            budget = max(1_000_000, 50 * seg.estimate)
+            budget = max(1_000_000, 50 * seg.estimate * estimate_factor(model.config))
             try:
                 with quiet_output():
                     result = self._rtl.run(seg.program, dram, prog_addr=seg.address,
@@ -245,7 +248,8 @@ class _BoardLink:
             else:
                 for addr, size in _merge_spans(written):
                     self.board.write_mem(addr, dram[addr:addr + size])
-            budget = _BOARD_RUN_SECONDS + 2 * seg.estimate / _BOARD_SLOWEST_HZ
+            budget = (_BOARD_RUN_SECONDS
+                      + 2 * seg.estimate * estimate_factor(model.config) / _BOARD_SLOWEST_HZ)
             counters = self.board.run(seg.address, len(seg.program.instructions), timeout_s=budget)
             out = dram.copy()
             for addr, size in _merge_spans(needed):

@@ -141,3 +141,25 @@ def test_the_good_program_after_the_failures(failing_runs) -> None:
     case.check(result.dram)
     np.testing.assert_array_equal(result.dram, golden.dram)
     assert (result.macs, result.instructions) == (golden.macs, golden.instructions)
+
+
+def test_the_digits_model_on_the_icebreaker_preset_under_firmware_control() -> None:
+    """The committed int8 digits CNN on the iCEBreaker preset's config with control = "firmware",
+    through the runtime's rtl backend: the golden model's outputs and counts. It takes about 120
+    times the estimate (ten million cycles), past the watchdog the estimate alone would give."""
+    from pathlib import Path
+
+    import systolic.compiler
+    from systolic.boards.boards import load_preset
+    from systolic.compiler import compile_model, run_model
+
+    model = Path(systolic.compiler.__file__).parents[1] / "examples" / "digits_cnn_int8.onnx"
+    config = load_preset("icebreaker").replace(control="firmware")
+    compiled = compile_model(model, config=config)
+    image = np.random.default_rng(3).uniform(0, 1, (1, 1, 8, 8)).astype(np.float32)
+    golden = run_model(compiled, {"input": image}, progress=False)
+    rtl = run_model(compiled, {"input": image}, backend="rtl", progress=False)
+    np.testing.assert_array_equal(rtl.outputs["logits"], golden.outputs["logits"])
+    for key in ("macs", "dram_read_bytes", "dram_write_bytes"):
+        assert rtl.report[key] == golden.report[key], key
+    assert rtl.report["cycles"] > 50 * golden.report["cycles"]
