@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 from systolic.hw.config import AcceleratorConfig
-from systolic.hw.csr import COUNTERS, ERROR_CODES, register_map
+from systolic.hw.csr import CORE_FAULT, COUNTERS, ERROR_CODES, register_map
 
 from . import protocol
 from .protocol import Command, Status
@@ -413,10 +413,12 @@ class Board:
             if error:
                 pc = self.read_csr("error_pc")
                 self.write_csr("ctrl", _CTRL_SOFT_RESET)
+                where = (f"core address {pc:#x}" if error == CORE_FAULT else
+                         f"instruction {pc} of the program at {program_addr:#x}")
                 raise AcceleratorError(
                     f"the accelerator at {self.port} stopped with error {error} "
-                    f"({ERROR_CODES.get(error, 'unknown error code')}) at instruction {pc} of the "
-                    f"program at {program_addr:#x}; it was soft-reset", error, pc)
+                    f"({ERROR_CODES.get(error, 'unknown error code')}) at {where}; it was soft-reset",
+                    error, pc)
             if status & _STATUS_DONE:
                 break
             if time.monotonic() > deadline:

@@ -20,7 +20,8 @@ from amaranth.lib.wiring import In, Out
 
 from .axi import RESP_OKAY, RESP_SLVERR, AXI4LiteSignature
 
-__all__ = ["Register", "REGISTERS", "COUNTERS", "ERROR_CODES", "CSR_ADDR_BITS", "CSRBank", "register_map"]
+__all__ = ["Register", "REGISTERS", "COUNTERS", "ERROR_CODES", "CORE_FAULT", "CSR_ADDR_BITS", "CSRBank",
+           "register_map"]
 
 CSR_ADDR_BITS = 8
 
@@ -59,7 +60,11 @@ ERROR_CODES = {
     3: "AXI DECERR on a DMA or fetch access",
     4: "illegal dependency flags for the instruction's queue",
     5: "the program ended (prog_len instructions) without FINISH",
+    6: "the firmware control's core stopped on a fault (a firmware bug); ERROR_PC holds the core's "
+       "byte address of the faulting instruction",
 }
+#: Errors whose ERROR_PC is not an instruction index.
+CORE_FAULT = 6
 
 
 def _registers() -> tuple[Register, ...]:

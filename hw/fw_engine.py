@@ -42,6 +42,7 @@ from .axi import RESP_OKAY
 from .config import ACTIVATIONS, POOLINGS, AcceleratorConfig
 from .controller import ERR_DECERR, ERR_FLAGS, ERR_ILLEGAL, ERR_NO_FINISH, ERR_SLVERR, InstructionLayout
 from .cpu import CPU
+from .csr import CORE_FAULT
 from .firmware import build_firmware, image_words
 from .isa import INSTR_BYTES, LAYOUTS, Opcode
 from .scratchpad import spad_write_layout
@@ -419,6 +420,10 @@ class FirmwareController(wiring.Component):
             m.d.sync += axi_err.eq(0)
         with m.If((done_r | done_b) & (resp != RESP_OKAY) & (axi_err == 0)):
             m.d.sync += axi_err.eq(resp)
+
+        # a fault of the core (a firmware bug) ends the program with its own error code
+        with m.If(cpu.fault & ~self.done):
+            m.d.sync += [self.error.eq(CORE_FAULT), self.error_pc.eq(cpu.fault_pc), self.done.eq(1)]
 
         # every program starts from a clear state
         with m.If(self.start):

@@ -441,10 +441,13 @@ class RTLRunner:
                 f"CSR reads {pc}{_describe(words, pc)}{last}; {waits}; status {result['status']:#x}; "
                 f"run files in {job_dir}")
         if outcome == "error":
+            from systolic.hw.csr import CORE_FAULT
+
             code = result["error"]
-            return RTLDeviceError(
-                f"the accelerator stopped with error {code} ({_error_text(code)}) at instruction "
-                f"{result['error_pc']}{_describe(words, result['error_pc'])}; run files in {job_dir}")
+            where = (f"core address {result['error_pc']:#x}" if code == CORE_FAULT else
+                     f"instruction {result['error_pc']}{_describe(words, result['error_pc'])}")
+            return RTLDeviceError(f"the accelerator stopped with error {code} ({_error_text(code)}) at "
+                                  f"{where}; run files in {job_dir}")
         if outcome == "config":
             raise RTLError(f"the simulated accelerator reports config hash {result['hash']:016x}, "
                            f"but the runner's config is {self.config.hash_hex}; run files in {job_dir}")

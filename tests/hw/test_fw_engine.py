@@ -83,3 +83,27 @@ def test_an_image_too_large_for_the_ram_is_rejected() -> None:
     with pytest.raises(ValueError, match=rf"^the firmware image \({RAM_BYTES} bytes\) leaves no room for "
                                          rf"the parameters in {RAM_BYTES} bytes of RAM$"):
         construct_rejected(lambda: FirmwareController(config, image=bytes(RAM_BYTES)))
+
+
+def test_a_fault_of_the_core_ends_the_program_with_its_error(tmp_path, monkeypatch) -> None:
+    """A firmware that stops the core (here an EBREAK at byte 8) ends the program: STATUS done
+    with error 6 and ERROR_PC the core's address of the instruction, not a hang."""
+    import numpy as np
+    from systolic.hw import fw_engine
+    from systolic.hw.csr import CORE_FAULT, ERROR_CODES
+    from systolic.hw.firmware import build_firmware
+    from systolic.hw.isa import Instruction, Program
+
+    from tests.hw.accel_harness import run_accelerator
+
+    source = tmp_path / "fault.S"
+    source.write_text(".option norvc\n.section .text.start\n.globl _start\n_start:\n nop\n nop\n ebreak\n")
+    image = build_firmware([source], ram_bytes=1024)
+    monkeypatch.setattr(fw_engine, "engine_image", lambda: image)
+    config = AcceleratorConfig(**FW)
+    program = Program((Instruction("FINISH"),), config.hash)
+    dram = np.zeros(4096, np.uint8)
+    dram[:64] = np.frombuffer(program.words(), np.uint8)
+    result = run_accelerator(config, program, dram, prog_addr=0, max_cycles=200)
+    assert result.done and (result.error, result.error_pc) == (CORE_FAULT, 8)
+    assert "firmware" in ERROR_CODES[CORE_FAULT]
