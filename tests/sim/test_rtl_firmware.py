@@ -5,11 +5,14 @@ tests/sim/test_rtl.py as the hardware control does.
 * every program of the catalogue (sim/catalogue.py, on a 4x4 array with a 128-byte scratchpad as
   its "ws4" configuration, so that every dimension is tiled) and a few more (output-stationary,
   raw, extremes) leaves the golden model's DRAM image, byte for byte, with the golden model's
-  ``macs``, ``instructions`` and DRAM traffic (``dram_read_bytes``, ``dram_write_bytes``);
+  ``macs``, ``instructions`` and DRAM traffic (``dram_read_bytes``, ``dram_write_bytes``), for
+  int8, unsigned int8, int16 and a 16-bit accumulator;
 * illegal words, illegal flags, a missing FINISH and AXI error responses on a fetch, a LOAD, a
   STORE and a residual read stop it with the error code and instruction of the hardware control;
   a token never sent hangs it (the watchdog);
-* the program after a failing one runs clean (the core restarts its firmware at every start).
+* the program after a failing one runs clean (the core restarts its firmware at every start);
+* the digits CNN compiled for the iCEBreaker preset under firmware control runs bit-exact through
+  the runtime's rtl backend.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from systolic.hw.config import AcceleratorConfig
+from systolic.hw.fw_engine import ESTIMATE_FACTOR
 from systolic.sim.catalogue import CATALOGUE, GEMM_INT32_WRAP, CaseSpec
 from systolic.sim.golden import run_golden
 from systolic.sim.programs import conv_case, gemm_case, pool_case, residual_case
@@ -63,7 +67,7 @@ def fw4_runs() -> dict[str, tuple]:
         by_config.setdefault(case.config, []).append(name)
     for config, names in by_config.items():
         jobs = [RTLJob(built[n][0].program, built[n][0].dram, built[n][0].program_addr,
-                       max_cycles=2000 * built[n][1].cycles + 100_000) for n in names]
+                       max_cycles=ESTIMATE_FACTOR * built[n][1].cycles + 100_000) for n in names]
         for name, outcome in zip(names, RTLRunner(config, seed=3).run_many(jobs), strict=True):
             runs[name] = (*built[name], outcome)
     return runs
@@ -81,17 +85,48 @@ def test_programs_match_the_golden_model(fw4_runs, name: str) -> None:
     assert result.counters["load_busy"] > 0 and result.counters["store_busy"] > 0
 
 
+#: Other element types under firmware control: unsigned int8, int16, and a 16-bit unsigned
+#: accumulator (no residual add: it needs a signed accumulator's range here).
+ELEMENT_TYPES = {
+    "unsigned": FW4.replace(input_signed=False, weight_signed=False),
+    "int16": FW4.replace(input_bits=16, weight_bits=16),
+    "acc16": FW4.replace(accumulator_bytes=1024, acc_bits=16, input_signed=False, weight_signed=False,
+                         acc_signed=False, sfu_residual=False),
+}
+
+
+@pytest.mark.parametrize("name", ELEMENT_TYPES)
+def test_other_element_types_match_the_golden_model(name: str) -> None:
+    config = ELEMENT_TYPES[name]
+    cases = [gemm_case(config, 9, 7, 6, seed=1, act="relu"),
+             gemm_case(config, 5, 6, 4, seed=3, requant=False),
+             conv_case(config, 5, 6, 3, 5, 3, 3, stride=2, pad=1, act="relu", seed=4),
+             pool_case(config, 5, 5, 4, pool="avg", kernel=3, stride=2, pad=1, seed=6)]
+    if config.sfu_residual:
+        cases.append(residual_case(config, 6, 5, 4, seed=7))
+    goldens = [run_golden(config, case.program, case.dram) for case in cases]
+    outcomes = RTLRunner(config).run_many([
+        RTLJob(case.program, case.dram, case.program_addr, ESTIMATE_FACTOR * golden.cycles + 100_000)
+        for case, golden in zip(cases, goldens, strict=True)])
+    for case, golden, result in zip(cases, goldens, outcomes, strict=True):
+        assert isinstance(result, RTLRunResult), (case.name, result)
+        case.check(result.dram)
+        np.testing.assert_array_equal(result.dram, golden.dram, err_msg=case.name)
+        assert (result.dram_read_bytes, result.dram_write_bytes) == (golden.dram_read_bytes,
+                                                                    golden.dram_write_bytes), case.name
+
+
 @pytest.fixture(scope="module")
 def catalogue_runs() -> dict[CaseSpec, tuple]:
     """The catalogue on FWCAT, one batch: spec -> (case, golden, outcome). The firmware takes
-    about a thousand cycles per element a LOAD or STORE moves: the watchdog allows 3000 per
-    golden cycle."""
+    about a thousand times the golden model's estimate (up to 3000): the watchdog allows
+    ESTIMATE_FACTOR times it."""
     built = {}
     for spec in SPECS:
         case = spec.build(FWCAT)
         built[spec] = (case, run_golden(FWCAT, case.program, case.dram))
-    jobs = [RTLJob(case.program, case.dram, case.program_addr, max_cycles=3000 * golden.cycles + 100_000)
-            for case, golden in built.values()]
+    jobs = [RTLJob(case.program, case.dram, case.program_addr,
+                   max_cycles=ESTIMATE_FACTOR * golden.cycles + 100_000) for case, golden in built.values()]
     outcomes = RTLRunner(FWCAT, seed=1).run_many(jobs)
     return {spec: (*built[spec], outcome) for spec, outcome in zip(SPECS, outcomes, strict=True)}
 
