@@ -21,7 +21,8 @@ both kinds of core:
   side by side for the bus width and stacked for the depth; byte enables become nibble write
   masks.
 
-The arbiter gives the bridge priority (it makes one access per UART character or so) and
+The arbiter gives the bridge priority (it makes one access per UART character or so; its
+accesses reach the arbiter through a register, so the bridge's reads take a cycle more) and
 alternates between the AXI read and write engines when both want the port. The read engine keeps
 one burst in progress and the next one's address waiting, and an output buffer of
 ``read_latency + 2`` beats whose credit depends only on registered state; the R channel comes
@@ -579,7 +580,8 @@ class SoCMemory(wiring.Component):
     ``banks[k].data[word]``; empty for ``"spram"``; not for a memory elaborated for ECP5 whose
     banks are DP16KD instances, see the module docstring); ``ram`` is the only bank of a memory of
     one bank, else None. ``read_latency``: cycles from a bridge read's grant to its data, the same
-    on every platform."""
+    on every platform: the core's (:func:`memory_read_latency`) plus one, for the register
+    between the bridge and the arbiter."""
 
     def __init__(self, *, memory_bytes: int, data_width: int, kind: str = "bram"):
         if data_width not in (32, 64, 128):
@@ -590,8 +592,12 @@ class SoCMemory(wiring.Component):
         self.data_width = data_width
         self.bus_bytes = data_width // 8
         self._core = _Core(kind, memory_bytes, data_width)
-        self.read_latency = self._core.read_latency
+        # the bridge's accesses reach the arbiter through a register: a cycle more than the core's
+        self.read_latency = self._core.read_latency + 1
         self.port_signature = self.port_signature_for(memory_bytes, data_width, kind)
+        self._internal_signature = MemoryPortSignature(
+            addr_width=self.port_signature.addr_width, data_width=data_width,
+            read_latency=self._core.read_latency)
         super().__init__({
             "axi": In(AXI4Signature(addr_width=32, data_width=data_width)),
             "bridge": In(self.port_signature),
@@ -616,17 +622,23 @@ class SoCMemory(wiring.Component):
         ``data_width``-bit bus (word addresses, its read latency)."""
         words = memory_bytes // (data_width // 8)
         return MemoryPortSignature(addr_width=max(1, (words - 1).bit_length()), data_width=data_width,
-                                   read_latency=memory_read_latency(kind, memory_bytes))
+                                   read_latency=memory_read_latency(kind, memory_bytes) + 1)
 
     def elaborate(self, platform):
         m = Module()
         beats_log2 = (self.memory_bytes // self.bus_bytes).bit_length() - 1
         m.submodules.core = core = self._core
-        m.submodules.arbiter = arbiter = _Arbiter(self.port_signature, core.signature)
-        m.submodules.reads = reads = _ReadEngine(self.port_signature, beats_log2)
-        m.submodules.writes = writes = _WriteEngine(self.port_signature, beats_log2)
+        internal = self._internal_signature
+        m.submodules.arbiter = arbiter = _Arbiter(internal, core.signature)
+        m.submodules.reads = reads = _ReadEngine(internal, beats_log2)
+        m.submodules.writes = writes = _WriteEngine(internal, beats_log2)
         wiring.connect(m, arbiter=arbiter.core, core=core)
-        wiring.connect(m, bridge=wiring.flipped(self.bridge), arbiter=arbiter.bridge)
+        # the bridge's access goes through a register (the arbiter grants it at once, so the
+        # register never waits): no path from the bridge's state through the arbiter into the
+        # AXI engines' handshakes (timing); its reads take a cycle more
+        bridge, granted = self.bridge.cmd, arbiter.bridge.cmd
+        m.d.comb += [bridge.ready.eq(1), self.bridge.rdata.eq(arbiter.bridge.rdata)]
+        m.d.sync += [granted.valid.eq(bridge.valid), granted.payload.eq(bridge.payload)]
         wiring.connect(m, reads=reads.mem, arbiter=arbiter.reads)
         wiring.connect(m, writes=writes.mem, arbiter=arbiter.writes)
         wiring.connect(m, manager=wiring.flipped(self.axi.ar), reads=reads.ar)

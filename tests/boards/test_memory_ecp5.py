@@ -1,7 +1,8 @@
 # amaranth: UnusedElaboratable=no
 """The banked SoC memory on ECP5 (boards/memory.py): its banks are DP16KD instances with the
 block RAM's output register (REGMODE_A "OUTREG"), elsewhere amaranth Memory with a register on
-the read data; both have the read latency of ``memory_read_latency``.
+the read data; both have the read latency of ``memory_read_latency`` (the bridge port one more,
+for its register before the arbiter).
 
 * The ECP5 variant's Verilog: how many DP16KD instances with which parameters, and which memories
   keep amaranth Memory on ECP5 (banks that are not 1024 words deep).
@@ -78,7 +79,8 @@ def test_ecp5_banks_are_dp16kd_with_output_register(bus_bits, memory_bytes):
         for port in ("OCEA", "CEA", "WEA", "CLKA", "RSTA", "ADA0", "ADA13", "DIA17", "DOA16"):
             assert re.search(rf"\.{port}\(", text), port
     assert not re.search(r"^\s*reg\s*\[\d+:0\]\s*\w+\s*\[", verilog, re.MULTILINE)   # no memory array
-    assert memory.read_latency == memory_read_latency("bram", memory_bytes)
+    # the bridge's view: the core's latency and the register before the arbiter
+    assert memory.read_latency == memory_read_latency("bram", memory_bytes) + 1
     assert "DP16KD" not in to_verilog(SoCMemory(memory_bytes=memory_bytes, data_width=bus_bits), "mem")
 
 
@@ -128,7 +130,7 @@ def _testbench(seed: int) -> list[str]:
         words = size // (bits // 8)
         addr_bits = (words - 1).bit_length()
         mask_bits = bits // 8
-        latency = memory_read_latency("bram", size)
+        latency = memory_read_latency("bram", size) + 1      # the bridge port's (SoCMemory.read_latency)
         banks = min(MAX_BANKS, max(1, size // BANK_BYTES))
         s = f"{bits}_{size // 1024}k"
         for variant, platform in (("generic", None), ("ecp5", _ECP5())):

@@ -447,7 +447,8 @@ def test_memory_reads_stream_one_beat_per_cycle(bus_bits, memory_bytes):
     between bursts (the accelerator's throughput depends on it), also from a banked memory
     (read latency 6) and across its banks."""
     dut = SoCMemory(memory_bytes=memory_bytes, data_width=bus_bits)
-    assert dut.read_latency == (1 if memory_bytes <= BANK_BYTES else 6)    # 2 banks: 1 select level
+    # the bridge's view: 1 select level for 2 banks, and the register before the arbiter
+    assert dut.read_latency == (1 if memory_bytes <= BANK_BYTES else 6) + 1
     b = bus_bits // 8
     rng = random.Random(SEED + bus_bits)
     image = bytes(rng.randrange(256) for _ in range(memory_bytes))
@@ -798,7 +799,8 @@ def _spram_testbench() -> list[str]:
     body = []
     for bits, size in _SPRAM_CASES:
         addr_bits = (size // (bits // 8) - 1).bit_length()
-        latency = {kind: memory_read_latency(kind, size) for kind in ("bram", "spram")}
+        # the bridge port's latencies (SoCMemory.read_latency: the core's, one more for its register)
+        latency = {kind: memory_read_latency(kind, size) + 1 for kind in ("bram", "spram")}
         for kind in ("bram", "spram"):
             name = f"mem_{kind}{bits}"
             verilog = to_verilog(SoCMemory(memory_bytes=size, data_width=bits, kind=kind), name)
