@@ -46,8 +46,10 @@ DEFAULT_TIMEOUT_S = 2.0
 _MAX_GARBAGE = 64
 _STATUS_BUSY = 1 << 0
 _STATUS_DONE = 1 << 1
+_STATUS_FW_READY = 1 << 2
 _CTRL_START = 1 << 0
 _CTRL_SOFT_RESET = 1 << 1
+_CTRL_FW_LOADED = 1 << 2
 _REGISTER_AT = {int(reg["offset"]): name for name, reg in register_map().items()}   # type: ignore[call-overload]
 
 
@@ -301,6 +303,29 @@ class Board:
                 f"bus, but config {config.hash_hex} has {config.dma_bytes} bytes (dma_data_bits "
                 f"{config.dma_data_bits})")
         return info
+
+    def ensure_firmware(self, config: AcceleratorConfig) -> int:
+        """Under firmware control (``config.control == "firmware"``), make sure the accelerator's
+        core has its firmware: if STATUS bit 2 (firmware ready) is clear, as after configuring an
+        iCE40 whose core RAM is SPRAM, write the image and the instance's parameters
+        (:func:`systolic.hw.fw_engine.firmware_load`) through ``fw_addr`` and ``fw_data`` and set
+        CTRL bit 2. Returns the words written (0 when nothing was needed). Raises
+        :class:`BoardLinkError` if the bit stays clear."""
+        if config.control != "firmware" or self.read_csr("status") & _STATUS_FW_READY:
+            return 0
+        from systolic.hw.fw_engine import firmware_load
+
+        written = 0
+        for first, words in firmware_load(config):
+            self.write_csr("fw_addr", first)
+            for word in words:
+                self.write_csr("fw_data", word)
+            written += len(words)
+        self.write_csr("ctrl", _CTRL_FW_LOADED)
+        if not self.read_csr("status") & _STATUS_FW_READY:
+            raise BoardLinkError(f"the accelerator at {self.port} does not report its firmware ready "
+                                 f"after {written} words were loaded")
+        return written
 
     # -- memory ---------------------------------------------------------------------------------
 

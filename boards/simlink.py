@@ -62,26 +62,30 @@ class SimLinkError(RuntimeError):
     simulator's output."""
 
 
-def soc_sim_verilog(config: AcceleratorConfig, *, memory_bytes: int, divisor: int) -> str:
-    """Verilog of ``systolic_soc`` for ``config`` (:func:`systolic.boards.soc.soc_verilog`),
-    cached in ``build_cache_dir("verilog", ...)`` per config hash, ``memory_bytes``, ``divisor``
-    and a hash of the hw/ and boards/ sources and the Amaranth version: elaborating the
-    accelerator takes seconds."""
+def soc_sim_verilog(config: AcceleratorConfig, *, memory_bytes: int, divisor: int,
+                    firmware_ram: str | None = None) -> str:
+    """Verilog of ``systolic_soc`` for ``config`` (:func:`systolic.boards.soc.soc_verilog`,
+    ``firmware_ram`` as there), cached in ``build_cache_dir("verilog", ...)`` per config hash,
+    ``memory_bytes``, ``divisor``, ``firmware_ram`` and a hash of the hw/ and boards/ sources
+    (the packaged firmware included) and the Amaranth version: elaborating the accelerator takes
+    seconds."""
     from systolic.boards import soc
     from systolic.hw import top as hw_top
 
     if not isinstance(config, AcceleratorConfig):
         raise TypeError(f"config must be an AcceleratorConfig, not {type(config).__name__}")
-    digest = hashlib.sha256(f"{config.hash_hex}/{memory_bytes}/{divisor}".encode())
+    digest = hashlib.sha256(f"{config.hash_hex}/{memory_bytes}/{divisor}/{firmware_ram}".encode())
     digest.update(_version("amaranth").encode())
-    for folder in (Path(hw_top.__file__).resolve().parent, Path(soc.__file__).resolve().parent):
-        for source in sorted(folder.glob("*.py")):
-            digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    hw_dir = Path(hw_top.__file__).resolve().parent
+    sources = [*hw_dir.glob("*.py"), *(hw_dir / "firmware_src").glob("*"),
+               *Path(soc.__file__).resolve().parent.glob("*.py")]
+    for source in sorted(sources):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
     key = f"{SOC_TOP}-{config.hash_hex}-{digest.hexdigest()[:16]}"
     path = tools.build_cache_dir("verilog", key) / f"{SOC_TOP}.v"
     if path.is_file():
         return path.read_text()
-    text = soc.soc_verilog(config, memory_bytes=memory_bytes, divisor=divisor)
+    text = soc.soc_verilog(config, memory_bytes=memory_bytes, divisor=divisor, firmware_ram=firmware_ram)
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     partial.write_text(text)
     partial.replace(path)
@@ -89,15 +93,16 @@ def soc_sim_verilog(config: AcceleratorConfig, *, memory_bytes: int, divisor: in
 
 
 def build_soc_sim(config: AcceleratorConfig, *, memory_bytes: int, divisor: int = DEFAULT_DIVISOR,
-                  waves: bool | None = None) -> Path:
+                  waves: bool | None = None, firmware_ram: str | None = None) -> Path:
     """Build the simulated board (or find its cached build); returns the executable.
 
     ``memory_bytes``: the SoC's on-chip memory, bytes; ``divisor``: clock cycles per UART bit;
-    ``waves``: compile in VCD tracing (default: ``SYSTOLIC_WAVES``). Raises :class:`SimLinkError`
+    ``waves``: compile in VCD tracing (default: ``SYSTOLIC_WAVES``); ``firmware_ram``: as
+    :func:`soc_sim_verilog`'s. Raises :class:`SimLinkError`
     quoting the end of the build log when Verilator or the C++ compiler fails."""
     check_divisor(divisor)
     waves = tools.waves_enabled() if waves is None else waves
-    verilog = soc_sim_verilog(config, memory_bytes=memory_bytes, divisor=divisor)
+    verilog = soc_sim_verilog(config, memory_bytes=memory_bytes, divisor=divisor, firmware_ram=firmware_ram)
     harness = HARNESS.read_text()
     args = [*tools.VERILATOR_WAIVERS, "-Wno-fatal", *_BUILD_ARGS]
     if waves:
@@ -139,7 +144,7 @@ def build_soc_sim(config: AcceleratorConfig, *, memory_bytes: int, divisor: int 
 def simulated_board(config: AcceleratorConfig, *, memory_bytes: int, divisor: int = DEFAULT_DIVISOR,
                     max_cycles: int | None = None, idle_seconds: float = 120.0,
                     grace_cycles: int | None = None, waves: bool | None = None,
-                    port: int = 0) -> Iterator[str]:
+                    port: int = 0, firmware_ram: str | None = None) -> Iterator[str]:
     """Start a simulated board for ``config`` (see :func:`build_soc_sim`) and yield its
     ``socket://127.0.0.1:PORT`` URL; the simulator stops when the block ends.
 
@@ -147,18 +152,20 @@ def simulated_board(config: AcceleratorConfig, *, memory_bytes: int, divisor: in
     cycles (None: no limit), or after ``idle_seconds`` without traffic while the SoC is idle.
     ``grace_cycles``: idle cycles it keeps simulating before it sleeps until the next byte
     (default: a little longer than the bridge's inter-byte timeout, so that a partial frame is
-    answered with TIMEOUT as on a board). ``port``: the TCP port (0: any free one). Raises
+    answered with TIMEOUT as on a board). ``port``: the TCP port (0: any free one).
+    ``firmware_ram``: as :func:`soc_sim_verilog`'s (``"loaded"``: the host loads the firmware, as
+    on an iCE40 whose core RAM is SPRAM). Raises
     :class:`SimLinkError` when the simulator cannot start."""
     with _running(config, memory_bytes=memory_bytes, divisor=divisor, max_cycles=max_cycles,
                   idle_seconds=idle_seconds, grace_cycles=grace_cycles, waves=waves,
-                  port=port) as (_, url):
+                  port=port, firmware_ram=firmware_ram) as (_, url):
         yield url
 
 
 @contextlib.contextmanager
 def _running(config: AcceleratorConfig, *, memory_bytes: int, divisor: int, max_cycles: int | None,
              idle_seconds: float, grace_cycles: int | None, waves: bool | None,
-             port: int) -> Iterator[tuple[subprocess.Popen, str]]:
+             port: int, firmware_ram: str | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
     if max_cycles is not None and (isinstance(max_cycles, bool) or not isinstance(max_cycles, int)
                                    or max_cycles < 1):
         raise ValueError(f"max_cycles must be a positive integer or None, not {max_cycles!r}")
@@ -170,7 +177,8 @@ def _running(config: AcceleratorConfig, *, memory_bytes: int, divisor: int, max_
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"port must be a TCP port number between 0 and 65535, not {port!r}")
     waves = tools.waves_enabled() if waves is None else waves
-    binary = build_soc_sim(config, memory_bytes=memory_bytes, divisor=divisor, waves=waves)
+    binary = build_soc_sim(config, memory_bytes=memory_bytes, divisor=divisor, waves=waves,
+                           firmware_ram=firmware_ram)
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=binary.parent.parent))
     port_file = run_dir / "port"
     command = [str(binary), "--divisor", str(divisor), "--port", str(port), "--port-file", str(port_file),

@@ -78,6 +78,9 @@ class SoC(wiring.Component):
     """Accelerator + on-chip memory + UART host bridge (see the module docstring).
 
     ``memory`` is ``"bram"`` (block RAM; simulation) or ``"spram"`` (iCE40UP5K SB_SPRAM256KA).
+    ``firmware_ram`` (firmware control only, :data:`~systolic.hw.fw_engine.RAM_KINDS`): what holds
+    the accelerator's core RAM; by default ``"spram"`` with an SPRAM memory (two of the four
+    blocks: the SoC memory gets the other two), else ``"init"``.
     The UART runs at ``clk_hz / round(clk_hz / baud)`` baud, 8N1. ``timeout_bits`` is the longest
     silence inside a request frame, in bit times. The parts are attributes: ``accelerator``,
     ``memory`` (its ``ram.data[word]`` reaches a ``"bram"`` memory's contents in simulation),
@@ -94,7 +97,8 @@ class SoC(wiring.Component):
     """The last STATUS read through the bridge showed an error (for an LED)."""
 
     def __init__(self, config: AcceleratorConfig, *, memory_bytes: int, memory: str = "bram",
-                 clk_hz: float, baud: float, timeout_bits: int = DEFAULT_TIMEOUT_BITS):
+                 clk_hz: float, baud: float, timeout_bits: int = DEFAULT_TIMEOUT_BITS,
+                 firmware_ram: str | None = None):
         if not isinstance(config, AcceleratorConfig):
             raise TypeError(f"config must be an AcceleratorConfig, not {config!r}")
         check_memory(memory, memory_bytes, config.dma_data_bits)
@@ -106,7 +110,9 @@ class SoC(wiring.Component):
         self.memory_bytes = memory_bytes
         self.memory_kind = memory
         self.memory = SoCMemory(memory_bytes=memory_bytes, data_width=config.dma_data_bits, kind=memory)
-        self.accelerator = Accelerator(config)
+        if firmware_ram is None:
+            firmware_ram = "spram" if memory == "spram" and config.control == "firmware" else "init"
+        self.accelerator = Accelerator(config, firmware_ram=firmware_ram)
         self.bridge = Bridge(port=self.memory.port_signature, memory_bytes=memory_bytes,
                              bus_bytes=config.dma_bytes, config_hash=config.hash,
                              timeout_cycles=self.timeout_bits * self.divisor)
@@ -166,7 +172,7 @@ class SoC(wiring.Component):
 
 
 def soc_verilog(config: AcceleratorConfig, *, memory_bytes: int, divisor: int,
-                timeout_bits: int = DEFAULT_TIMEOUT_BITS) -> str:
+                timeout_bits: int = DEFAULT_TIMEOUT_BITS, firmware_ram: str | None = None) -> str:
     """Verilog of the SoC with a ``"bram"`` memory as module ``systolic_soc``, ports ``clk``,
     ``rst`` (synchronous, active high), ``uart_rx``, ``uart_tx``, ``busy``, ``error``; the UART
     runs at ``divisor`` clock cycles per bit."""
@@ -176,5 +182,5 @@ def soc_verilog(config: AcceleratorConfig, *, memory_bytes: int, divisor: int,
     # any clock works: only the ratio (the divisor) reaches the gateware
     baud = 1_000_000
     soc = SoC(config, memory_bytes=memory_bytes, memory="bram", clk_hz=divisor * baud, baud=baud,
-              timeout_bits=timeout_bits)
+              timeout_bits=timeout_bits, firmware_ram=firmware_ram)
     return to_verilog(soc, "systolic_soc")

@@ -214,6 +214,7 @@ class _BoardLink:
             raise BackendError(f"the board backend cannot use {port}: {exc}") from None
         try:
             info = self.board.check_config(model.config)
+            self.board.ensure_firmware(model.config)
         except BoardLinkError as exc:
             self.board.close()
             raise BackendError(f"the board backend cannot use {port}: {exc}") from None

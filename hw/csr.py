@@ -20,10 +20,12 @@ from amaranth.lib.wiring import In, Out
 
 from .axi import RESP_OKAY, RESP_SLVERR, AXI4LiteSignature
 
-__all__ = ["Register", "REGISTERS", "COUNTERS", "ERROR_CODES", "CORE_FAULT", "CSR_ADDR_BITS", "CSRBank",
-           "register_map"]
+__all__ = ["Register", "REGISTERS", "COUNTERS", "ERROR_CODES", "CORE_FAULT", "NO_FIRMWARE", "CSR_ADDR_BITS",
+           "FW_ADDR_BITS", "CSRBank", "register_map"]
 
 CSR_ADDR_BITS = 8
+#: Width of fw_addr: word indices of a core RAM of up to 256 KiB.
+FW_ADDR_BITS = 16
 
 
 @dataclass(frozen=True)
@@ -62,15 +64,21 @@ ERROR_CODES = {
     5: "the program ended (prog_len instructions) without FINISH",
     6: "the firmware control's core stopped on a fault (a firmware bug); ERROR_PC holds the core's "
        "byte address of the faulting instruction",
+    7: "start without firmware: load the core's RAM (fw_addr, fw_data) and set CTRL bit 2 first",
 }
-#: Errors whose ERROR_PC is not an instruction index.
+#: The error whose ERROR_PC is the core's byte address, not an instruction index.
 CORE_FAULT = 6
+#: Start under firmware control before the core's RAM holds a firmware.
+NO_FIRMWARE = 7
 
 
 def _registers() -> tuple[Register, ...]:
     regs = [
-        Register("ctrl", 0x00, "wo", "bit 0: start (prog_addr, dram_base must be set); bit 1: soft reset"),
-        Register("status", 0x04, "ro", "bit 0: busy, bit 1: done, bits 7:4: error code (ERROR_CODES)"),
+        Register("ctrl", 0x00, "wo", "bit 0: start (prog_addr, dram_base must be set); bit 1: soft reset; "
+                                     "bit 2: firmware loaded (fw_addr, fw_data)"),
+        Register("status", 0x04, "ro", "bit 0: busy, bit 1: done, bit 2: firmware ready (firmware "
+                                       "control; 0 under hardware control), bits 7:4: error code "
+                                       "(ERROR_CODES)"),
         Register("error_pc", 0x08, "ro", "index of the instruction that raised the error"),
         Register("prog_addr", 0x0C, "rw", "byte address of the first instruction word in DRAM"),
         Register("dram_base", 0x10, "rw", "added to every DRAM address in LOAD and STORE"),
@@ -79,6 +87,11 @@ def _registers() -> tuple[Register, ...]:
         Register("pc", 0x1C, "ro", "index of the next instruction to dispatch"),
         Register("prog_len", 0x20, "rw", "instructions in the program (the fetcher reads no further; taken "
                                          "at start, at most dram_bytes / 64)"),
+        Register("fw_addr", 0x24, "rw", "firmware control with a loaded core RAM: word index the next "
+                                        "fw_data write goes to"),
+        Register("fw_data", 0x28, "wo", "firmware control with a loaded core RAM: a word of the core's "
+                                        "RAM image, written at fw_addr, which then advances (firmware "
+                                        "ready drops until CTRL bit 2)"),
     ]
     offset = 0x40
     for name, doc in COUNTERS:
@@ -155,6 +168,9 @@ class CSRBank(wiring.Component):
             "error_pc": In(32),
             "pc": In(32),
             "settled": Out(1),
+            # firmware control: the core's RAM image from the host, word by word
+            "fw_write": Out(1), "fw_write_addr": Out(FW_ADDR_BITS), "fw_write_data": Out(32),
+            "fw_loaded": Out(1), "fw_ready": In(1),
         }
         for name, _ in COUNTERS:
             members[f"increment_{name}"] = In(self.increment_bits[name])
@@ -171,6 +187,7 @@ class CSRBank(wiring.Component):
         m = Module()
         bus = self.bus
         bits = self.counter_bits
+        self._fw_addr = Signal(FW_ADDR_BITS, name="fw_addr")     # read by _read_source
         count = len(COUNTERS)
         # the core takes start and soft_reset through registers of its own (the top level's reset
         # distribution), a cycle after these pulses: until it has, the status reads as it will be
@@ -306,7 +323,10 @@ class CSRBank(wiring.Component):
         m.d.comb += [bus.aw.ready.eq(~aw_full), bus.w.ready.eq(~w_full)]
         # start and soft_reset are registered pulses (in the cycle the response goes out), so
         # that the address decode does not lie on the paths into everything they clear
-        m.d.sync += [self.start.eq(0), self.soft_reset.eq(0)]
+        m.d.sync += [self.start.eq(0), self.soft_reset.eq(0), self.fw_write.eq(0), self.fw_loaded.eq(0)]
+        fw_addr = self._fw_addr
+        with m.If(self.fw_write):
+            m.d.sync += fw_addr.eq(fw_addr + 1)
         with m.If(bus.aw.valid & bus.aw.ready):
             m.d.sync += [aw_addr.eq(bus.aw.payload.addr), aw_full.eq(1)]
         with m.If(bus.w.valid & bus.w.ready):
@@ -320,7 +340,13 @@ class CSRBank(wiring.Component):
             with m.Switch(aw_addr[2:]):
                 with m.Case(_BY_NAME["ctrl"].offset >> 2):
                     m.d.sync += [self.start.eq(w_data[0] & w_strb[0]),
-                                 self.soft_reset.eq(w_data[1] & w_strb[0])]
+                                 self.soft_reset.eq(w_data[1] & w_strb[0]),
+                                 self.fw_loaded.eq(w_data[2] & w_strb[0])]
+                with m.Case(_BY_NAME["fw_addr"].offset >> 2):
+                    m.d.sync += fw_addr.eq(w_data[:FW_ADDR_BITS])
+                with m.Case(_BY_NAME["fw_data"].offset >> 2):
+                    m.d.sync += [self.fw_write.eq(1), self.fw_write_addr.eq(fw_addr),
+                                 self.fw_write_data.eq(w_data)]
                 for name in ("prog_addr", "dram_base", "prog_len"):
                     with m.Case(_BY_NAME[name].offset >> 2):
                         reg = getattr(self, name)
@@ -340,11 +366,14 @@ class CSRBank(wiring.Component):
             start_pending, reset_pending = pulses
             busy = (self.busy | start_pending) & ~reset_pending
             settling = start_pending | reset_pending
-            return busy | ((self.done & ~settling) << 1) | (Mux(settling, 0, self.error) << 4)
+            return (busy | ((self.done & ~settling) << 1) | (self.fw_ready << 2)
+                    | (Mux(settling, 0, self.error) << 4))
         if name == "error_pc":
             return self.error_pc
         if name == "pc":
             return self.pc
+        if name == "fw_addr":
+            return self._fw_addr
         if name in ("prog_addr", "dram_base", "prog_len"):
             return getattr(self, name)
         if name == "config_hash_lo":

@@ -31,7 +31,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from amaranth import Cat, Const, Module, Mux, Shape, Signal
+from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, Shape, Signal
 from amaranth.hdl import ResetInserter
 from amaranth.lib import enum, wiring
 from amaranth.lib.memory import Memory
@@ -42,17 +42,23 @@ from .axi import RESP_OKAY
 from .config import ACTIVATIONS, POOLINGS, AcceleratorConfig
 from .controller import ERR_DECERR, ERR_FLAGS, ERR_ILLEGAL, ERR_NO_FINISH, ERR_SLVERR, InstructionLayout
 from .cpu import CPU
-from .csr import CORE_FAULT
+from .csr import CORE_FAULT, FW_ADDR_BITS, NO_FIRMWARE
 from .firmware import build_firmware, image_words
 from .isa import INSTR_BYTES, LAYOUTS, Opcode
 from .scratchpad import spad_write_layout
 
 __all__ = ["ESTIMATE_FACTOR", "RAM_BYTES", "CTRL", "FLAGS", "PARAMS", "TABLE_BYTES", "MAX_QUEUE_DEPTH",
            "params", "engine_header", "estimate_factor", "build_engine_firmware", "engine_image",
+           "firmware_load", "RAM_KINDS",
            "FirmwareController", "check_firmware_config"]
 
-#: Bytes of the core's RAM (code, data, stack and parameters).
+#: Bytes of the core's RAM (code, data, stack and parameters) as the firmware is built for it.
 RAM_BYTES = 10240
+#: What holds the core's RAM: ``"init"`` block RAM initialized with the firmware (at elaboration),
+#: ``"loaded"`` block RAM the host loads through the CSRs (fw_addr, fw_data, CTRL bit 2), or
+#: ``"spram"`` two iCE40UP5K SB_SPRAM256KA, loaded the same way (a bitstream cannot initialize
+#: them).
+RAM_KINDS = ("init", "loaded", "spram")
 #: Bytes the firmware sets aside for the requantize table (rows x cols x 12).
 TABLE_BYTES = 1024
 #: Deepest instruction queue the firmware keeps.
@@ -215,6 +221,15 @@ def engine_image() -> bytes:
     return (_source_dir() / _IMAGE).read_bytes()
 
 
+def firmware_load(config: AcceleratorConfig) -> list[tuple[int, list[int]]]:
+    """What a host writes into a ``"loaded"`` or ``"spram"`` core RAM for ``config``, as
+    (first word index, words) runs: the firmware image from word 0 and the parameter words at the
+    end of the RAM (the zeroed data and the stack need nothing)."""
+    image = engine_image()
+    words = image_words(image, (len(image) + 3) // 4)
+    return [(0, words), (RAM_BYTES // 4 - len(PARAMS), list(params(config).values()))]
+
+
 class FirmwareController(wiring.Component):
     """The core, its RAM and its address space (see the module docstring), toward the CSR bank,
     the compute unit, the scratchpad's and the accumulator's DMA ports and the AXI4 bus.
@@ -223,9 +238,12 @@ class FirmwareController(wiring.Component):
     from its first instruction (it reads the CSR values then).
     """
 
-    def __init__(self, config: AcceleratorConfig, image: bytes | None = None):
+    def __init__(self, config: AcceleratorConfig, image: bytes | None = None, *, ram: str = "init"):
         check_firmware_config(config)
+        if ram not in RAM_KINDS:
+            raise ValueError(f"ram must be one of {', '.join(map(repr, RAM_KINDS))}, not {ram!r}")
         self.config = config
+        self.ram = ram
         self.image = engine_image() if image is None else image
         if len(self.image) > RAM_BYTES - 4 * len(PARAMS):
             raise ValueError(f"the firmware image ({len(self.image)} bytes) leaves no room for the "
@@ -234,6 +252,9 @@ class FirmwareController(wiring.Component):
         super().__init__({
             "start": In(1),
             "prog_addr": In(32), "prog_len": In(32), "dram_base": In(32),
+            # the RAM image from the host (ram "loaded" or "spram"); ready: the core may run
+            "fw_write": In(1), "fw_write_addr": In(FW_ADDR_BITS), "fw_write_data": In(32),
+            "fw_loaded": In(1), "fw_ready": Out(1),
             "pc": Out(32), "error": Out(4), "error_pc": Out(32), "done": Out(1), "running": Out(1),
             "fault": Out(1), "fault_pc": Out(32),
             "instructions": Out(1), "dram_read_beat": Out(1), "dram_write_beat": Out(1),
@@ -264,13 +285,30 @@ class FirmwareController(wiring.Component):
         init = image_words(self.image, words)
         for i, value in enumerate(params(c).values()):
             init[words - len(PARAMS) + i] = value
-        m.submodules.ram = ram = Memory(shape=32, depth=words, init=init)
-        rd, wr = ram.read_port(), ram.write_port(granularity=8)
+        # the RAM: one read (a cycle later) or one write per cycle, by word
+        ram_addr, ram_wdata, ram_rdata, ram_wen = Signal(FW_ADDR_BITS), Signal(32), Signal(32), Signal(4)
+        if self.ram == "spram":
+            self._spram(m, ram_addr, ram_wdata, ram_rdata, ram_wen)
+        else:
+            m.submodules.ram = ram = Memory(shape=32, depth=words, init=init if self.ram == "init" else [])
+            rd, wr = ram.read_port(), ram.write_port(granularity=8)
+            m.d.comb += [rd.addr.eq(ram_addr), wr.addr.eq(ram_addr), wr.data.eq(ram_wdata), wr.en.eq(ram_wen),
+                         ram_rdata.eq(rd.data)]
+        # firmware ready: from the start with an initialized RAM; else once the host has written
+        # the image and set CTRL bit 2 (a new image's first word drops it). Like the RAM's
+        # contents it outlives a soft reset (reset_less): it is the RAM's state, not the core's
+        ready = Signal(init=int(self.ram == "init"), reset_less=True)
+        if self.ram != "init":
+            with m.If(self.fw_write):
+                m.d.sync += ready.eq(0)
+            with m.Elif(self.fw_loaded):
+                m.d.sync += ready.eq(1)
+        m.d.comb += self.fw_ready.eq(ready)
         running = Signal()
-        m.d.sync += running.eq(running | self.start)
+        m.d.sync += running.eq(running | (self.start & ready))
         m.d.comb += self.running.eq(running)
         cpu = CPU()
-        m.submodules.cpu = ResetInserter(self.start | ~running)(cpu)
+        m.submodules.cpu = ResetInserter(self.start | ~running | ~ready)(cpu)
         bus = cpu.bus
         m.d.comb += [self.fault.eq(cpu.fault), self.fault_pc.eq(cpu.fault_pc)]
 
@@ -283,15 +321,19 @@ class FirmwareController(wiring.Component):
         offset = Cat(Const(0, 2), bus.addr[0:6])        # control register byte offset
 
         ack, rdata = Signal(), Signal(32)
-        m.d.comb += [bus.ack.eq(ack), bus.rdata.eq(Mux(is_ram, rd.data, rdata))]
+        m.d.comb += [bus.ack.eq(ack), bus.rdata.eq(Mux(is_ram, ram_rdata, rdata))]
         m.d.sync += ack.eq(0)
         new = bus.stb & ~ack        # a request not yet answered (the core holds stb until ack)
 
         # -- RAM: one cycle ------------------------------------------------------------------
-        m.d.comb += [rd.addr.eq(bus.addr), wr.addr.eq(bus.addr), wr.data.eq(bus.wdata)]
-        with m.If(new & is_ram):
-            m.d.sync += ack.eq(1)
-            m.d.comb += wr.en.eq(Mux(bus.we, bus.sel, 0))
+        with m.If(~ready):          # the core is held in reset: the host's image goes in
+            m.d.comb += [ram_addr.eq(self.fw_write_addr), ram_wdata.eq(self.fw_write_data),
+                         ram_wen.eq(Mux(self.fw_write, 0b1111, 0))]
+        with m.Else():
+            m.d.comb += [ram_addr.eq(bus.addr), ram_wdata.eq(bus.wdata)]
+            with m.If(new & is_ram):
+                m.d.sync += ack.eq(1)
+                m.d.comb += ram_wen.eq(Mux(bus.we, bus.sel, 0))
 
         # -- control registers ------------------------------------------------------------------
         flags = Signal(len(FLAGS))
@@ -430,5 +472,25 @@ class FirmwareController(wiring.Component):
             m.d.sync += [self.done.eq(0), self.error.eq(0), self.error_pc.eq(0), self.pc.eq(0),
                          flags.eq(0), completed.eq(0), axi_err.eq(0), cmd_valid.eq(0), page.eq(0),
                          wstrb.eq(0xF)]
+        # a start before the firmware is there ends at once, with its own error
+        with m.If(self.start & ~ready):
+            m.d.sync += [self.error.eq(NO_FIRMWARE), self.done.eq(1)]
         return m
+
+    @staticmethod
+    def _spram(m: Module, addr: Signal, wdata: Signal, rdata: Signal, wen: Signal) -> None:
+        """The RAM as two iCE40UP5K SB_SPRAM256KA side by side (16K words of 32 bits, 64 KiB);
+        byte enables become nibble write masks."""
+        halves = []
+        for half in range(2):
+            out = Signal(16, name=f"spram_out{half}")
+            mask = wen[2 * half:2 * half + 2]
+            m.submodules[f"spram{half}"] = Instance(
+                "SB_SPRAM256KA",
+                i_ADDRESS=addr[:14], i_DATAIN=wdata.word_select(half, 16),
+                i_MASKWREN=Cat(mask[0], mask[0], mask[1], mask[1]), i_WREN=wen.any(),
+                i_CHIPSELECT=1, i_CLOCK=ClockSignal("sync"), i_STANDBY=0, i_SLEEP=0, i_POWEROFF=1,
+                o_DATAOUT=out)
+            halves.append(out)
+        m.d.comb += rdata.eq(Cat(*halves))
 

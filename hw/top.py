@@ -31,7 +31,7 @@ from .axi import BURST_INCR
 from .config import AcceleratorConfig
 from .controller import Dispatcher, Fetcher, InstructionLayout, Sequencer, TokenChannel
 from .csr import COUNTERS, CSR_ADDR_BITS, CSRBank
-from .fw_engine import FirmwareController
+from .fw_engine import RAM_KINDS, FirmwareController
 from .interconnect import HalfRateRegister, ReadArbiter, StreamRegister
 from .isa import Queue
 from .requant_table import RequantTable
@@ -78,12 +78,17 @@ def counter_increment_bits(config: AcceleratorConfig) -> dict[str, int]:
 
 class Accelerator(wiring.Component):
     """The whole accelerator for one :class:`AcceleratorConfig` (flat AXI port names, see the
-    module docstring)."""
+    module docstring). ``firmware_ram``: what holds the firmware control's core RAM
+    (:data:`~systolic.hw.fw_engine.RAM_KINDS`; only with ``control = "firmware"``)."""
 
-    def __init__(self, config: AcceleratorConfig):
+    def __init__(self, config: AcceleratorConfig, *, firmware_ram: str = "init"):
         if not isinstance(config, AcceleratorConfig):
             raise TypeError(f"config must be an AcceleratorConfig, not {config!r}")
+        if firmware_ram not in RAM_KINDS:
+            raise ValueError(f"firmware_ram must be one of {', '.join(map(repr, RAM_KINDS))}, "
+                             f"not {firmware_ram!r}")
         self.config = config
+        self.firmware_ram = firmware_ram
         members = {}
         for name, (direction, width) in top_ports(config).items():
             members[name] = (Out if direction == "out" else In)(width)
@@ -289,7 +294,7 @@ class Accelerator(wiring.Component):
         fetcher, dispatcher, sequencers, load and store units; the compute unit, array,
         scratchpad and accumulator as in hardware control."""
         cfg = self.config
-        core.submodules.firmware = fw = FirmwareController(cfg)
+        core.submodules.firmware = fw = FirmwareController(cfg, ram=self.firmware_ram)
         compute = ComputeUnit(cfg, depth=4 if cfg.compute_queue_depth > 1 else 3)
         core.submodules.compute = compute
         core.submodules.spad = spad = Scratchpad(cfg)
@@ -298,6 +303,9 @@ class Accelerator(wiring.Component):
         core.d.comb += [
             fw.start.eq(start), fw.prog_addr.eq(csr.prog_addr), fw.prog_len.eq(csr.prog_len),
             fw.dram_base.eq(csr.dram_base),
+            fw.fw_write.eq(csr.fw_write), fw.fw_write_addr.eq(csr.fw_write_addr),
+            fw.fw_write_data.eq(csr.fw_write_data), fw.fw_loaded.eq(csr.fw_loaded),
+            csr.fw_ready.eq(fw.fw_ready),
             compute.cmd.valid.eq(fw.compute_cmd.valid), fw.compute_cmd.ready.eq(compute.cmd.ready),
             compute.cmd.payload.eq(fw.compute_cmd.payload), fw.compute_completed.eq(compute.completed),
             spad.write.valid.eq(fw.spad_write.valid), fw.spad_write.ready.eq(spad.write.ready),

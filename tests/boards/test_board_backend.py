@@ -323,3 +323,34 @@ def test_simulated_board_argument_errors() -> None:
         with simulated_board(CONFIG, memory_bytes=MEMORY, divisor=2):
             pass
     assert issubclass(SimLinkError, RuntimeError)
+
+
+def test_firmware_control_with_a_loaded_core_ram() -> None:
+    """Firmware control whose core RAM the host loads (``firmware_ram="loaded"``, as the iCE40's
+    SPRAM): before the load STATUS bit 2 is clear and a start ends with error 7; the runtime's
+    board backend loads the firmware over the link (once), and an ONNX model then runs bit-exact
+    with the golden backend."""
+    from systolic.boards.host import AcceleratorError
+    from systolic.hw.csr import NO_FIRMWARE
+    from systolic.hw.fw_engine import firmware_load
+
+    config = CONFIG.replace(control="firmware")
+    fm = models.matmul_bias()
+    compiled = compile_model(fm, config=config, calibration=models.calibration_set(fm, 8))
+    inputs = models.calibration_set(fm, 2, seed=3)
+    golden = run_model(compiled, inputs)
+    # one connection per simulated board: the first, fresh from "configuration", is not loaded
+    with simulated_board(config, memory_bytes=MEMORY, firmware_ram="loaded") as url, \
+            Board(url, timeout_s=10) as board:
+        assert board.read_csr("status") & 4 == 0
+        with pytest.raises(AcceleratorError, match=rf"stopped with error {NO_FIRMWARE} \(start without "
+                                                   r"firmware"):
+            board.run(0, 1, timeout_s=60)
+    with simulated_board(config, memory_bytes=MEMORY, firmware_ram="loaded") as url:
+        result = run_model(compiled, inputs, backend="board", port=url)
+    for name, value in golden.outputs.items():
+        assert np.array_equal(result.outputs[name], value), name
+    words = sum(len(run) for _, run in firmware_load(config))
+    # the firmware crossed the link once: a CSR write per word, and a few more
+    assert result.report["link"]["requests"] > words
+    assert result.report["macs"] == golden.report["macs"]

@@ -44,7 +44,9 @@ class FakeDevice:
     ``"garbage"`` (noise bytes before a correct answer), ``"noise"`` (only noise),
     ``("status", n)`` (answer status n and execute nothing), ``"close"`` (drop the connection).
     A program run started through ``ctrl`` finishes after ``run_polls`` reads of ``status``, or
-    stops with ``run_error`` = (code, pc), or never finishes when ``run_polls`` is None."""
+    stops with ``run_error`` = (code, pc), or never finishes when ``run_polls`` is None.
+    ``fw_data`` words are kept in ``fw_words``; CTRL bit 2 sets STATUS bit 2 (firmware ready)
+    unless ``fw_broken``."""
 
     memory_bytes: int = 4096
     config_hash_lo: int = CONFIG.hash & 0xFFFF_FFFF
@@ -55,6 +57,7 @@ class FakeDevice:
     faults: deque = field(default_factory=deque)
     executed: list[protocol.Request] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
+    fw_broken: bool = False
 
     def __post_init__(self) -> None:
         if not self.counters:
@@ -76,6 +79,8 @@ class FakeDevice:
         self.memory = bytearray(rng.integers(0, 256, self.memory_bytes, np.uint8).tobytes())
         self.regs = {name: 0 for name, reg in REGISTERS.items() if reg["access"] == "rw"}
         self.status = self.error = self.error_pc = self.polls_left = 0
+        self.fw_words: list[tuple[int, int]] = []
+        self.fw_ready = 0
         self.run_polls, self.run_error = self._run_settings
         self.latched: dict[str, int] = {}
         self.ctrl_writes: list[int] = []
@@ -196,6 +201,13 @@ class FakeDevice:
             if value & 1:
                 self.status, self.error, self.error_pc = 1, 0, 0
                 self.polls_left = self.run_polls
+            if value & 4 and not self.fw_broken:
+                self.fw_ready = 4
+            return Status.OK
+        if name == "fw_data":
+            self.fw_words.append((self.regs["fw_addr"], value))
+            self.regs["fw_addr"] += 1
+            self.fw_ready = 0
             return Status.OK
         if name not in self.regs:
             return Status.BUS_ERROR          # a read-only register answers SLVERR
@@ -212,7 +224,7 @@ class FakeDevice:
                     self.polls_left -= 1
                     if self.polls_left <= 0:
                         self.status = 2
-            return self.status | self.error << 4
+            return self.status | self.fw_ready | self.error << 4
         if name == "error_pc":
             return self.error_pc
         if name == "pc":
@@ -413,11 +425,39 @@ def test_register_errors(board: Board) -> None:
     with pytest.raises(ValueError, match=r"^register must be one of ctrl, status, .*, not 'nope'$"):
         board.read_csr("nope")
     with pytest.raises(ValueError, match=r"^register 'status' is read-only; writable registers are "
-                                         r"ctrl, prog_addr, dram_base, prog_len$"):
+                                         r"ctrl, prog_addr, dram_base, prog_len, fw_addr, fw_data$"):
         board.write_csr("status", 1)
     with pytest.raises(ValueError, match=r"^value of register 'prog_len' must be an integer between "
                                          r"0 and 2\*\*32 - 1, not 4294967296$"):
         board.write_csr("prog_len", 1 << 32)
+
+
+def test_firmware_is_loaded_once_and_only_under_firmware_control(device: FakeDevice) -> None:
+    """ensure_firmware writes firmware_load(config)'s runs through fw_addr and fw_data and sets
+    CTRL bit 2 when STATUS bit 2 is clear; nothing when it is set or under hardware control."""
+    from systolic.hw.fw_engine import firmware_load
+
+    config = CONFIG.replace(control="firmware", dma_data_bits=32, load_queue_depth=4,
+                            compute_queue_depth=4, store_queue_depth=4, requant_table_rows=8)
+    expected = [(first + i, word) for first, words in firmware_load(config) for i, word in enumerate(words)]
+    with Board(device.url) as b:
+        assert b.ensure_firmware(CONFIG) == 0 and device.fw_words == []
+        assert b.ensure_firmware(config) == len(expected)
+        assert device.fw_words == expected and device.ctrl_writes == [4]
+        assert b.ensure_firmware(config) == 0 and len(device.fw_words) == len(expected)
+
+
+def test_firmware_that_does_not_become_ready_is_an_error() -> None:
+    device = FakeDevice(fw_broken=True)
+    config = CONFIG.replace(control="firmware", dma_data_bits=32, load_queue_depth=4,
+                            compute_queue_depth=4, store_queue_depth=4, requant_table_rows=8)
+    try:
+        with Board(device.url) as b, pytest.raises(
+                BoardLinkError, match=rf"^the accelerator at {URL} does not report its firmware ready after "
+                                      r"\d+ words were loaded$"):
+            b.ensure_firmware(config)
+    finally:
+        device.close()
 
 
 # -- running a program ------------------------------------------------------------------------------

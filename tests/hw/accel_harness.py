@@ -81,6 +81,21 @@ async def lite_read(ctx: Any, dut: Accelerator, addr: int) -> tuple[int, int]:
     return data, resp
 
 
+async def start_and_wait(ctx: Any, dut: Accelerator, prog_addr: int, prog_len: int, max_cycles: int) -> int:
+    """Write prog_addr, prog_len and dram_base = 0, start, and wait for irq (at most
+    ``max_cycles``); returns STATUS."""
+    await lite_write(ctx, dut, REG["prog_addr"], prog_addr)
+    await lite_write(ctx, dut, REG["prog_len"], prog_len)
+    await lite_write(ctx, dut, REG["dram_base"], 0)
+    await lite_write(ctx, dut, REG["ctrl"], 1)
+    for _ in range(max_cycles):
+        _, _, irq = await ctx.tick().sample(dut.irq)
+        if irq:
+            break
+    status, _ = await lite_read(ctx, dut, REG["status"])
+    return status
+
+
 class AccelRun(SimpleNamespace):
     """dram (final image), status, error, error_pc, done, counters (dict), high_words (each
     counter's high register), cycles_waited."""

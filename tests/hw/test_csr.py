@@ -322,3 +322,40 @@ def test_increment_bits_name_counters() -> None:
     with pytest.raises(ValueError, match=r"^increment_bits names counters \(cycles, load_busy, .*\), "
                                          r"not 'mac'$"):
         construct_rejected(lambda: CSRBank(0, increment_bits={"mac": 4}))
+
+
+def test_firmware_words_go_out_at_fw_addr_which_advances() -> None:
+    """fw_data writes come out as one-cycle fw_write pulses with the word and the fw_addr it was
+    written at, fw_addr advancing after each (and reading back); CTRL bit 2 pulses fw_loaded;
+    STATUS bit 2 is the controller's fw_ready."""
+    dut = CSRBank(0, counter_bits=32)
+    writes, loaded, status = [], [], {}
+
+    async def monitor(ctx: Any) -> None:
+        async for _, _, write, addr, data, done in ctx.tick().sample(
+                dut.fw_write, dut.fw_write_addr, dut.fw_write_data, dut.fw_loaded):
+            if write:
+                writes.append((addr, data))
+            if done:
+                loaded.append(len(writes))
+
+    async def testbench(ctx: Any) -> None:
+        ctx.set(dut.fw_ready, 0)
+        status["not ready"], _ = await _read(ctx, dut.bus, REG["status"])
+        assert await _write(ctx, dut.bus, REG["fw_addr"], 0x1234) == RESP_OKAY
+        for value in (0xDEAD_BEEF, 7, 0xFFFF_FFFF):
+            assert await _write(ctx, dut.bus, REG["fw_data"], value) == RESP_OKAY
+        status["fw_addr"], _ = await _read(ctx, dut.bus, REG["fw_addr"])
+        assert await _write(ctx, dut.bus, REG["fw_addr"], 0xFFFF) == RESP_OKAY
+        assert await _write(ctx, dut.bus, REG["fw_data"], 1) == RESP_OKAY
+        assert await _write(ctx, dut.bus, REG["fw_data"], 2) == RESP_OKAY     # wraps to 0
+        assert await _write(ctx, dut.bus, REG["ctrl"], 4) == RESP_OKAY
+        await ctx.tick().repeat(3)
+        ctx.set(dut.fw_ready, 1)
+        status["ready"], _ = await _read(ctx, dut.bus, REG["status"])
+
+    _simulate(dut, testbench, monitor)
+    assert writes == [(0x1234, 0xDEAD_BEEF), (0x1235, 7), (0x1236, 0xFFFF_FFFF), (0xFFFF, 1), (0, 2)]
+    assert loaded == [5]
+    assert status["fw_addr"] == 0x1237
+    assert status["not ready"] & 4 == 0 and status["ready"] & 4 == 4

@@ -107,3 +107,60 @@ def test_a_fault_of_the_core_ends_the_program_with_its_error(tmp_path, monkeypat
     result = run_accelerator(config, program, dram, prog_addr=0, max_cycles=200)
     assert result.done and (result.error, result.error_pc) == (CORE_FAULT, 8)
     assert "firmware" in ERROR_CODES[CORE_FAULT]
+
+
+def _load_firmware_writes(config) -> list[tuple[str, int]]:
+    """The CSR writes that load ``config``'s firmware into a "loaded" core RAM."""
+    from systolic.hw.fw_engine import firmware_load
+
+    writes = []
+    for first, words in firmware_load(config):
+        writes.append(("fw_addr", first))
+        writes += [("fw_data", word) for word in words]
+    return writes + [("ctrl", 4)]
+
+
+def test_a_loaded_core_ram_runs_after_the_host_writes_the_firmware() -> None:
+    """ram = "loaded" (as the iCE40 SPRAM, which a bitstream cannot initialize): a start before
+    the firmware is there ends at once with error 7 and STATUS bit 2 clear; after the host's
+    writes (fw_addr, fw_data, CTRL bit 2) STATUS bit 2 is set and a GEMM runs bit-exact."""
+    import numpy as np
+    from amaranth.sim import Simulator
+    from systolic.hw.csr import NO_FIRMWARE, register_map
+    from systolic.hw.top import Accelerator
+    from systolic.sim.golden import run_golden
+    from systolic.sim.programs import gemm_case
+
+    from tests.hw.accel_harness import axi_view, lite_read, lite_write, start_and_wait
+    from tests.hw.axi_model import AXIMemory
+
+    config = AcceleratorConfig(**FW)
+    case = gemm_case(config, 2, 3, 2, seed=5)
+    golden = run_golden(config, case.program, case.dram)
+    dut = Accelerator(config, firmware_ram="loaded")
+    reg = {name: info["offset"] for name, info in register_map().items()}
+    memory = bytearray(np.asarray(case.dram, np.uint8).tobytes())
+    memory[case.program_addr:case.program_addr + len(case.program.words())] = case.program.words()
+    axi = AXIMemory(memory, config.dma_bytes)
+    seen = {}
+
+    prog = (case.program_addr, len(case.program.instructions))
+
+    async def bench(ctx):
+        seen["before"] = await start_and_wait(ctx, dut, *prog, 50)
+        for name, value in _load_firmware_writes(config):
+            await lite_write(ctx, dut, reg[name], value)
+        seen["loaded"], _ = await lite_read(ctx, dut, reg["status"])
+        seen["after"] = await start_and_wait(ctx, dut, *prog, 400_000)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    axi.add_to(sim, axi_view(dut), read=True, write=True)
+    sim.add_testbench(bench)
+    sim.run()
+    assert seen["before"] & 0b110 == 0b010 and seen["before"] >> 4 == NO_FIRMWARE
+    assert seen["loaded"] & 0b100
+    assert seen["after"] & 0b110 == 0b110 and seen["after"] >> 4 == 0
+    result = np.frombuffer(bytes(memory), np.uint8)
+    case.check(result)
+    np.testing.assert_array_equal(result, golden.dram)

@@ -212,7 +212,7 @@ def _run_back_to_back(config, runs, *, stall=0.0, latency=(0, 0), seed=0, error_
     from amaranth.sim import Simulator
     from systolic.hw.top import Accelerator
 
-    from tests.hw.accel_harness import REG, axi_view, lite_read, lite_write
+    from tests.hw.accel_harness import REG, axi_view, lite_read, start_and_wait
     from tests.hw.axi_model import AXIMemory
 
     dut = Accelerator(config)
@@ -225,15 +225,7 @@ def _run_back_to_back(config, runs, *, stall=0.0, latency=(0, 0), seed=0, error_
         for run, (image, prog_addr, prog_len) in enumerate(runs):
             axi.error_at = error_at[run] if error_at else set()
             memory[:] = bytes(np.asarray(image, np.uint8)) + bytes(size - len(image))
-            await lite_write(ctx, dut, REG["prog_addr"], prog_addr)
-            await lite_write(ctx, dut, REG["prog_len"], prog_len)
-            await lite_write(ctx, dut, REG["dram_base"], 0)
-            await lite_write(ctx, dut, REG["ctrl"], 1)
-            for _ in range(max_cycles):
-                _, _, irq = await ctx.tick().sample(dut.irq)
-                if irq:
-                    break
-            status, _ = await lite_read(ctx, dut, REG["status"])
+            status = await start_and_wait(ctx, dut, prog_addr, prog_len, max_cycles)
             error_pc, _ = await lite_read(ctx, dut, REG["error_pc"])
             results.append((np.frombuffer(bytes(memory), np.uint8).copy(), status, error_pc))
 
