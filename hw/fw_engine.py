@@ -10,7 +10,8 @@ The core's address space (all word accesses unless stated):
 ==================  ==========================================================================
 ``0x0000_0000``     the core's RAM (:data:`RAM_BYTES`): code, data, stack; the last
                     ``4 * len(PARAMS)`` bytes hold the instance's parameters (:data:`PARAMS`),
-                    written at elaboration
+                    written at elaboration (or by the host with the image, see
+                    :data:`RAM_KINDS` and :func:`firmware_load`)
 ``0x1000_0000``     control registers (:data:`CTRL`)
 ``0x2000_0000``     scratchpad elements, write only: word ``(row << spad_shift) | element``
 ``0x3000_0000``     accumulator elements: word ``(row << acc_shift) | element``
@@ -47,10 +48,9 @@ from .firmware import build_firmware, image_words
 from .isa import INSTR_BYTES, LAYOUTS, Opcode
 from .scratchpad import spad_write_layout
 
-__all__ = ["ESTIMATE_FACTOR", "RAM_BYTES", "CTRL", "FLAGS", "PARAMS", "TABLE_BYTES", "MAX_QUEUE_DEPTH",
-           "params", "engine_header", "estimate_factor", "build_engine_firmware", "engine_image",
-           "firmware_load", "RAM_KINDS",
-           "FirmwareController", "check_firmware_config"]
+__all__ = ["ESTIMATE_FACTOR", "RAM_BYTES", "RAM_KINDS", "CTRL", "FLAGS", "PARAMS", "TABLE_BYTES",
+           "MAX_QUEUE_DEPTH", "params", "engine_header", "estimate_factor", "build_engine_firmware",
+           "engine_image", "firmware_load", "FirmwareController", "check_firmware_config"]
 
 #: Bytes of the core's RAM (code, data, stack and parameters) as the firmware is built for it.
 RAM_BYTES = 10240

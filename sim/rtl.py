@@ -164,14 +164,16 @@ def accelerator_verilog(config: AcceleratorConfig) -> str:
     """Verilog of the accelerator (``systolic.hw.top.Accelerator``) as module ``systolic_top``.
 
     Cached in ``build_cache_dir("verilog", ...)`` per config hash and a hash of the hw/ sources
-    and the Amaranth version, because elaborating a large array takes a while."""
+    (the packaged firmware of ``control = "firmware"`` included) and the Amaranth version,
+    because elaborating a large array takes a while."""
     from importlib.metadata import version
 
     from systolic.hw import top  # the accelerator's top level (hw/top.py)
 
     digest = hashlib.sha256(config.hash_hex.encode())
     digest.update(version("amaranth").encode())
-    for source in sorted(Path(top.__file__).resolve().parent.glob("*.py")):
+    hw_dir = Path(top.__file__).resolve().parent
+    for source in sorted([*hw_dir.glob("*.py"), *(hw_dir / "firmware_src").glob("*")]):
         digest.update(source.name.encode() + b"\0" + source.read_bytes())
     key = f"{ACCELERATOR_TOP}-{config.hash_hex}-{digest.hexdigest()[:16]}"
     path = tools.build_cache_dir("verilog", key) / f"{ACCELERATOR_TOP}.v"

@@ -206,10 +206,16 @@ static void execute_load(const u32 *f) {
                 for (u32 e = 0; e < seg_len; e++, addr += elem_step, y += edy, x += edx, elem++) {
                     u32 inside = !bounded || (y >= 0 && y < height && x >= 0 && x < width);
                     if (dst == 2) {         /* a requantize entry: bias, multiplier, shift */
-                        i32 *entry = &table[(row * cols + elem) * 3];
-                        entry[0] = (i32)read_elem(addr, 4);
-                        entry[1] = (i32)read_elem(addr + 4, 4);
-                        entry[2] = (i32)(read_elem(addr + 8, 4) & 63);
+                        i32 bias = (i32)read_elem(addr, 4), mult = (i32)read_elem(addr + 4, 4);
+                        i32 shift = (i32)(read_elem(addr + 8, 4) & 63);
+                        /* a row or channel past the table (an ISA error the golden model reports)
+                         * must not overwrite the firmware's own data */
+                        if (row < table_rows && elem < cols) {
+                            i32 *entry = &table[(row * cols + elem) * 3];
+                            entry[0] = bias;
+                            entry[1] = mult;
+                            entry[2] = shift;
+                        }
                     } else if (dst == 0) {
                         u32 v = inside ? read_elem(addr, esz) : (u32)pad;
                         *(volatile u32 *)(SPAD_ADDR + (((row << spad_shift) | elem) << 2)) = v & spad_mask;

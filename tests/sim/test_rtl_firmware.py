@@ -198,3 +198,25 @@ def test_the_digits_model_on_the_icebreaker_preset_under_firmware_control() -> N
     for key in ("macs", "dram_read_bytes", "dram_write_bytes"):
         assert rtl.report[key] == golden.report[key], key
     assert rtl.report["cycles"] > 50 * golden.report["cycles"]
+
+
+def test_a_load_past_the_table_leaves_the_firmware_intact() -> None:
+    """A LOAD into table rows past the table (an error the golden model reports; the hardware
+    control wraps the row) must not overwrite the firmware's own data, which lies after its table
+    in the core's RAM: the GEMM after it still runs as the golden model has it without that LOAD."""
+    from systolic.hw.isa import Instruction, Program
+
+    case = gemm_case(FW4, 9, 7, 6, seed=1, act="relu")
+    bad = Instruction("LOAD", dst="table", dst_addr=200, dram_addr=0, pitch_c=12, rows_outer=1,
+                      rows_inner=4, inner_dy=1, segs=1, seg_len=FW4.cols, elem_dc=1)
+    with pytest.raises(ValueError, match="past its end"):
+        run_golden(FW4, Program((bad, *case.program.instructions), FW4.hash), case.dram)
+    program = Program((bad, *case.program.instructions), FW4.hash)
+    golden = run_golden(FW4, case.program, case.dram)
+    result = RTLRunner(FW4, seed=3).run(program, case.dram, prog_addr=case.program_addr,
+                                        max_cycles=ESTIMATE_FACTOR * golden.cycles + 100_000)
+    case.check(result.dram)
+    words = len(program.words())
+    outside = np.ones(result.dram.size, bool)
+    outside[case.program_addr:case.program_addr + words] = False     # the longer program's words
+    np.testing.assert_array_equal(result.dram[outside], np.asarray(golden.dram)[outside])
