@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from amaranth import Cat, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -88,7 +88,8 @@ def _registers() -> tuple[Register, ...]:
         Register("prog_len", 0x20, "rw", "instructions in the program (the fetcher reads no further; taken "
                                          "at start, at most dram_bytes / 64)"),
         Register("fw_addr", 0x24, "rw", "firmware control with a loaded core RAM: word index the next "
-                                        "fw_data write goes to"),
+                                        "fw_data write goes to (reads 0, writes ignored under hardware "
+                                        "control)"),
         Register("fw_data", 0x28, "wo", "firmware control with a loaded core RAM: a word of the core's "
                                         "RAM image, written at fw_addr, which then advances (firmware "
                                         "ready drops until CTRL bit 2)"),
@@ -141,7 +142,7 @@ class CSRBank(wiring.Component):
     """
 
     def __init__(self, config_hash: int, *, counter_bits: int = 64,
-                 increment_bits: dict[str, int] | None = None):
+                 increment_bits: dict[str, int] | None = None, firmware: bool = False):
         if not isinstance(counter_bits, int) or not 1 <= counter_bits <= 64:
             raise ValueError(f"counter_bits must be an integer between 1 and 64, not {counter_bits!r}")
         increment_bits = dict(increment_bits or {})
@@ -153,6 +154,7 @@ class CSRBank(wiring.Component):
                 raise ValueError(f"increment_bits[{name!r}] must be an integer between 1 and 32, "
                                  f"not {bits!r}")
         self.config_hash = config_hash
+        self.firmware = bool(firmware)
         self.counter_bits = counter_bits
         self.increment_bits = {name: increment_bits.get(name, 1) for name, _ in COUNTERS}
         members = {
@@ -187,7 +189,9 @@ class CSRBank(wiring.Component):
         m = Module()
         bus = self.bus
         bits = self.counter_bits
-        self._fw_addr = Signal(FW_ADDR_BITS, name="fw_addr")     # read by _read_source
+        # read by _read_source; without firmware control FW_ADDR reads 0 and the FW_* writes do
+        # nothing (no logic)
+        self._fw_addr = Signal(FW_ADDR_BITS, name="fw_addr") if self.firmware else Const(0, FW_ADDR_BITS)
         count = len(COUNTERS)
         # the core takes start and soft_reset through registers of its own (the top level's reset
         # distribution), a cycle after these pulses: until it has, the status reads as it will be
@@ -325,8 +329,9 @@ class CSRBank(wiring.Component):
         # that the address decode does not lie on the paths into everything they clear
         m.d.sync += [self.start.eq(0), self.soft_reset.eq(0), self.fw_write.eq(0), self.fw_loaded.eq(0)]
         fw_addr = self._fw_addr
-        with m.If(self.fw_write):
-            m.d.sync += fw_addr.eq(fw_addr + 1)
+        if self.firmware:
+            with m.If(self.fw_write):
+                m.d.sync += fw_addr.eq(fw_addr + 1)
         with m.If(bus.aw.valid & bus.aw.ready):
             m.d.sync += [aw_addr.eq(bus.aw.payload.addr), aw_full.eq(1)]
         with m.If(bus.w.valid & bus.w.ready):
@@ -343,10 +348,12 @@ class CSRBank(wiring.Component):
                                  self.soft_reset.eq(w_data[1] & w_strb[0]),
                                  self.fw_loaded.eq(w_data[2] & w_strb[0])]
                 with m.Case(_BY_NAME["fw_addr"].offset >> 2):
-                    m.d.sync += fw_addr.eq(w_data[:FW_ADDR_BITS])
+                    if self.firmware:
+                        m.d.sync += fw_addr.eq(w_data[:FW_ADDR_BITS])
                 with m.Case(_BY_NAME["fw_data"].offset >> 2):
-                    m.d.sync += [self.fw_write.eq(1), self.fw_write_addr.eq(fw_addr),
-                                 self.fw_write_data.eq(w_data)]
+                    if self.firmware:
+                        m.d.sync += [self.fw_write.eq(1), self.fw_write_addr.eq(fw_addr),
+                                     self.fw_write_data.eq(w_data)]
                 for name in ("prog_addr", "dram_base", "prog_len"):
                     with m.Case(_BY_NAME[name].offset >> 2):
                         reg = getattr(self, name)

@@ -64,7 +64,7 @@ TABLE_BYTES = 1024
 #: Deepest instruction queue the firmware keeps.
 MAX_QUEUE_DEPTH = 4
 #: The firmware takes up to this many times the golden model's cycle estimate (which models the
-#: hardware control): about 1000 on the catalogue's programs, up to 3060 on a stride-1 3x3
+#: hardware control): about 1000 on the catalogue's programs, up to 3070 on a stride-1 3x3
 #: average pool (bench/firmware_control.py); watchdogs multiply their budgets by it.
 ESTIMATE_FACTOR = 5000
 

@@ -99,6 +99,7 @@ class Accelerator(wiring.Component):
         cfg = self.config
 
         m.submodules.csr = csr = CSRBank(cfg.hash, counter_bits=cfg.counter_bits,
+                                         firmware=cfg.control == "firmware",
                                          increment_bits=counter_increment_bits(cfg))
         # -- reset distribution: the core takes the CSR's start and soft-reset pulses a cycle
         # later, through registers (the CSR's STATUS reads as after the pulse meanwhile), so that

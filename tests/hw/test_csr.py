@@ -328,7 +328,7 @@ def test_firmware_words_go_out_at_fw_addr_which_advances() -> None:
     """fw_data writes come out as one-cycle fw_write pulses with the word and the fw_addr it was
     written at, fw_addr advancing after each (and reading back); CTRL bit 2 pulses fw_loaded;
     STATUS bit 2 is the controller's fw_ready."""
-    dut = CSRBank(0, counter_bits=32)
+    dut = CSRBank(0, counter_bits=32, firmware=True)
     writes, loaded, status = [], [], {}
 
     async def monitor(ctx: Any) -> None:
@@ -359,3 +359,23 @@ def test_firmware_words_go_out_at_fw_addr_which_advances() -> None:
     assert loaded == [5]
     assert status["fw_addr"] == 0x1237
     assert status["not ready"] & 4 == 0 and status["ready"] & 4 == 4
+
+
+def test_without_firmware_control_the_firmware_registers_do_nothing() -> None:
+    """Under hardware control FW_ADDR reads 0 and FW_* writes raise no fw_write (no logic for a
+    feature the design does not have); both answer OKAY, as registers of the map."""
+    dut = CSRBank(0, counter_bits=32)
+    pulses, got = [], {}
+
+    async def monitor(ctx: Any) -> None:
+        async for _, _, write in ctx.tick().sample(dut.fw_write):
+            pulses.append(write)
+
+    async def testbench(ctx: Any) -> None:
+        got["addr write"] = await _write(ctx, dut.bus, REG["fw_addr"], 0x1234)
+        got["data write"] = await _write(ctx, dut.bus, REG["fw_data"], 5)
+        got["addr"] = await _read(ctx, dut.bus, REG["fw_addr"])
+
+    _simulate(dut, testbench, monitor)
+    assert got == {"addr write": RESP_OKAY, "data write": RESP_OKAY, "addr": (0, RESP_OKAY)}
+    assert not any(pulses)
