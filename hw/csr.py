@@ -122,6 +122,11 @@ class CSRBank(wiring.Component):
     this cycle (``increment_<name>``, ``increment_bits[name]`` bits, 1 by default). Unknown
     addresses answer SLVERR.
 
+    With ``firmware`` (``control = "firmware"``), the firmware loading ports: each FW_DATA write
+    is a ``fw_write`` pulse with ``fw_write_addr`` (FW_ADDR, which then advances) and
+    ``fw_write_data``; CTRL bit 2 pulses ``fw_loaded``; STATUS bit 2 reads ``fw_ready``. Without
+    it FW_ADDR reads 0, the FW_* writes do nothing and STATUS bit 2 reads 0.
+
     The counters (``counter_bits`` wide, wrapping) live in a memory of one word per counter (block
     RAM on iCE40, distributed RAM on ECP5), not in flip-flops, so that neither their adders nor the
     read multiplexer grow with their number: each counter gathers its increments in a short
