@@ -41,11 +41,19 @@ from amaranth.lib.wiring import In, Out
 from .accumulator import acc_dma_write_layout, acc_row_layout
 from .axi import RESP_OKAY
 from .config import ACTIVATIONS, POOLINGS, AcceleratorConfig
-from .controller import ERR_DECERR, ERR_FLAGS, ERR_ILLEGAL, ERR_NO_FINISH, ERR_SLVERR, InstructionLayout
+from .controller import (
+    _LEGAL_FLAGS,
+    ERR_DECERR,
+    ERR_FLAGS,
+    ERR_ILLEGAL,
+    ERR_NO_FINISH,
+    ERR_SLVERR,
+    InstructionLayout,
+)
 from .cpu import CPU
 from .csr import CORE_FAULT, FW_ADDR_BITS, NO_FIRMWARE
 from .firmware import build_firmware, image_words
-from .isa import INSTR_BYTES, LAYOUTS, Opcode
+from .isa import HEADER_LAYOUT, INSTR_BYTES, LAYOUTS, QUEUE_OF, Opcode, Queue
 from .scratchpad import spad_write_layout
 
 __all__ = ["ESTIMATE_FACTOR", "RAM_BYTES", "RAM_KINDS", "CTRL", "FLAGS", "PARAMS", "TABLE_BYTES",
@@ -191,6 +199,22 @@ def engine_header() -> str:
                      f"#define FIELDS_{op.name} {{{{0, 0, 0}}}}")
     compute_used = max(f.offset + f.width for name, f in LAYOUTS[Opcode.COMPUTE] if name != "_reserved")
     lines.append(f"#define COMPUTE_CMD_WORDS {(compute_used + 31) // 32}")
+    # the header: opcode, then the four dependency flags in this order (hw/isa.py HEADER_LAYOUT)
+    header = dict(HEADER_LAYOUT)
+    flags = ("pop_prev", "pop_next", "push_prev", "push_next")
+    assert [header[f].offset for f in flags] == list(range(header["pop_prev"].offset,
+                                                          header["pop_prev"].offset + 4))
+    lines += [f"#define OPCODE_MASK {(1 << header['opcode'].width) - 1}",
+              f"#define FLAGS_SHIFT {header['pop_prev'].offset}"]
+    # each opcode's queue (3: given by SYNC's queue field) and the flags each queue allows
+    # (bit 0 pop_prev ... bit 3 push_next), as the dispatcher checks them (hw/controller.py)
+    queue_of = [3] + [QUEUE_OF[op].value if QUEUE_OF.get(op) is not None else 3 for op in Opcode]
+    lines.append(f"#define QUEUE_OF_OPCODE {{{', '.join(map(str, queue_of))}}}")
+    legal = [sum(int(ok) << i for i, ok in enumerate(_LEGAL_FLAGS[q])) for q in Queue]
+    lines.append(f"#define LEGAL_FLAGS {{{', '.join(map(str, legal))}}}")
+    sync_queue = dict(LAYOUTS[Opcode.SYNC])["queue"]
+    lines += [f"#define SYNC_QUEUE_SHIFT {sync_queue.offset}",
+              f"#define SYNC_QUEUE_MASK {(1 << sync_queue.width) - 1}"]
     return "\n".join(lines) + "\n"
 
 

@@ -143,11 +143,9 @@ class Accelerator(wiring.Component):
         sequencers = [Sequencer() for _ in Queue]
         for q, seq in zip(Queue, sequencers, strict=True):
             core.submodules[f"seq_{q.name.lower()}"] = seq
-        # the load unit keeps up to 4 LOADs in flight (the serial reader takes one at a time: 1);
-        # the compute unit up to 4 COMPUTEs, 3 with a compute queue of one instruction (smaller
-        # descriptor FIFOs; a SyncFIFOBuffered of 2 would have zero-width pointers)
+        # the load unit keeps up to 4 LOADs in flight (the serial reader takes one at a time: 1)
         load = LoadUnit(cfg, depth=1 if cfg.gather_engine == "serial" else 4)
-        compute = ComputeUnit(cfg, depth=4 if cfg.compute_queue_depth > 1 else 3)
+        compute = self._compute_unit()
         store = StoreUnit(cfg)
         # outside the core's reset: theirs includes the soft reset, so no logic lies between
         # its register and the units' flip-flops
@@ -296,7 +294,7 @@ class Accelerator(wiring.Component):
         scratchpad and accumulator as in hardware control."""
         cfg = self.config
         core.submodules.firmware = fw = FirmwareController(cfg, ram=self.firmware_ram)
-        compute = ComputeUnit(cfg, depth=4 if cfg.compute_queue_depth > 1 else 3)
+        compute = self._compute_unit()
         core.submodules.compute = compute
         core.submodules.spad = spad = Scratchpad(cfg)
         core.submodules.acc = acc = Accumulator(cfg)
@@ -377,6 +375,12 @@ class Accelerator(wiring.Component):
             self.irq.eq(done),
         ]
         return running
+
+    def _compute_unit(self) -> ComputeUnit:
+        """The compute unit, up to 4 COMPUTEs in flight (3 with a compute queue of one
+        instruction: smaller descriptor FIFOs; a SyncFIFOBuffered of 2 would have zero-width
+        pointers)."""
+        return ComputeUnit(self.config, depth=4 if self.config.compute_queue_depth > 1 else 3)
 
     @staticmethod
     def _count(core: Module, csr: CSRBank, increments: dict[str, Value]) -> None:

@@ -340,7 +340,7 @@ static void issue_compute(const u32 *w, u32 pc) {
     }
     for (u32 i = 0; i < COMPUTE_CMD_WORDS; i++) REG(CTRL_CMD + 4 * i) = w[i];
     REG(CTRL_ISSUE) = pc;
-    ring[c_issued % RING] = (w[0] >> 6) & 3;
+    ring[c_issued % RING] = (w[0] >> (FLAGS_SHIFT + 2)) & 3;
     c_issued++;
 }
 
@@ -364,8 +364,9 @@ static void check_axi(u32 pc) {
 /* -- dispatch ---------------------------------------------------------------------------------------- */
 static const uint16_t USED_BITS[7] = {0, USED_BITS_CONFIG, USED_BITS_LOAD, USED_BITS_COMPUTE, USED_BITS_STORE,
                                       USED_BITS_SYNC, USED_BITS_FINISH};
-/* dependency flags a queue allows: bit 0 pop_prev, 1 pop_next, 2 push_prev, 3 push_next */
-static const uint8_t LEGAL_FLAGS[3] = {0xA, 0xF, 0x5};
+/* dependency flags a queue allows: bit 0 pop_prev, 1 pop_next, 2 push_prev, 3 push_next; each
+ * opcode's queue (3: SYNC's queue field says) */
+static const uint8_t LEGAL[3] = LEGAL_FLAGS, QUEUE_OF[7] = QUEUE_OF_OPCODE;
 
 static u32 reserved_clear(const u32 *w, u32 used) {
     u32 k = used >> 5, s = used & 31;
@@ -402,13 +403,14 @@ static u32 dispatch(void) {
         if (halted) return 0;
         next_valid = 1;
     }
-    u32 op = next[0] & 15, group = (next[0] >> 4) & 15;
-    u32 q = op == OP_LOAD ? QLOAD : op == OP_COMPUTE ? QCOMPUTE : op == OP_SYNC ? (next[0] >> 8) & 3 : QSTORE;
-    if (op < OP_CONFIG || op > OP_FINISH || q == 3 || !reserved_clear(next, USED_BITS[op])) {
+    u32 op = next[0] & OPCODE_MASK, group = (next[0] >> FLAGS_SHIFT) & 15;
+    u32 known = op >= OP_CONFIG && op <= OP_FINISH;
+    u32 q = !known ? 3 : op == OP_SYNC ? (next[0] >> SYNC_QUEUE_SHIFT) & SYNC_QUEUE_MASK : QUEUE_OF[op];
+    if (!known || (op != OP_FINISH && q == 3) || !reserved_clear(next, USED_BITS[op])) {
         fail(ERR_ILLEGAL, pc_next);
         return 0;
     }
-    if (op == OP_FINISH ? group != 0 : (group & ~LEGAL_FLAGS[q]) != 0) {
+    if (op == OP_FINISH ? group != 0 : (group & ~LEGAL[q]) != 0) {
         fail(ERR_FLAGS, pc_next);
         return 0;
     }
@@ -438,7 +440,7 @@ static const u32 STALL[3] = {FLAG_STALL_LOAD_TOKEN, FLAG_STALL_COMPUTE_TOKEN, FL
 static u32 run_queue(int q) {
     if (q_count[q] == 0 || owed[q] || (q == QCOMPUTE && c_issued - c_pushed >= 4)) return 0;
     entry_t *e = &queue[q][q_head[q]];
-    u32 h = e->header, pc = e->pc, pop_prev = (h >> 4) & 1, pop_next = (h >> 5) & 1;
+    u32 h = e->header, pc = e->pc, pop_prev = (h >> FLAGS_SHIFT) & 1, pop_next = (h >> (FLAGS_SHIFT + 1)) & 1;
     if ((pop_prev && tokens[IN_PREV[q]] == 0) || (pop_next && tokens[IN_NEXT[q]] == 0)) {
         set_flags(flags | STALL[q]);
         return 0;
@@ -448,7 +450,7 @@ static u32 run_queue(int q) {
     if (pop_next) tokens[IN_NEXT[q]]--;
     q_head[q] = (q_head[q] + 1) % MAX_QUEUE_DEPTH;
     q_count[q]--;
-    u32 op = h & 15;
+    u32 op = h & OPCODE_MASK;
     u32 w[INSTR_WORDS], f[NFIELDS_LOAD];
     if (op != OP_SYNC) {
         fetch(pc, w);
@@ -473,7 +475,7 @@ static u32 run_queue(int q) {
         execute_config(f);
         set_flags(flags & ~FLAG_STORE_BUSY);
     }
-    if (!halted) owed[q] = push((h >> 6) & 3, q);
+    if (!halted) owed[q] = push((h >> (FLAGS_SHIFT + 2)) & 3, q);
     return 1;
 }
 
