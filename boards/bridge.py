@@ -27,6 +27,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from systolic.hw.axi import RESP_OKAY, AXI4LiteSignature
 from systolic.hw.csr import CSR_ADDR_BITS, REGISTERS
+from systolic.hw.rtlil import UNDEFINED_COLLISION
 
 from .memory import MemoryPortSignature
 from .protocol import (
@@ -103,7 +104,10 @@ class Bridge(wiring.Component):
         beat_log2 = (data_width // 8).bit_length() - 1
 
         # write payloads wait here until their CRC has checked
-        m.submodules.buffer = buffer = Memory(shape=32, depth=MAX_WORDS, init=[])
+        # written while a payload arrives, read after its checksum: never a word in the cycle it
+        # is written, so synthesis needs no logic for that case (hw/rtlil.py)
+        m.submodules.buffer = buffer = Memory(shape=32, depth=MAX_WORDS, init=[],
+                                              attrs={UNDEFINED_COLLISION: 1})
         buffer_write = buffer.write_port()
         buffer_read = buffer.read_port()
 

@@ -21,8 +21,9 @@ both kinds of core:
   side by side for the bus width and stacked for the depth; byte enables become nibble write
   masks.
 
-The arbiter gives the bridge priority (it makes one access per UART character or so; its
-accesses reach the arbiter through a register, so the bridge's reads take a cycle more) and
+The arbiter gives the bridge priority (it makes one access per UART character or so; in a
+``"bram"`` memory its accesses reach the arbiter through a register, so the bridge's reads take a
+cycle more: :func:`bridge_register`) and
 alternates between the AXI read and write engines when both want the port. The read engine keeps
 one burst in progress and the next one's address waiting, and an output buffer of
 ``read_latency + 2`` beats whose credit depends only on registered state; the R channel comes
@@ -59,7 +60,7 @@ from systolic.hw.bankram import DP16KD_ROWS, DP16KDPort, dp16kd
 
 __all__ = [
     "MEMORY_KINDS", "SPRAM_BYTES", "SPRAM_COUNT", "BANK_BYTES", "MAX_BANKS", "DP16KD_WORDS", "check_memory",
-    "memory_read_latency", "MemoryRequestLayout", "MemoryPortSignature", "SoCMemory",
+    "memory_read_latency", "bridge_register", "MemoryRequestLayout", "MemoryPortSignature", "SoCMemory",
 ]
 
 #: Memory kinds of :class:`SoCMemory`.
@@ -123,6 +124,14 @@ def _select_levels(banks: int) -> int:
     while reach < banks:
         levels, reach = levels + 1, reach * _SELECT_FAN_IN
     return levels
+
+
+def bridge_register(kind: str) -> bool:
+    """Whether the bridge's accesses reach the arbiter through a register (one cycle more on its
+    reads): for ``"bram"`` memories (ECP5's clocks want it), not for ``"spram"`` (the
+    iCE40UP5K's, whose clocks are slow and whose logic cells are the scarce resource: the
+    register would take about 50)."""
+    return kind != "spram"
 
 
 def memory_read_latency(kind: str, memory_bytes: int) -> int:
@@ -416,10 +425,11 @@ def _next_beat(addr: Signal, memory_beats_log2: int):
 class _ReadEngine(wiring.Component):
     """AXI4 AR/R channels onto a memory port (see the module docstring)."""
 
-    def __init__(self, port: MemoryPortSignature, memory_beats_log2: int):
+    def __init__(self, port: MemoryPortSignature, memory_beats_log2: int, buffer: int | None = None):
         self.beat_log2 = (port.data_width // 8).bit_length() - 1
         self.memory_beats_log2 = memory_beats_log2
         self.latency = port.read_latency
+        self.buffer = port.read_latency + 2 if buffer is None else buffer
         super().__init__({
             "ar": In(stream.Signature(AddressLayout(32))),
             "r": Out(stream.Signature(ReadDataLayout(port.data_width))),
@@ -443,9 +453,9 @@ class _ReadEngine(wiring.Component):
         # beats issued in the last `latency` cycles (the oldest one's data is on mem.rdata now)
         # and latency + 2 buffered beats: the R channel is driven from registers only (no path
         # from the RAM's output through to the accelerator in one cycle); that many entries keep
-        # one beat per cycle back to back
+        # one beat per cycle back to back (fewer: a beat per latency + 2 cycles at worst)
         latency = self.latency
-        buffer = latency + 2
+        buffer = self.buffer
         in_flight = [Signal(name=f"in_flight{i}") for i in range(latency)]   # youngest first
         flight_error = [Signal(name=f"flight_error{i}") for i in range(latency)]
         flight_last = [Signal(name=f"flight_last{i}") for i in range(latency)]
@@ -453,8 +463,9 @@ class _ReadEngine(wiring.Component):
         count = Signal(range(buffer + 1))
         beat = ReadDataLayout(len(r.payload.data))
         entries = [Signal(beat, name=f"entry{i}") for i in range(buffer)]
-        head = Signal(range(buffer))      # index of the oldest buffered beat
-        tail = Signal(range(buffer))      # index where the next beat is buffered
+        # (at least one bit: a switch on a zero-width index matches no case)
+        head = Signal(range(max(2, buffer)))      # index of the oldest buffered beat
+        tail = Signal(range(max(2, buffer)))      # index where the next beat is buffered
 
         # the buffer's credit: ``taken`` is always count + sum(in_flight), kept in a register (an
         # adder of the in-flight bits in front of the issue would be a long path with 8 of them)
@@ -580,20 +591,29 @@ class SoCMemory(wiring.Component):
     ``banks[k].data[word]``; empty for ``"spram"``; not for a memory elaborated for ECP5 whose
     banks are DP16KD instances, see the module docstring); ``ram`` is the only bank of a memory of
     one bank, else None. ``read_latency``: cycles from a bridge read's grant to its data, the same
-    on every platform: the core's (:func:`memory_read_latency`) plus one, for the register
-    between the bridge and the arbiter."""
+    on every platform: the core's (:func:`memory_read_latency`) plus one for a ``"bram"`` memory,
+    for the register between the bridge and the arbiter (:func:`bridge_register`).
 
-    def __init__(self, *, memory_bytes: int, data_width: int, kind: str = "bram"):
+    ``read_buffer``: the AXI read engine's output buffer, in beats; by default the read latency
+    plus 2, which returns one beat per cycle back to back; 1 for a manager that reads one beat at
+    a time (the firmware control), which saves the other entries' registers."""
+
+    def __init__(self, *, memory_bytes: int, data_width: int, kind: str = "bram",
+                 read_buffer: int | None = None):
         if data_width not in (32, 64, 128):
             raise ValueError(f"data_width must be 32, 64 or 128, not {data_width!r}")
         check_memory(kind, memory_bytes, data_width)
+        if read_buffer is not None and (isinstance(read_buffer, bool) or not isinstance(read_buffer, int)
+                                        or read_buffer < 1):
+            raise ValueError(f"read_buffer must be a positive integer (beats), not {read_buffer!r}")
+        self.read_buffer = read_buffer
         self.kind = kind
         self.memory_bytes = memory_bytes
         self.data_width = data_width
         self.bus_bytes = data_width // 8
         self._core = _Core(kind, memory_bytes, data_width)
         # the bridge's accesses reach the arbiter through a register: a cycle more than the core's
-        self.read_latency = self._core.read_latency + 1
+        self.read_latency = self._core.read_latency + bridge_register(kind)
         self.port_signature = self.port_signature_for(memory_bytes, data_width, kind)
         self._internal_signature = MemoryPortSignature(
             addr_width=self.port_signature.addr_width, data_width=data_width,
@@ -622,7 +642,8 @@ class SoCMemory(wiring.Component):
         ``data_width``-bit bus (word addresses, its read latency)."""
         words = memory_bytes // (data_width // 8)
         return MemoryPortSignature(addr_width=max(1, (words - 1).bit_length()), data_width=data_width,
-                                   read_latency=memory_read_latency(kind, memory_bytes) + 1)
+                                   read_latency=memory_read_latency(kind, memory_bytes)
+                                   + bridge_register(kind))
 
     def elaborate(self, platform):
         m = Module()
@@ -630,7 +651,7 @@ class SoCMemory(wiring.Component):
         m.submodules.core = core = self._core
         internal = self._internal_signature
         m.submodules.arbiter = arbiter = _Arbiter(internal, core.signature)
-        m.submodules.reads = reads = _ReadEngine(internal, beats_log2)
+        m.submodules.reads = reads = _ReadEngine(internal, beats_log2, self.read_buffer)
         m.submodules.writes = writes = _WriteEngine(internal, beats_log2)
         wiring.connect(m, arbiter=arbiter.core, core=core)
         # the bridge's access goes through a register (the arbiter grants it at once, so the
@@ -638,7 +659,8 @@ class SoCMemory(wiring.Component):
         # AXI engines' handshakes (timing); its reads take a cycle more
         bridge, granted = self.bridge.cmd, arbiter.bridge.cmd
         m.d.comb += [bridge.ready.eq(1), self.bridge.rdata.eq(arbiter.bridge.rdata)]
-        m.d.sync += [granted.valid.eq(bridge.valid), granted.payload.eq(bridge.payload)]
+        domain = m.d.sync if bridge_register(self.kind) else m.d.comb
+        domain += [granted.valid.eq(bridge.valid), granted.payload.eq(bridge.payload)]
         wiring.connect(m, reads=reads.mem, arbiter=arbiter.reads)
         wiring.connect(m, writes=writes.mem, arbiter=arbiter.writes)
         wiring.connect(m, manager=wiring.flipped(self.axi.ar), reads=reads.ar)

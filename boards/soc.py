@@ -109,7 +109,9 @@ class SoC(wiring.Component):
         self.timeout_bits = _check_timeout_bits(timeout_bits)
         self.memory_bytes = memory_bytes
         self.memory_kind = memory
-        self.memory = SoCMemory(memory_bytes=memory_bytes, data_width=config.dma_data_bits, kind=memory)
+        # the firmware control reads one beat at a time: a read buffer of one beat
+        self.memory = SoCMemory(memory_bytes=memory_bytes, data_width=config.dma_data_bits, kind=memory,
+                                read_buffer=1 if config.control == "firmware" else None)
         if firmware_ram is None:
             firmware_ram = "spram" if memory == "spram" and config.control == "firmware" else "init"
         self.accelerator = Accelerator(config, firmware_ram=firmware_ram)

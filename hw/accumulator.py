@@ -134,12 +134,22 @@ class Accumulator(wiring.Component):
     ----------
     config : AcceleratorConfig
         Uses ``acc_rows``, ``cols``, ``acc_bits``, ``acc_signed`` and ``acc_addr_bits``.
+    read_queue : int, optional
+        Responses the ``read`` port may owe at once (its response queue's registers): by default
+        its read latency, for one row per cycle; 1 for a consumer that reads one row at a time
+        (the firmware control's core), which saves a row of registers per entry.
     """
 
-    def __init__(self, config: AcceleratorConfig) -> None:
+    def __init__(self, config: AcceleratorConfig, *, read_queue: int | None = None) -> None:
         if not isinstance(config, AcceleratorConfig):
             raise TypeError(f"config must be an AcceleratorConfig, not {config!r}")
+        latency = read_latency(config)
+        if read_queue is not None and (isinstance(read_queue, bool) or not isinstance(read_queue, int)
+                                       or not 1 <= read_queue <= latency):
+            raise ValueError(f"read_queue must be an integer between 1 and the read latency ({latency}), "
+                             f"not {read_queue!r}")
         self._config = config
+        self.read_queue = latency if read_queue is None else read_queue
         addr = data.StructLayout({"addr": unsigned(config.acc_addr_bits)})
         super().__init__({
             "array_write": In(stream.Signature(acc_array_write_layout(config))),
@@ -200,7 +210,7 @@ class Accumulator(wiring.Component):
         req_bank = req.addr[index_bits:]
         grant_read = Signal()
         resp_row = Signal(row_layout)
-        free = drive_read_response(m, self.read.resp, grant_read, resp_row, latency)
+        free = drive_read_response(m, self.read.resp, grant_read, resp_row, latency, self.read_queue)
         m.d.comb += grant_read.eq(self.read.req.valid & free & ~(beat_reads & (beat_bank == req_bank)))
         m.d.comb += [self.read.req.ready.eq(grant_read), self.array_write.ready.eq(1)]
         for k, bank in enumerate(banks):

@@ -11,14 +11,18 @@ subordinate raises ``ack``; on reads ``rdata`` is valid in that cycle. Instructi
 loads and stores share it. A subordinate may ack in the cycle after ``stb`` rises at the soonest
 or keep it waiting for any number of cycles.
 
-Timing, in cycles: 4 for an ALU, jump or branch instruction with a bus that acks after one cycle
-(fetch 2, register reads 1, execute 1), 6 for a load or store, 37 for a multiplication and
-5 + q + r for a shift by 4q + r.
+Timing, in cycles: 4 for an ALU instruction with a bus that acks after one cycle (fetch 2,
+register reads 1, execute 1), 5 for a jump or branch (its target is checked a cycle later), 6 for
+a load or store (its address is registered before
+the access: the bus's outputs come from registers and the register file, through no adder), 37
+for a multiplication and 5 + q + r for a shift by 4q + r.
 
 What the core does not do: interrupts, CSRs, FENCE.I, division (Zmmul), compressed
 instructions. ECALL, EBREAK, an illegal instruction word, a misaligned load, store or jump target
 stop it with ``fault`` raised and ``fault_pc`` holding the instruction's address; only a reset
-starts it again. FENCE executes as a no-op (one bus, in order).
+starts it again. So does an instruction after which the program counter would leave the first
+``2**pc_bits`` bytes (a core built with ``pc_bits`` < 32 keeps only those bits of it). FENCE
+executes as a no-op (one bus, in order).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
+
+from .rtlil import UNDEFINED_COLLISION
 
 __all__ = ["bus_signature", "CPU", "OPCODES"]
 
@@ -45,35 +51,46 @@ def bus_signature() -> wiring.Signature:
 
 
 class CPU(wiring.Component):
-    """RV32I + Zmmul, starting at byte address ``reset_pc`` after reset.
+    """RV32I + Zmmul, starting at byte address ``reset_pc`` after reset, executing from the first
+    ``2**pc_bits`` bytes of the address space (loads and stores reach all of it).
 
     Ports: ``bus`` (:func:`bus_signature`), ``fault`` (stopped, see the module docstring),
     ``fault_pc``, ``retired`` (a pulse per completed instruction).
     """
 
-    def __init__(self, reset_pc: int = 0):
-        if not isinstance(reset_pc, int) or reset_pc % 4 or not 0 <= reset_pc < 2**32:
-            raise ValueError(f"reset_pc must be a 4-aligned 32-bit address, not {reset_pc!r}")
+    def __init__(self, reset_pc: int = 0, *, pc_bits: int = 32):
+        if isinstance(pc_bits, bool) or not isinstance(pc_bits, int) or not 3 <= pc_bits <= 32:
+            raise ValueError(f"pc_bits must be an integer between 3 and 32, not {pc_bits!r}")
+        if isinstance(reset_pc, bool) or not isinstance(reset_pc, int) or reset_pc % 4 \
+                or not 0 <= reset_pc < 2**pc_bits:
+            raise ValueError(f"reset_pc must be a 4-aligned address below 2**pc_bits ({2**pc_bits:#x}), "
+                             f"not {reset_pc!r}")
         self.reset_pc = reset_pc
+        self.pc_bits = pc_bits
         super().__init__({"bus": Out(bus_signature()), "fault": Out(1), "fault_pc": Out(32),
                           "retired": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.regs = regs = Memory(shape=32, depth=32, init=[])
+        # no register is read in the cycle it is written (the write is an instruction's last
+        # cycle; the next reads are in its fetch's ack and decode), so synthesis needs no logic
+        # for that case (hw/rtlil.py)
+        m.submodules.regs = regs = Memory(shape=32, depth=32, init=[], attrs={UNDEFINED_COLLISION: 1})
         rd_port = regs.read_port()
         wr_port = regs.write_port()
 
-        pc = Signal(32, init=self.reset_pc)
+        pc = Signal(self.pc_bits, init=self.reset_pc)
         ir = Signal(32)
         a = Signal(32)            # rs1, latched; rs2 is the read port's output from EXEC on
         b = rd_port.data
 
         opcode, rd, funct3 = ir[0:7], ir[7:12], ir[12:15]
         rs2, funct7 = ir[20:25], ir[25:32]
+        # the opcode's decode is registered in DECODE (the instruction word is there since the
+        # fetch), so that EXEC's adder starts from registers (timing)
+        raw = {name: opcode == code for name, code in OPCODES.items()}
         is_ = {name: Signal(name=f"is_{name.lower()}") for name in OPCODES}
-        for name, code in OPCODES.items():
-            m.d.comb += is_[name].eq(opcode == code)
+        decoded = [is_[name].eq(raw[name]) for name in OPCODES]
 
         # immediates, sign-extended
         sign = ir[31]
@@ -83,13 +100,21 @@ class CPU(wiring.Component):
         imm_u = Cat(Const(0, 12), ir[12:32])
         imm_j = Cat(Const(0, 1), ir[21:31], ir[20], ir[12:20], sign.replicate(12))
 
-        # -- ALU: one adder-subtractor (33 bits: bit 32 gives the comparisons); shifts are serial
-        op2 = Signal(32)
-        m.d.comb += op2.eq(Mux(is_["OP"] | is_["BRANCH"], b, Mux(is_["STORE"], imm_s, imm_i)))
-        compare = (is_["OP"] | is_["OP_IMM"]) & (funct3[1:3] == 0b01)          # SLT, SLTU
+        # -- ALU: one adder-subtractor (33 bits: bit 32 gives the comparisons); shifts are serial.
+        # Its controls and the immediate operand are registered in DECODE too.
+        imm = Signal(32)        # the I or S immediate
+        use_b = Signal()        # the second operand is rs2
         sub = Signal()
-        m.d.comb += sub.eq(is_["BRANCH"] | compare | (is_["OP"] & (funct3 == 0) & funct7[5]))
-        unsigned = Mux(is_["BRANCH"], funct3[1], funct3[0])                      # BLTU/BGEU, SLTU
+        unsigned = Signal()     # BLTU/BGEU, SLTU(I)
+        compare = (raw["OP"] | raw["OP_IMM"]) & (funct3[1:3] == 0b01)          # SLT, SLTU
+        decoded += [
+            imm.eq(Mux(raw["STORE"], imm_s, imm_i)),
+            use_b.eq(raw["OP"] | raw["BRANCH"]),
+            sub.eq(raw["BRANCH"] | compare | (raw["OP"] & (funct3 == 0) & funct7[5])),
+            unsigned.eq(Mux(raw["BRANCH"], funct3[1], funct3[0])),
+        ]
+        op2 = Signal(32)
+        m.d.comb += op2.eq(Mux(use_b, b, imm))
         ext_a = a[31] & ~unsigned
         ext_b = op2[31] & ~unsigned
         addsub = Signal(33)
@@ -156,21 +181,37 @@ class CPU(wiring.Component):
                                      | ((funct7 == 1) & ~funct3[2]))
             with m.Case(OPCODES["MISC_MEM"]):
                 m.d.comb += legal.eq(funct3 == 0)
-        misaligned_target = next_pc[1]          # jump and branch targets are 4-aligned in RV32I
+        jump = is_["JAL"] | is_["JALR"] | is_["BRANCH"]
+        # the next instruction's address would leave the first 2**pc_bits bytes: checked on the
+        # program counter alone for pc + 4, on the held target for a jump or branch (JUMP)
+        last_word = pc[2:].all() if self.pc_bits < 32 else Const(0)
         mul = is_["OP"] & (funct7 == 1)
         shift = (is_["OP"] | is_["OP_IMM"]) & ~mul & (funct3[0:2] == 0b01)
 
-        # -- loads and stores -----------------------------------------------------------------------
+        # what an ALU, LUI, AUIPC or jump instruction writes
+        result = Signal(32)
+        with m.If(is_["OP"] | is_["OP_IMM"]):
+            m.d.comb += result.eq(alu)
+        with m.Elif(is_["LUI"]):
+            m.d.comb += result.eq(imm_u)
+        with m.Elif(is_["AUIPC"]):
+            m.d.comb += result.eq(pc_rel)
+        with m.Else():
+            m.d.comb += result.eq(pc_plus_4)
+
+        # -- loads and stores: the address is computed in EXEC and held in the multiplier's low
+        # register for the access (MEM), so that no adder lies on the bus's paths -----------------
         addr = addsub[0:32]
         size = funct3[0:2]
         misaligned = Mux(size == 0, 0, Mux(size == 1, addr[0], addr[0:2] != 0))
-        lane = addr[0:2]
+        held = Signal(32)           # the address in MEM (the multiplier's low register)
+        lane = held[0:2]
         sel = Signal(4)
         with m.Switch(size):
             with m.Case(0):
                 m.d.comb += sel.eq(Const(1, 4) << lane)
             with m.Case(1):
-                m.d.comb += sel.eq(Mux(addr[1], 0b1100, 0b0011))
+                m.d.comb += sel.eq(Mux(held[1], 0b1100, 0b0011))
             with m.Default():
                 m.d.comb += sel.eq(0b1111)
         wdata = Mux(size == 0, b[0:8].replicate(4), Mux(size == 1, b[0:16].replicate(2), b))
@@ -193,6 +234,7 @@ class CPU(wiring.Component):
         hi = Signal(33)
         lo = Signal(32)
         step = Signal(5)
+        m.d.comb += held.eq(lo)
         a_signed = (funct3 == 0b001) | (funct3 == 0b010)
         b_signed = funct3 == 0b001
         mcand = Cat(a, a[31] & a_signed)
@@ -206,7 +248,7 @@ class CPU(wiring.Component):
         write = Signal()
         m.d.comb += [wr_port.addr.eq(rd), wr_port.en.eq(write & (rd != 0))]
 
-        m.d.comb += [self.bus.sel.eq(0b1111), self.bus.addr.eq(pc[2:32])]
+        m.d.comb += [self.bus.sel.eq(0b1111), self.bus.addr.eq(pc[2:])]
         with m.FSM():
             with m.State("FETCH"):
                 m.d.comb += [self.bus.stb.eq(1), rd_port.addr.eq(self.bus.rdata[15:20])]
@@ -214,13 +256,24 @@ class CPU(wiring.Component):
                     m.d.sync += ir.eq(self.bus.rdata)
                     m.next = "DECODE"
             with m.State("DECODE"):
-                m.d.sync += a.eq(rd_port.data)
+                m.d.sync += [a.eq(rd_port.data), *decoded]
                 m.next = "EXEC"
             with m.State("EXEC"):
-                with m.If(~legal | ((is_["LOAD"] | is_["STORE"]) & misaligned)
-                          | ((is_["JAL"] | is_["JALR"] | is_["BRANCH"]) & misaligned_target)):
+                # the result and its write enable depend on the instruction word alone, not on the
+                # fault checks (their adder would lie on the register file's paths): a jump that
+                # faults still writes its link register, unseen, as the core stops
+                m.d.comb += [wr_port.data.eq(result),
+                             write.eq(legal & ~is_["LOAD"] & ~is_["STORE"] & ~mul & ~shift
+                                      & ~is_["BRANCH"] & ~is_["MISC_MEM"])]
+                with m.If(~legal | ((is_["LOAD"] | is_["STORE"]) & misaligned) | (~jump & last_word)):
                     m.next = "FAULT"
+                with m.Elif(jump):
+                    # the target goes into a register and is checked in the next cycle: no fault
+                    # check after the adder in this one
+                    m.d.sync += lo.eq(next_pc)
+                    m.next = "JUMP"
                 with m.Elif(is_["LOAD"] | is_["STORE"]):
+                    m.d.sync += lo.eq(addr)
                     m.next = "MEM"
                 with m.Elif(mul):
                     m.d.sync += [hi.eq(0), lo.eq(b), step.eq(0)]
@@ -229,20 +282,21 @@ class CPU(wiring.Component):
                     m.d.sync += [lo.eq(a), step.eq(op2[0:5])]
                     m.next = "SHIFT"
                 with m.Else():
-                    with m.If(is_["OP"] | is_["OP_IMM"]):
-                        m.d.comb += wr_port.data.eq(alu)
-                    with m.Elif(is_["LUI"]):
-                        m.d.comb += wr_port.data.eq(imm_u)
-                    with m.Elif(is_["AUIPC"]):
-                        m.d.comb += wr_port.data.eq(pc_rel)
-                    with m.Else():
-                        m.d.comb += wr_port.data.eq(pc_plus_4)
-                    m.d.comb += [write.eq(~is_["BRANCH"] & ~is_["MISC_MEM"]), self.retired.eq(1)]
-                    m.d.sync += pc.eq(next_pc)
+                    m.d.comb += self.retired.eq(1)
+                    m.d.sync += pc.eq(pc_plus_4)
+                    m.next = "FETCH"
+            with m.State("JUMP"):
+                # jump and branch targets are 4-aligned in RV32I, and within the program counter
+                beyond = lo[self.pc_bits:].any() if self.pc_bits < 32 else Const(0)
+                with m.If(lo[1] | beyond):
+                    m.next = "FAULT"
+                with m.Else():
+                    m.d.comb += self.retired.eq(1)
+                    m.d.sync += pc.eq(lo)
                     m.next = "FETCH"
             with m.State("MEM"):
                 m.d.comb += [
-                    self.bus.stb.eq(1), self.bus.addr.eq(addr[2:32]), self.bus.we.eq(is_["STORE"]),
+                    self.bus.stb.eq(1), self.bus.addr.eq(held[2:32]), self.bus.we.eq(is_["STORE"]),
                     self.bus.sel.eq(sel), self.bus.wdata.eq(wdata),
                     wr_port.data.eq(loaded),
                 ]

@@ -19,6 +19,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .axi import RESP_OKAY, RESP_SLVERR, AXI4LiteSignature
+from .rtlil import UNDEFINED_COLLISION
 
 __all__ = ["Register", "REGISTERS", "COUNTERS", "ERROR_CODES", "CORE_FAULT", "NO_FIRMWARE", "CSR_ADDR_BITS",
            "FW_ADDR_BITS", "CSRBank", "register_map"]
@@ -140,10 +141,12 @@ class CSRBank(wiring.Component):
     the pulse from the cycle of the pulse on (busy after start, idle after soft reset, done and
     error clear), and the counters stay clear in the cycle after the pulse too.
 
-    A counter's low word is read from the memory (the host's read takes the pipeline's turn for
-    that cycle, and answers a cycle later than other registers); its high word is latched at the
-    same time: one latch of ``counter_bits`` - 32 flip-flops for all counters, none with
-    ``counter_bits`` <= 32 (the high words read 0).
+    A counter's low word is read from the memory: the host's read takes the pipeline's turn in
+    the cycle after its address (or later, while the pipeline writes that counter: the memory
+    never reads a row in the cycle it writes it, which synthesis leaves undefined), and answers
+    two or more cycles later than other registers; its high word is latched at the same time:
+    one latch of ``counter_bits`` - 32 flip-flops for all counters, none with ``counter_bits``
+    <= 32 (the high words read 0).
     """
 
     def __init__(self, config_hash: int, *, counter_bits: int = 64,
@@ -209,12 +212,16 @@ class CSRBank(wiring.Component):
         m.d.comb += clear.eq(pulses[0] | pulses[1])
 
         # -- counters: pending counts, memory, update pipeline ----------------------------------
-        m.submodules.counters = counters = Memory(shape=bits, depth=count, init=[])
+        # no row is read in the cycle it is written (the pipeline visits another counter then;
+        # a host read waits a cycle instead), so synthesis needs no logic for it (hw/rtlil.py)
+        m.submodules.counters = counters = Memory(shape=bits, depth=count, init=[],
+                                                  attrs={UNDEFINED_COLLISION: 1})
         rp = counters.read_port()
         wp = counters.write_port()
+        self._counter_ports = (rp, wp)       # for the tests
         slot = Signal(range(count))          # the counter the pipeline visits this cycle
         host_read = Signal()                 # the host reads a counter's low word: it has the port
-        host_index = Signal(range(count))
+        host_index = Signal(range(count))    # ... of this counter
         advance = Signal()
         m.d.comb += [advance.eq(~host_read), rp.addr.eq(Mux(host_read, host_index, slot))]
         with m.If(advance):
@@ -282,7 +289,7 @@ class CSRBank(wiring.Component):
                                     & (stale == 0))
 
         # -- reads: one outstanding; answered the cycle after the address, a counter's low word
-        # (from the memory) one cycle later
+        # (from the memory) two or more cycles later
         high_bits = max(0, bits - 32)
         # no latch at all for counters of 32 bits or less (their high words read 0)
         latched_hi = Signal(high_bits) if high_bits else None
@@ -292,7 +299,15 @@ class CSRBank(wiring.Component):
         counter_stale = Signal()
         with m.If(bus.r.valid & bus.r.ready):
             m.d.sync += bus.r.valid.eq(0)
-        m.d.comb += bus.ar.ready.eq(~bus.r.valid & ~counter_read)
+        is_counter = Signal()
+        decoded_index = Signal(range(count))
+        # a counter's read is asked for in the address's cycle and made from registers in a later
+        # one, in which the memory does not write that counter (the read would be undefined)
+        asked = Signal()
+        m.d.comb += [
+            bus.ar.ready.eq(~bus.r.valid & ~counter_read & ~asked),
+            host_read.eq(asked & ~(wp.en & (wp.addr == host_index))),
+        ]
         m.d.sync += counter_read.eq(0)
         with m.If(counter_read):
             m.d.sync += [bus.r.valid.eq(1),
@@ -301,27 +316,27 @@ class CSRBank(wiring.Component):
                 m.d.sync += latched_hi.eq(Mux(counter_stale, 0, rp.data[32:]))
         fire = bus.ar.valid & bus.ar.ready
         m.d.comb += read_resp.eq(RESP_OKAY)
-        is_counter = Signal()
         word = bus.ar.payload.addr[2:]
         with m.Switch(word):
             for reg in REGISTERS:
                 with m.Case(reg.offset >> 2):
                     if reg.name.endswith("_lo") and reg.name[:-3] in _COUNTER_NAMES:
                         index = [name for name, _ in COUNTERS].index(reg.name[:-3])
-                        m.d.comb += [is_counter.eq(1), host_index.eq(index)]
+                        m.d.comb += [is_counter.eq(1), decoded_index.eq(index)]
                     elif reg.access != "wo":
                         m.d.comb += read_value.eq(self._read_source(reg, latched_hi, pulses))
             with m.Default():
                 m.d.comb += read_resp.eq(RESP_SLVERR)
         with m.If(bus.ar.payload.addr[:2] != 0):
             m.d.comb += read_resp.eq(RESP_SLVERR)
-        m.d.comb += host_read.eq(fire & is_counter & (read_resp == RESP_OKAY))
         with m.If(fire):
             m.d.sync += bus.r.payload.resp.eq(read_resp)
-            with m.If(host_read):
-                m.d.sync += [counter_read.eq(1), counter_stale.eq(stale.bit_select(host_index, 1))]
+            with m.If(is_counter & (read_resp == RESP_OKAY)):
+                m.d.sync += [asked.eq(1), host_index.eq(decoded_index)]
             with m.Else():
                 m.d.sync += [bus.r.valid.eq(1), bus.r.payload.data.eq(read_value)]
+        with m.If(host_read):
+            m.d.sync += [asked.eq(0), counter_read.eq(1), counter_stale.eq(stale.bit_select(host_index, 1))]
 
         # writes: address and data may arrive in any order; both are held until the response
         aw_addr = Signal(CSR_ADDR_BITS)
@@ -335,6 +350,10 @@ class CSRBank(wiring.Component):
         m.d.sync += [self.start.eq(0), self.soft_reset.eq(0), self.fw_write.eq(0), self.fw_loaded.eq(0)]
         fw_addr = self._fw_addr
         if self.firmware:
+            # the word and its address are the held write data and FW_ADDR, unchanged in the
+            # pulse's cycle (FW_ADDR advances at its end; a new W beat lands at its end; no write
+            # completes while the response is valid): no copies in flip-flops
+            m.d.comb += [self.fw_write_addr.eq(fw_addr), self.fw_write_data.eq(w_data)]
             with m.If(self.fw_write):
                 m.d.sync += fw_addr.eq(fw_addr + 1)
         with m.If(bus.aw.valid & bus.aw.ready):
@@ -357,8 +376,7 @@ class CSRBank(wiring.Component):
                         m.d.sync += fw_addr.eq(w_data[:FW_ADDR_BITS])
                 with m.Case(_BY_NAME["fw_data"].offset >> 2):
                     if self.firmware:
-                        m.d.sync += [self.fw_write.eq(1), self.fw_write_addr.eq(fw_addr),
-                                     self.fw_write_data.eq(w_data)]
+                        m.d.sync += self.fw_write.eq(1)
                 for name in ("prog_addr", "dram_base", "prog_len"):
                     with m.Case(_BY_NAME[name].offset >> 2):
                         reg = getattr(self, name)

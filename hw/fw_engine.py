@@ -54,14 +54,19 @@ from .cpu import CPU
 from .csr import CORE_FAULT, FW_ADDR_BITS, NO_FIRMWARE
 from .firmware import build_firmware, image_words
 from .isa import HEADER_LAYOUT, INSTR_BYTES, LAYOUTS, QUEUE_OF, Opcode, Queue
+from .rtlil import UNDEFINED_COLLISION
 from .scratchpad import spad_write_layout
 
-__all__ = ["ESTIMATE_FACTOR", "RAM_BYTES", "RAM_KINDS", "CTRL", "FLAGS", "PARAMS", "TABLE_BYTES",
-           "MAX_QUEUE_DEPTH", "params", "engine_header", "estimate_factor", "build_engine_firmware",
-           "engine_image", "firmware_load", "FirmwareController", "check_firmware_config"]
+__all__ = ["ESTIMATE_FACTOR", "RAM_BYTES", "CPU_PC_BITS", "RAM_KINDS", "CTRL", "FLAGS", "PARAMS",
+           "TABLE_BYTES", "MAX_QUEUE_DEPTH", "params", "engine_header", "estimate_factor",
+           "build_engine_firmware", "engine_image", "firmware_load", "FirmwareController",
+           "check_firmware_config"]
 
 #: Bytes of the core's RAM (code, data, stack and parameters) as the firmware is built for it.
 RAM_BYTES = 10240
+#: The core's program counter bits: code runs from the RAM, at most 64 KiB (two SPRAMs); a jump
+#: or branch beyond faults (hw/cpu.py).
+CPU_PC_BITS = 16
 #: What holds the core's RAM: ``"init"`` block RAM initialized with the firmware (at elaboration),
 #: ``"loaded"`` block RAM the host loads through the CSRs (fw_addr, fw_data, CTRL bit 2), or
 #: ``"spram"`` two iCE40UP5K SB_SPRAM256KA, loaded the same way (a bitstream cannot initialize
@@ -72,7 +77,7 @@ TABLE_BYTES = 1024
 #: Deepest instruction queue the firmware keeps.
 MAX_QUEUE_DEPTH = 4
 #: The firmware takes up to this many times the golden model's cycle estimate (which models the
-#: hardware control): about 1000 on the catalogue's programs, up to 3070 on a stride-1 3x3
+#: hardware control): about 1060 on the catalogue's programs, up to 3170 on a stride-1 3x3
 #: average pool (bench/firmware_control.py); watchdogs multiply their budgets by it.
 ESTIMATE_FACTOR = 5000
 
@@ -314,7 +319,10 @@ class FirmwareController(wiring.Component):
         if self.ram == "spram":
             self._spram(m, ram_addr, ram_wdata, ram_rdata, ram_wen)
         else:
-            m.submodules.ram = ram = Memory(shape=32, depth=words, init=init if self.ram == "init" else [])
+            # one access per cycle on one address: a read's data in a write's cycle is never used,
+            # so synthesis needs no logic for a read of the row being written (hw/rtlil.py)
+            m.submodules.ram = ram = Memory(shape=32, depth=words, init=init if self.ram == "init" else [],
+                                            attrs={UNDEFINED_COLLISION: 1})
             rd, wr = ram.read_port(), ram.write_port(granularity=8)
             m.d.comb += [rd.addr.eq(ram_addr), wr.addr.eq(ram_addr), wr.data.eq(ram_wdata), wr.en.eq(ram_wen),
                          ram_rdata.eq(rd.data)]
@@ -331,7 +339,7 @@ class FirmwareController(wiring.Component):
         running = Signal()
         m.d.sync += running.eq(running | (self.start & ready))
         m.d.comb += self.running.eq(running)
-        cpu = CPU()
+        cpu = CPU(pc_bits=CPU_PC_BITS)
         m.submodules.cpu = ResetInserter(self.start | ~running | ~ready)(cpu)
         bus = cpu.bus
         m.d.comb += [self.fault.eq(cpu.fault), self.fault_pc.eq(cpu.fault_pc)]
@@ -379,14 +387,19 @@ class FirmwareController(wiring.Component):
         for i, name in enumerate(FLAGS):
             m.d.comb += getattr(self, f"flag_{name}").eq(flags[i])
         axi_err_read = Signal()
+        # PC and ERROR_PC as wide as what they hold: instruction indices (config.pc_bits) or, for
+        # CORE_FAULT, the core's byte address (CPU_PC_BITS)
+        pc = Signal(c.pc_bits)
+        error_pc = Signal(max(c.pc_bits, CPU_PC_BITS))
+        m.d.comb += [self.pc.eq(pc), self.error_pc.eq(error_pc)]
         with m.If(new & is_ctrl):
             m.d.sync += ack.eq(1)
             with m.If(bus.we):
                 with m.Switch(offset):
                     with m.Case(CTRL["PC"]):
-                        m.d.sync += self.pc.eq(bus.wdata)
+                        m.d.sync += pc.eq(bus.wdata)
                     with m.Case(CTRL["ERROR_PC"]):
-                        m.d.sync += self.error_pc.eq(bus.wdata)
+                        m.d.sync += error_pc.eq(bus.wdata)
                     with m.Case(CTRL["ERROR"]):
                         m.d.sync += self.error.eq(bus.wdata[0:4])
                     with m.Case(CTRL["DONE"]):
@@ -462,13 +475,18 @@ class FirmwareController(wiring.Component):
         # -- DRAM: one AXI4 beat per access -------------------------------------------------------
         address = Cat(Const(0, 2), bus.addr[0:29], page)
         sent_a, sent_w = Signal(), Signal()
+        # the channels' valid signals come from a register set a cycle after the core's request
+        # (timing: no path from the core's state into the memory's arbiter in one cycle)
+        go, go_write = Signal(), Signal()
+        m.d.sync += [go.eq(new & is_dram & ~(self.r_valid & self.r_ready) & ~(self.b_valid & self.b_ready)),
+                     go_write.eq(bus.we)]
         m.d.comb += [
             self.ar_addr.eq(address), self.aw_addr.eq(address),
-            self.ar_valid.eq(new & is_dram & ~bus.we & ~sent_a),
-            self.aw_valid.eq(new & is_dram & bus.we & ~sent_a),
-            self.w_valid.eq(new & is_dram & bus.we & ~sent_w),
+            self.ar_valid.eq(go & ~go_write & ~sent_a),
+            self.aw_valid.eq(go & go_write & ~sent_a),
+            self.w_valid.eq(go & go_write & ~sent_w),
             self.w_data.eq(bus.wdata), self.w_strb.eq(bus.sel & wstrb),
-            self.r_ready.eq(sent_a & ~bus.we), self.b_ready.eq(sent_a & sent_w & bus.we),
+            self.r_ready.eq(sent_a & ~go_write), self.b_ready.eq(sent_a & sent_w & go_write),
         ]
         with m.If((self.ar_valid & self.ar_ready) | (self.aw_valid & self.aw_ready)):
             m.d.sync += sent_a.eq(1)
@@ -489,11 +507,11 @@ class FirmwareController(wiring.Component):
 
         # a fault of the core (a firmware bug) ends the program with its own error code
         with m.If(cpu.fault & ~self.done):
-            m.d.sync += [self.error.eq(CORE_FAULT), self.error_pc.eq(cpu.fault_pc), self.done.eq(1)]
+            m.d.sync += [self.error.eq(CORE_FAULT), error_pc.eq(cpu.fault_pc), self.done.eq(1)]
 
         # every program starts from a clear state
         with m.If(self.start):
-            m.d.sync += [self.done.eq(0), self.error.eq(0), self.error_pc.eq(0), self.pc.eq(0),
+            m.d.sync += [self.done.eq(0), self.error.eq(0), error_pc.eq(0), pc.eq(0),
                          flags.eq(0), completed.eq(0), axi_err.eq(0), cmd_valid.eq(0), page.eq(0),
                          wstrb.eq(0xF)]
         # a start before the firmware is there ends at once, with its own error

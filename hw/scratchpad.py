@@ -87,27 +87,29 @@ def read_port_signature(addr_layout: ShapeLike, data_layout: ShapeLike) -> wirin
 
 
 def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: Value,
-                        latency: int = READ_LATENCY) -> Value:
+                        latency: int = READ_LATENCY, depth: int | None = None) -> Value:
     """Drive the response stream of a read port whose memory was read for it in the cycles where
     ``granted`` is high; ``row`` is the data of that read ``latency`` - 1 cycles later (the
     memory and the registers after it are not held: they may serve someone else after that;
     :func:`select_bank_row` makes such a ``row``). ``latency`` is the port's read latency
     (:func:`read_latency`), at least 2.
 
-    The rows go into a queue of ``latency`` registers whose head is the response
-    (``resp.payload`` comes from a register only): a row arriving when the queue, after this
-    cycle's take, has k entries goes into entry k. At most ``latency`` responses are owed (in
-    flight or queued), so a port reads one row per cycle while its consumer takes one per cycle,
-    and a response comes ``latency`` cycles after its request when the ones before it have been
-    taken.
+    The rows go into a queue of ``depth`` (default ``latency``) registers whose head is the
+    response (``resp.payload`` comes from a register only): a row arriving when the queue, after
+    this cycle's take, has k entries goes into entry k. At most ``depth`` responses are owed (in
+    flight or queued), so with ``depth = latency`` a port reads one row per cycle while its
+    consumer takes one per cycle, and a response comes ``latency`` cycles after its request when
+    the ones before it have been taken. A smaller ``depth`` (at least 1) saves its registers for a
+    consumer that reads one row at a time.
 
     Returns ``free``: high in a cycle where a request may be granted; the caller's ``granted``
     must imply it.
     """
     assert latency >= 2, latency
+    depth = latency if depth is None else depth
+    assert 1 <= depth <= latency, depth
     name = resp.valid.name
     delay = latency - 1
-    depth = latency
     in_flight = [Signal(name=f"{name}_in_flight{k}") for k in range(delay)]   # granted k+1 ago
     m.d.sync += [in_flight[0].eq(granted), *(in_flight[k].eq(in_flight[k - 1]) for k in range(1, delay))]
     arrives = in_flight[-1]

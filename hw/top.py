@@ -297,7 +297,8 @@ class Accelerator(wiring.Component):
         compute = self._compute_unit()
         core.submodules.compute = compute
         core.submodules.spad = spad = Scratchpad(cfg)
-        core.submodules.acc = acc = Accumulator(cfg)
+        # the core reads one accumulator element at a time: one response queue entry
+        core.submodules.acc = acc = Accumulator(cfg, read_queue=1)
         core.submodules.array = array = SystolicArray(cfg)
         core.d.comb += [
             fw.start.eq(start), fw.prog_addr.eq(csr.prog_addr), fw.prog_len.eq(csr.prog_len),

@@ -343,19 +343,21 @@ class ComputeUnit(wiring.Component):
         op = _view(Opcode.COMPUTE, self.cmd.payload.word)
 
         # descriptors hold what each consumer reads, as wide as the ISA allows: k <= R (WS) or
-        # m <= R (OS), n <= C; the other size is a whole 16-bit field. row_macs: MACs of one
-        # input row (WS k*n, OS m*n). WS: the input rows' (feed) and the weights' (preload)
-        # descriptors; OS: one feed descriptor for both operands.
+        # m <= R (OS), n <= C; the other size counts rows that lie in the scratchpad (and, WS m,
+        # in the accumulator): a COMPUTE past them is an error before it gets here. row_macs:
+        # MACs of one input row (WS k*n, OS m*n). WS: the input rows' (feed) and the weights'
+        # (preload) descriptors; OS: one feed descriptor for both operands.
         addr_bits = cfg.spad_addr_bits
         small_r, small_c = R.bit_length(), C.bit_length()
+        rows_bits = min(cfg.spad_rows, cfg.acc_rows).bit_length() if ws else cfg.spad_rows.bit_length()
         if ws:
-            feed_layout = data.StructLayout({"a_addr": addr_bits, "m": 16, "preload": 1,
+            feed_layout = data.StructLayout({"a_addr": addr_bits, "m": rows_bits, "preload": 1,
                                              "row_macs": _row_macs_bits(cfg)})
             preload_layout = data.StructLayout({"b_addr": addr_bits, "k": small_r, "n": small_c})
         else:
-            feed_layout = data.StructLayout({"a_addr": addr_bits, "b_addr": addr_bits, "k": 16,
+            feed_layout = data.StructLayout({"a_addr": addr_bits, "b_addr": addr_bits, "k": rows_bits,
                                              "n": small_c, "row_macs": _row_macs_bits(cfg)})
-        write_layout = data.StructLayout({"acc_addr": cfg.acc_addr_bits, "m": 16 if ws else small_r,
+        write_layout = data.StructLayout({"acc_addr": cfg.acc_addr_bits, "m": rows_bits if ws else small_r,
                                           "accumulate": 1})
         m.submodules.feeds = feeds = fifo.SyncFIFOBuffered(width=feed_layout.size, depth=self.depth)
         m.submodules.writes = writes = fifo.SyncFIFOBuffered(width=write_layout.size, depth=self.depth)
@@ -393,7 +395,12 @@ class ComputeUnit(wiring.Component):
             for the response side."""
             head = Signal(layout, name=f"{name}_head")
             m.d.comb += head.eq(fifo_.r_data)
-            row = Signal(16, name=f"{name}_row")
+            # the rows read lie in the scratchpad (the ISA), so the counter is no wider; its last
+            # row is found from row + 1, not count - 1 (see out_row below: timing on iCE40)
+            row = Signal(range(max(2, cfg.spad_rows)), name=f"{name}_row")
+            next_row = Signal(len(row) + 1, name=f"{name}_next_row")
+            last = Signal(name=f"{name}_last")
+            m.d.comb += [next_row.eq(row + 1), last.eq(next_row == count_of(head))]
             # first-word-fall-through: an entry is readable the cycle after it is written, no
             # later than the memory's response; one entry more than the read_latency
             # responses a read port owes at most, so a full queue never holds up a request
@@ -402,15 +409,15 @@ class ComputeUnit(wiring.Component):
             m.d.comb += [
                 port.req.valid.eq(fifo_.r_rdy & meta.w_rdy),
                 port.req.payload.addr.eq(addr_of(head) + row),
-                meta.w_data.eq(meta_of(head, row)),
+                meta.w_data.eq(meta_of(head, row, last)),
                 meta.w_en.eq(port.req.valid & port.req.ready),
             ]
             with m.If(port.req.valid & port.req.ready):
-                with m.If(row == count_of(head) - 1):
+                with m.If(last):
                     m.d.sync += row.eq(0)
                     m.d.comb += fifo_.r_en.eq(1)
                 with m.Else():
-                    m.d.sync += row.eq(row + 1)
+                    m.d.sync += row.eq(next_row)
             return meta
 
         def column_mask(n):
@@ -431,7 +438,7 @@ class ComputeUnit(wiring.Component):
             wmeta_layout = data.StructLayout({"columns": C, "last": 1})
             wmeta = reader("weights", self.read_b, preloads, preload_layout, lambda h: h.k,
                            lambda h: h.b_addr, wmeta_layout,
-                           lambda h, r: Cat(column_mask(h.n), r == h.k - 1))
+                           lambda h, r, last: Cat(column_mask(h.n), last))
             wm = Signal(wmeta_layout)
             m.d.comb += wm.eq(wmeta.r_data)
             resp = self.read_b.resp.payload
@@ -447,7 +454,7 @@ class ComputeUnit(wiring.Component):
             # inputs: m rows of A, new_weights on the first row of a preloading COMPUTE
             imeta_layout = data.StructLayout({"new_weights": 1, "last": 1, "row_macs": _row_macs_bits(cfg)})
             imeta = reader("inputs", self.read_a, feeds, feed_layout, lambda h: h.m, lambda h: h.a_addr,
-                           imeta_layout, lambda h, r: Cat(h.preload & (r == 0), r == h.m - 1, h.row_macs))
+                           imeta_layout, lambda h, r, last: Cat(h.preload & (r == 0), last, h.row_macs))
             im = Signal(imeta_layout)
             m.d.comb += im.eq(imeta.r_data)
             resp = self.read_a.resp.payload
@@ -522,23 +529,40 @@ class ComputeUnit(wiring.Component):
         # -- results -> accumulator -------------------------------------------------------------
         head = Signal(write_layout)
         m.d.comb += head.eq(writes.r_data)
-        out_row = Signal(16)
+        # a WS COMPUTE's m rows lie in the accumulator (acc_addr + m <= acc_rows, the ISA), an OS
+        # tile's R rows; the counter is only as wide as that, and its last row is found from
+        # row + 1 (a comparison with a 16-bit m - 1 came out of yosys as a chain of 16 LUTs on
+        # iCE40, the UP5K's critical path)
+        out_row = Signal(range(max(2, cfg.acc_rows, R)))
         out = self.acc_write.payload
+        next_row = Signal(len(out_row) + 1)
         m.d.comb += [
             out.addr.eq(head.acc_addr + out_row),
             out.data.eq(self.outputs.payload.data),
             out.accumulate.eq(head.accumulate),
-            # OS tiles drain all R rows; rows >= m are dropped
-            self.acc_write.valid.eq(self.outputs.valid & writes.r_rdy & (out_row < head.m)),
-            self.outputs.ready.eq(writes.r_rdy & ((out_row >= head.m) | self.acc_write.ready)),
+            next_row.eq(out_row + 1),
         ]
+        if ws:
+            # the array returns exactly the m rows (m >= 1): no comparison with m but the last
+            m.d.comb += [
+                self.acc_write.valid.eq(self.outputs.valid & writes.r_rdy),
+                self.outputs.ready.eq(writes.r_rdy & self.acc_write.ready),
+            ]
+            last_row = next_row == head.m
+        else:
+            # OS tiles drain all R rows; rows >= m are dropped
+            m.d.comb += [
+                self.acc_write.valid.eq(self.outputs.valid & writes.r_rdy & (out_row < head.m)),
+                self.outputs.ready.eq(writes.r_rdy & ((out_row >= head.m) | self.acc_write.ready)),
+            ]
+            last_row = out_row == R - 1
         completing = Signal()
         with m.If(self.outputs.valid & self.outputs.ready):
-            with m.If(out_row == (head.m if ws else R) - 1):
+            with m.If(last_row):
                 m.d.sync += out_row.eq(0)
                 m.d.comb += [writes.r_en.eq(1), completing.eq(1)]
             with m.Else():
-                m.d.sync += out_row.eq(out_row + 1)
+                m.d.sync += out_row.eq(next_row)
         # A read accepted by the accumulator sees a beat write_latency cycles after the beat: the
         # COMPUTE completes write_latency - 1 cycles after its last beat, and whatever reads on its
         # completion asks a cycle later at the earliest (as the golden model's estimate has it)

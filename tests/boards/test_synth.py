@@ -70,8 +70,9 @@ def test_preset_is_a_valid_config_for_its_board(name: str) -> None:
 
 
 def test_icebreaker_top_holds_the_soc_behind_the_pll() -> None:
-    """The board top of the icebreaker preset: the SoC with its memory in the four SPRAMs, the
-    PLL on the 12 MHz pin, the UART and LED pins of the iCEBreaker."""
+    """The board top of the icebreaker preset: the SoC with its memory in two SPRAMs and the
+    firmware control's core RAM in the other two, the PLL on the 12 MHz pin, the UART and LED
+    pins of the iCEBreaker."""
     board = get_board("icebreaker")
     config = load_preset(board)
     clock = plan_clock(board, config.clock_mhz)

@@ -75,8 +75,8 @@ def _value(rng: random.Random, config: AcceleratorConfig) -> int:
 
 def run_traffic(config: AcceleratorConfig, array: list[dict[str, Any]], dma: list[dict[str, Any]],
                 reads: list[int], *, seed: int, gap: float, stall: float, array_gap: float | None = None,
-                starts: tuple[int, int, int] = (0, 0, 0)) -> dict[str, Any]:
-    dut = Accumulator(config)
+                starts: tuple[int, int, int] = (0, 0, 0), read_queue: int | None = None) -> dict[str, Any]:
+    dut = Accumulator(config, read_queue=read_queue)
     result: dict[str, Any] = {}
 
     async def array_port(ctx):
@@ -117,9 +117,12 @@ def _readback(config: AcceleratorConfig) -> list[int]:
 
 # -- tests -----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("config", [SMALL, NARROW, DIRECT, NARROW.replace(memory_registers=False)],
-                         ids=["int32", "uint16", "int32-direct", "uint16-direct"])
-def test_random_concurrent_traffic_matches_model(config: AcceleratorConfig) -> None:
+@pytest.mark.parametrize("config, read_queue", [(SMALL, None), (NARROW, None), (DIRECT, None),
+                                                (NARROW.replace(memory_registers=False), None),
+                                                (SMALL, 1), (DIRECT, 1)],
+                         ids=["int32", "uint16", "int32-direct", "uint16-direct", "int32-queue1",
+                              "int32-direct-queue1"])
+def test_random_concurrent_traffic_matches_model(config: AcceleratorConfig, read_queue: int | None) -> None:
     rng = random.Random(SEED)
     hot = [rng.randrange(config.acc_rows) for _ in range(3)]
 
@@ -132,11 +135,12 @@ def test_random_concurrent_traffic_matches_model(config: AcceleratorConfig) -> N
     dma = [{"addr": addr(), "data": [_value(rng, config) for _ in range(config.cols)],
             "mask": rng.choice([full, 1, rng.randrange(full + 1)])} for _ in range(120)]
     reads = [addr() for _ in range(200)]
-    result = run_traffic(config, array, dma, reads, seed=SEED, gap=0.4, stall=0.3, array_gap=0.2)
+    result = run_traffic(config, array, dma, reads, seed=SEED, gap=0.4, stall=0.3, array_gap=0.2,
+                         read_queue=read_queue)
     check_against_model(config, array, dma, reads, result)
     # and the final contents, read after everything settled
     final = run_traffic(config, array, dma, reads + _readback(config), seed=SEED, gap=0.4, stall=0.3,
-                        array_gap=0.2)
+                        array_gap=0.2, read_queue=read_queue)
     check_against_model(config, array, dma, reads + _readback(config), final)
 
 
@@ -245,6 +249,25 @@ def test_read_sees_an_array_beat_write_latency_after_it(config: AcceleratorConfi
     assert result["req"][0] == result["array"][1] + write_latency(config)
     assert [row for _, row in result["resp"]] == [[20] * 4, [30] * 4]
     check_against_model(config, array, [], [2, 2], result)
+
+
+@pytest.mark.parametrize("read_queue", [0, 3, True, "1"])
+def test_read_queue_must_be_1_to_the_read_latency(read_queue: Any) -> None:
+    with pytest.raises(ValueError, match=rf"^read_queue must be an integer between 1 and the read latency "
+                                         rf"\(2\), not {read_queue!r}$"):
+        construct_rejected(lambda: Accumulator(DIRECT, read_queue=read_queue))
+
+
+def test_a_one_entry_read_queue_owes_one_response_at_a_time() -> None:
+    """With read_queue=1 a request waits until the previous response is taken, and every
+    response is still the row (the consumer takes rows at random)."""
+    config = DIRECT
+    reads = list(range(config.acc_rows)) * 2
+    result = run_traffic(config, [], [], reads, seed=SEED, gap=0.0, stall=0.3, read_queue=1)
+    check_against_model(config, [], [], reads, result)
+    edges = [e for e, _ in result["resp"]]
+    for k in range(1, len(reads)):
+        assert result["req"][k] >= edges[k - 1], (k, result["req"][k], edges[k - 1])
 
 
 def test_config_must_be_an_accelerator_config() -> None:

@@ -41,15 +41,16 @@ class _System(wiring.Component):
     """The core, a RAM holding the program, and the halt address. ``delays`` (ack delays in
     cycles, taken in turn) makes the bus slow."""
 
-    def __init__(self, image: bytes, delays: list[int]):
+    def __init__(self, image: bytes, delays: list[int], pc_bits: int = 32):
         self.image = image
         self.delays = delays
+        self.pc_bits = pc_bits
         super().__init__({"halted": wiring.Out(1), "exit_code": wiring.Out(32), "fault": wiring.Out(1),
                           "fault_pc": wiring.Out(32)})
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.cpu = cpu = CPU()
+        m.submodules.cpu = cpu = CPU(pc_bits=self.pc_bits)
         depth = RAM_BYTES // 4
         m.submodules.ram = ram = self.ram = Memory(shape=32, depth=depth, init=image_words(self.image, depth))
         m.submodules.delays = delays = Memory(shape=8, depth=len(self.delays), init=self.delays)
@@ -75,9 +76,10 @@ class _System(wiring.Component):
         return m
 
 
-def run(image: bytes, *, max_cycles: int = 100_000, delays: list[int] | None = None) -> dict:
+def run(image: bytes, *, max_cycles: int = 100_000, delays: list[int] | None = None,
+        pc_bits: int = 32) -> dict:
     """Run ``image`` until it stores to HALT or the core faults (or ``max_cycles`` pass)."""
-    dut = _System(image, delays or [0])
+    dut = _System(image, delays or [0], pc_bits)
     sim = Simulator(dut)
     sim.add_clock(1e-6)
     out: dict = {}
@@ -326,8 +328,9 @@ FAULTS = {
 }
 
 
-@pytest.mark.parametrize("name", FAULTS)
-def test_faults_stop_the_core_at_the_instruction(tmp_path, name) -> None:
+def _after_two_nops(tmp_path: Path, lines: str, tail: str = "") -> bytes:
+    """An image running ``lines`` at byte address 8 (after two NOPs), then storing to HALT, with
+    ``tail`` (assembly) after that."""
     source = tmp_path / "fault.S"
     source.write_text(f"""
     .option norvc
@@ -336,11 +339,16 @@ def test_faults_stop_the_core_at_the_instruction(tmp_path, name) -> None:
 _start:
     nop
     nop
-    {FAULTS[name]}
+    {lines}
     li t0, {HALT}
     sw zero, 0(t0)
-""")
-    out = run(build_firmware([source], ram_bytes=RAM_BYTES), max_cycles=1000)
+{tail}""")
+    return build_firmware([source], ram_bytes=RAM_BYTES)
+
+
+@pytest.mark.parametrize("name", FAULTS)
+def test_faults_stop_the_core_at_the_instruction(tmp_path, name) -> None:
+    out = run(_after_two_nops(tmp_path, FAULTS[name]), max_cycles=1000)
     assert out["fault"] and not out["halted"]
     assert out["fault_pc"] == 8
 
@@ -376,8 +384,58 @@ def test_firmware_errors_name_the_problem(tmp_path) -> None:
 
 
 def test_reset_pc_must_be_an_aligned_address() -> None:
-    with pytest.raises(ValueError, match="reset_pc must be a 4-aligned 32-bit address, not 2"):
+    with pytest.raises(ValueError, match=r"^reset_pc must be a 4-aligned address below 2\*\*pc_bits "
+                                         r"\(0x100000000\), not 2$"):
         construct_rejected(lambda: CPU(reset_pc=2))
+    with pytest.raises(ValueError, match=r"^reset_pc must be a 4-aligned address below 2\*\*pc_bits "
+                                         r"\(0x1000\), not 4096$"):
+        construct_rejected(lambda: CPU(reset_pc=4096, pc_bits=12))
+
+
+@pytest.mark.parametrize("pc_bits", [2, 33, True, "16"])
+def test_pc_bits_must_be_3_to_32(pc_bits) -> None:
+    with pytest.raises(ValueError, match=rf"^pc_bits must be an integer between 3 and 32, not {pc_bits!r}$"):
+        construct_rejected(lambda: CPU(pc_bits=pc_bits))
+
+
+# a core with a 12-bit program counter (4 KiB of code) in the 32 KiB RAM: the instruction at
+# "target" runs or faults there
+NARROW_PC = {
+    # a jump beyond the 4 KiB faults at the jump
+    "jal beyond": ("jal zero, beyond", 8),
+    "jalr beyond": ("li t0, 0x1000\n    jalr zero, 0(t0)", 12),
+    "branch beyond": ("beq zero, zero, beyond", 8),
+    # a NOP in the last word: the next instruction's address is beyond
+    "last word": ("jal zero, last", 0xFFC),
+}
+
+
+@pytest.mark.parametrize("name", NARROW_PC)
+def test_a_narrow_program_counter_faults_where_the_code_would_leave_it(tmp_path, name) -> None:
+    jump, fault_pc = NARROW_PC[name]
+    image = _after_two_nops(tmp_path, jump, f"""    .org 0xffc
+last:
+    nop
+beyond:
+    li t0, {HALT}
+    sw zero, 0(t0)
+""")
+    out = run(image, max_cycles=1000, pc_bits=12)
+    assert out["fault"] and not out["halted"]
+    assert out["fault_pc"] == fault_pc
+
+
+def test_a_narrow_program_counter_keeps_auipc_and_data_at_32_bits(tmp_path) -> None:
+    """AUIPC adds the (zero-extended) program counter to a full 32-bit immediate; loads and stores
+    reach beyond the code's 4 KiB; the code runs as on a 32-bit program counter."""
+    lines = ["auipc t0, 0xfffff", *store("t0"), "li t1, 0x5000", "li t2, 0x12345678", "sw t2, 0(t1)",
+             "lw t3, 0(t1)", *store("t3"), "li t1, 5", "li t2, -7", "mul t4, t1, t2", *store("t4")]
+    image = assemble(tmp_path, lines, results_words=3)
+    wide, narrow = run(image), run(image, pc_bits=12)
+    got = results(narrow, 3)
+    assert got == results(wide, 3)
+    assert got[0] >> 12 == 0xFFFFF and 0 < got[0] & 0xFFF < 0x40       # the AUIPC's own address
+    assert got[1:] == [0x12345678, -35 & M32]
 
 
 def test_verilator_lint_is_clean() -> None:
