@@ -15,7 +15,11 @@
    instructions emitted with their dependency tokens (:class:`~systolic.compiler.lower.SegmentLowering`);
    with ``images_per_run`` > 1 a segment's program runs its layers for several images, each in
    its own arena.
-5. **image** -- constants, zeroed arenas, then each segment's instruction words.
+5. **image** -- constants, zeroed arenas, then each segment's instruction words. When the
+   programs do not fit the DRAM side by side (``dram_bytes``), they share one address instead
+   (``CompiledModel.overlay``): a segment whose program alone is too big is cut at layer
+   boundaries into programs that fit (the longest first), and the runtime writes each program
+   there before it runs; the image holds the first.
 
 The result, :class:`CompiledModel`, saves the program binaries (header with the config hash),
 their assembly listings, the DRAM image and the plan JSON (:meth:`CompiledModel.save`).
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +55,7 @@ from .lower import (
     pack_table,
     pack_weights,
 )
-from .memplan import ALIGN, Buffer, MemoryPlan, check_fits, plan_memory
+from .memplan import ALIGN, Buffer, MemoryPlan, MemoryPlanError, check_fits, plan_memory
 
 __all__ = ["Step", "Segment", "CompiledModel", "schedule", "compile_graph", "VIEW_OPS"]
 
@@ -108,6 +112,9 @@ class CompiledModel:
     view_of: dict[str, str] = field(default_factory=dict)   #: tensor -> canonical DRAM tensor
     views: list[Node] = field(default_factory=list)          #: view nodes (no host step)
     keep_intermediates: bool = False                         #: no two activations share DRAM
+    #: the programs do not fit the DRAM side by side: they share one address, where the runtime
+    #: writes each before it runs (the image holds the first)
+    overlay: bool = False
 
     @property
     def macs(self) -> int:
@@ -146,6 +153,7 @@ class CompiledModel:
                 "arena_base": self.plan.arena_base,
                 "arena_bytes": self.plan.arena_bytes,
                 "live_peak_bytes": self.plan.live_peak_bytes,
+                "programs_overlaid": self.overlay,
                 "programs": [{"segment": s.index, "address": s.address, "bytes": s.nbytes,
                               "instructions": len(s.program.instructions)} for s in self.segments],
             },
@@ -386,12 +394,10 @@ def compile_graph(graph: Graph, config: AcceleratorConfig | None = None, *, imag
     plan = plan_memory(c, buffers, constants, images=images_per_run, share=not keep_intermediates)
 
     # lowering
-    segments = []
     overlaps = plan.overlaps_for_slots()
     chosen: dict[str, Tiling] = dict(tilings or {})
-    for step in steps:
-        if step.kind != "accel":
-            continue
+
+    def lower(step: Step) -> Segment:
         lowering = SegmentLowering(graph, c, overlaps)
         layer_op = []
         for slot in range(images_per_run):
@@ -403,26 +409,77 @@ def compile_graph(graph: Graph, config: AcceleratorConfig | None = None, *, imag
                 layer_op.append(k)
         instrs, instr_layer = lowering.finish()
         reads, writes = _segment_io(graph, step, steps, canon)
-        segments.append(Segment(step.segment, step.nodes, Program(tuple(instrs), c.hash), 0,
-                                lowering.layers, layer_op, instr_layer, reads, writes,
-                                lowering.builder.syncs))
+        return Segment(step.segment, step.nodes, Program(tuple(instrs), c.hash), 0, lowering.layers,
+                       layer_op, instr_layer, reads, writes, lowering.builder.syncs)
 
-    # image: constants, arenas, programs
+    segments = [lower(step) for step in steps if step.kind == "accel"]
+    side_by_side = sum(_aligned(seg.nbytes) for seg in segments)
+    overlay = plan.programs_base + side_by_side > c.dram_bytes
+    if overlay:
+        whole = f"the programs need {side_by_side} bytes side by side"
+        try:
+            check_fits(c, plan, side_by_side)
+        except MemoryPlanError as exc:
+            whole = str(exc)
+        try:
+            steps, segments = _split_for_overlay(steps, lower, c.dram_bytes, plan.programs_base)
+        except MemoryPlanError as exc:
+            raise MemoryPlanError(f"{whole}; even with one program in DRAM at a time, {exc}") from None
+
+    # image: constants, arenas, programs (with ``overlay``, every program at one address, where
+    # the runtime writes each before it runs; the image holds the first)
     address = plan.programs_base
     for seg in segments:
         seg.address = address
-        address += -(-seg.nbytes // ALIGN) * ALIGN
-    total = check_fits(c, plan, address - plan.programs_base)
+        if not overlay:
+            address += _aligned(seg.nbytes)
+    program_bytes = max((_aligned(seg.nbytes) for seg in segments), default=0) if overlay \
+        else address - plan.programs_base
+    total = check_fits(c, plan, program_bytes)
     image = np.zeros(max(4096, -(-total // 4096) * 4096), np.uint8)
     for name, const in plan.constants.items():
         blob = np.ascontiguousarray(constants[name]).view(np.uint8).reshape(-1)
         image[const.address:const.address + blob.size] = blob
-    for seg in segments:
+    for seg in reversed(segments):
         words = np.frombuffer(seg.program.words(), np.uint8)
         image[seg.address:seg.address + words.size] = words
     views = [n for n in graph.nodes if n in view_nodes]
     return CompiledModel(graph, c, steps, segments, plan, image, images_per_run,
-                         time.perf_counter() - start, canon, views, keep_intermediates)
+                         time.perf_counter() - start, canon, views, keep_intermediates, overlay)
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def _split_for_overlay(steps: list[Step], lower: Callable[[Step], Segment], dram_bytes: int,
+                       programs_base: int) -> tuple[list[Step], list[Segment]]:
+    """The schedule with every accelerator step whose program exceeds the room for programs
+    (``dram_bytes`` - ``programs_base``) cut into runs of consecutive layers whose programs fit
+    (the longest first), and their segments. Raises :class:`MemoryPlanError` when a single
+    layer's program does not fit."""
+    room = dram_bytes - programs_base
+    out: list[Step] = []
+    segments: list[Segment] = []
+    for step in steps:
+        if step.kind != "accel":
+            out.append(step)
+            continue
+        nodes = list(step.nodes)
+        while nodes:
+            for count in range(len(nodes), 0, -1):
+                part = Step("accel", tuple(nodes[:count]), len(segments))
+                seg = lower(part)
+                if _aligned(seg.nbytes) <= room:
+                    break
+            else:
+                raise MemoryPlanError(
+                    f"layer {nodes[0].name!r} alone needs a program of {seg.nbytes} bytes and "
+                    f"{max(room, 0)} are left after the constants and activations")
+            out.append(part)
+            segments.append(seg)
+            nodes = nodes[count:]
+    return out, segments
 
 
 def _addresses(op: AccelOp, plan: MemoryPlan, slot: int) -> LayerAddresses:

@@ -409,6 +409,11 @@ def _run(model: CompiledModel, inputs: Mapping[str, np.ndarray], images: int, ba
             seg = m.segments[step.segment]
             written = [_write(m, dram, name, slot, env[name])
                        for slot, env in enumerate(envs) for name in seg.reads]
+            if m.overlay:
+                # the programs share one address: this one goes there first
+                words = np.frombuffer(seg.program.words(), np.uint8)
+                dram[seg.address:seg.address + words.size] = words
+                written.append((seg.address, words.size))
             needed = [_span(m, name, slot) for slot in range(len(envs)) for name in seg.writes]
             if capture:
                 needed += [_span(m, op.output, slot) for slot in range(len(envs)) for op in seg.ops]

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from systolic.boards.host import Board, DeviceStatusError
-from systolic.boards.protocol import Status
+from systolic.boards.protocol import Command, Status
 from systolic.boards.simlink import DEFAULT_DIVISOR, SimLinkError, simulated_board
 from systolic.compiler import compile_model, run_model
 from systolic.compiler.cli import main
@@ -305,6 +305,36 @@ def test_board_backend_errors_from_the_device() -> None:
             run_model(compiled, inputs, backend="board", port=failing.url)
     finally:
         failing.close()
+
+
+def test_overlaid_programs_are_written_before_each_run() -> None:
+    """The digits CNN on the iCEBreaker preset (its programs share one address, the DRAM being
+    too small for them side by side), against the fake device: before each start the device's
+    memory holds that run's program at the address the run starts at, in schedule order."""
+    from systolic.boards.boards import load_preset
+    from systolic.hw.csr import REGISTERS
+
+    config = load_preset("icebreaker")
+    compiled = compile_model(ROOT / "examples" / "digits_cnn_int8.onnx", config=config)
+    assert compiled.overlay and len(compiled.segments) >= 2
+    device = FakeDevice(memory_bytes=config.dram_bytes, config_hash_lo=config.hash & 0xFFFF_FFFF)
+    image = np.random.default_rng(2).uniform(0, 1, (1, 1, 8, 8)).astype(np.float32)
+    try:
+        run_model(compiled, {"input": image}, backend="board", port=device.url)
+    finally:
+        device.close()
+    offset = {r.name: r.offset for r in REGISTERS}
+    memory = bytearray(config.dram_bytes)
+    prog_addr, started = 0, []
+    for r in device.executed:
+        if r.cmd == Command.MEM_WRITE:
+            memory[r.addr:r.addr + len(r.payload)] = r.payload
+        elif r.cmd == Command.CSR_WRITE and r.addr == offset["prog_addr"]:
+            prog_addr = int.from_bytes(r.payload, "little")
+        elif r.cmd == Command.CSR_WRITE and r.addr == offset["ctrl"] and r.payload[0] & 1:
+            size = len(compiled.segments[len(started)].program.words())
+            started.append((prog_addr, bytes(memory[prog_addr:prog_addr + size])))
+    assert started == [(seg.address, seg.program.words()) for seg in compiled.segments]
 
 
 def test_simulated_board_argument_errors() -> None:

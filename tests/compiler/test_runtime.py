@@ -214,3 +214,28 @@ def test_progress_line() -> None:
     assert text.count("\r") == 3 and text.endswith("\n")
     assert "systolic: 2/5 images [############                  ]" in text
     assert "systolic: 5/5 images [" + "#" * 30 + "]" in text
+
+
+def test_programs_larger_than_dram_side_by_side_run_one_at_a_time() -> None:
+    """The digits CNN on the iCEBreaker preset (64 KiB of DRAM): its one program (1218
+    instructions, 78 KB) is cut at layer boundaries into programs that each fit beside the
+    constants and activations, all at one address, where the runtime writes each before it runs:
+    outputs, MACs and DRAM traffic equal the same model's with 128 KiB and one program."""
+    from systolic.boards.boards import load_preset
+
+    config = load_preset("icebreaker")
+    overlaid = compile_model(EXAMPLES / "digits_cnn_int8.onnx", config=config)
+    whole = compile_model(EXAMPLES / "digits_cnn_int8.onnx", config=config.replace(dram_bytes=128 * 1024))
+    assert not whole.overlay and len(whole.segments) == 1
+    assert overlaid.overlay and len(overlaid.segments) >= 2
+    assert len({seg.address for seg in overlaid.segments}) == 1
+    assert overlaid.image.size <= config.dram_bytes
+    layers = [op.name for seg in overlaid.segments for op in seg.ops]
+    assert layers == [op.name for op in whole.segments[0].ops]
+    assert overlaid.plan_dict()["dram"]["programs_overlaid"] is True
+    images = np.random.default_rng(5).uniform(0, 1, (3, 1, 8, 8)).astype(np.float32)
+    a = run_model(overlaid, {"input": images}, progress=False)
+    b = run_model(whole, {"input": images}, progress=False)
+    np.testing.assert_array_equal(a.outputs["logits"], b.outputs["logits"])
+    for key in ("macs", "dram_read_bytes", "dram_write_bytes"):
+        assert a.report[key] == b.report[key], key
