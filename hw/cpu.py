@@ -13,9 +13,9 @@ or keep it waiting for any number of cycles.
 
 Timing, in cycles: 4 for an ALU instruction with a bus that acks after one cycle (fetch 2,
 register reads 1, execute 1), 5 for a jump or branch (its target is checked a cycle later), 6 for
-a load or store (its address is registered before
-the access: the bus's outputs come from registers and the register file, through no adder), 37
-for a multiplication and 5 + q + r for a shift by 4q + r.
+a load or store (its address is registered before the access: the bus's outputs come from
+registers and the register file, through no adder), 37 for a multiplication and 5 + q + r for a
+shift by 4q + r.
 
 What the core does not do: interrupts, CSRs, FENCE.I, division (Zmmul), compressed
 instructions. ECALL, EBREAK, an illegal instruction word, a misaligned load, store or jump target
