@@ -45,9 +45,9 @@ def _load_examples() -> tuple[Path, Path, Any]:
 
 
 def _ort_logits(path: Path, x: np.ndarray) -> np.ndarray:
-    import onnxruntime as ort
+    from .ortsession import ort_session
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort_session(path)
     name = session.get_inputs()[0].name
     return np.concatenate([session.run(None, {name: x[i:i + 1]})[0] for i in range(len(x))])
 

@@ -780,8 +780,9 @@ _SESSIONS: weakref.WeakKeyDictionary[Node, Any] = weakref.WeakKeyDictionary()
 def _run_onnxruntime(node: Node, args: Sequence[np.ndarray | None], opset: int,
                      out_dtypes: Sequence[str] | None) -> tuple[np.ndarray, ...]:
     """Run one node in a one-node onnxruntime session (built once per node and input types)."""
-    import onnxruntime as ort
     from onnx import helper
+
+    from .ortsession import ort_session
 
     key = tuple((a.dtype.str, a.shape) if a is not None else None for a in args)
     cache = _SESSIONS.setdefault(node, {})
@@ -803,7 +804,7 @@ def _run_onnxruntime(node: Node, args: Sequence[np.ndarray | None], opset: int,
                                   opset_imports=imports)
         model.ir_version = 8
         try:
-            session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            session = ort_session(model)
         except Exception as exc:  # onnxruntime raises its own exception types
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UnsupportedOpError(f"{node.label}: no numpy handler and onnxruntime cannot run it: "

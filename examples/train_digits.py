@@ -227,9 +227,9 @@ def quantize(model: onnx.ModelProto, calibration: np.ndarray) -> onnx.ModelProto
 
 
 def _ort_accuracy(model: onnx.ModelProto, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
-    import onnxruntime as ort
+    from systolic.compiler.ortsession import ort_session
 
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)   # exact int8 products on every x86 CPU
     logits = np.concatenate([session.run(None, {"input": x[i:i + 1]})[0] for i in range(len(x))])
     return float(np.mean(logits.argmax(1) == y)), logits
 

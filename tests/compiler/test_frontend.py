@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from systolic.compiler.errors import (
@@ -18,6 +17,7 @@ from systolic.compiler.errors import (
 )
 from systolic.compiler.frontend import MAX_OPSET, MIN_OPSET, load_model
 from systolic.compiler.ir import Node
+from systolic.compiler.ortsession import ort_session
 from systolic.compiler.reference import execute
 
 from tests.compiler import models
@@ -28,7 +28,7 @@ FLOAT_MODELS = [models.conv_relu_pool_gemm, models.residual_add, models.depthwis
 
 
 def _ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     return session.run(None, feeds)
 
 

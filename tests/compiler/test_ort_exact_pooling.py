@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from systolic.compiler import compile_model, run_model
 from systolic.compiler.cli import main
 from systolic.compiler.errors import UnsupportedOpError
 from systolic.compiler.frontend import load_model
+from systolic.compiler.ortsession import ort_session
 from systolic.compiler.passes import (
     ORT_INT8_QDQ_AS_UINT8,
     HostFallbackWarning,
@@ -75,9 +75,7 @@ def _ort_kernel(op: str, x: np.ndarray, xs: float, xz: int, ys: float, yz: int, 
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13),
                                                     helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 8
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort_session(model, optimize=False)
     return session.run(None, {"x": x})[0]
 
 
@@ -342,18 +340,14 @@ def _ort_pool_io(qmodel: onnx.ModelProto, feeds: dict[str, np.ndarray],
     """onnxruntime's own QLinearAveragePool nodes of the session it builds for ``qmodel`` and their
     input and output values: its optimized graph (saved to ``path``) with every pool's input and
     output exposed, run without further optimization."""
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(path)
-    ort.InferenceSession(qmodel.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    ort_session(qmodel, optimized_model_path=path)
     optimized = onnx.load(path)
     pools = [n for n in optimized.graph.node if n.op_type == "QLinearAveragePool"]
     types = {t.name: t.data_type for t in optimized.graph.initializer}
     for node in pools:
         for name in (node.input[0], node.output[0]):      # typed as the node's zero point
             optimized.graph.output.append(helper.make_tensor_value_info(name, types[node.input[2]], None))
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(optimized.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort_session(optimized, optimize=False)
     values = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
     inits = {t.name: numpy_helper.to_array(t) for t in optimized.graph.initializer}
     return [(n, [values[n.input[0]], *(inits[i] for i in n.input[1:]), values[n.output[0]]]) for n in pools]
@@ -492,9 +486,7 @@ def test_pool_onnxruntime_runs_in_float_is_left_alone(tmp_path: Path) -> None:
     extra = helper.make_node("Relu", ["yf"], ["y2"], name="relu")
     model.graph.node.append(extra)
     model.graph.output.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, [1, 4, 3, 3]))
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "o.onnx")
-    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    ort_session(model, optimized_model_path=tmp_path / "o.onnx")
     assert "AveragePool" in [n.op_type for n in onnx.load(tmp_path / "o.onnx").graph.node]
     graph, _ = _optimize(model, ort_exact_pooling=True)
     assert not [n for n in graph.host_nodes if n.domain] and [o.kind for o in graph.accel_ops] == ["pool"]

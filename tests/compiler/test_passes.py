@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper, version_converter
 from systolic.compiler.errors import QuantizationError, UnsupportedOpError, VerifyError
 from systolic.compiler.frontend import load_model
 from systolic.compiler.ir import AccelOp, ConvGeometry, Graph, Node, Tensor, make_graph, verify
+from systolic.compiler.ortsession import ort_session
 from systolic.compiler.passes import (
     PIPELINE,
     HostFallbackWarning,
@@ -43,7 +43,7 @@ def _quiet_optimize(graph: Graph, **kw) -> Graph:
 
 
 def _ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     return session.run(None, feeds)
 
 

@@ -29,6 +29,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from systolic.compiler.frontend import load_model
 from systolic.compiler.ir import AccelOp, Graph
+from systolic.compiler.ortsession import ort_session
 from systolic.compiler.passes import HostFallbackWarning, optimize
 from systolic.compiler.reference import execute, run_accel, run_node, store_ties
 from systolic.sim.arith import avg_pool_finish
@@ -67,7 +68,7 @@ def _session(model: onnx.ModelProto, expose: bool = False) -> ort.InferenceSessi
                 dtype = TensorProto.UINT8 if uint8 else TensorProto.INT8
                 copy.graph.output.append(helper.make_tensor_value_info(out, dtype, None))
         model = copy
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return ort_session(model)
 
 
 def _inputs(model: onnx.ModelProto, count: int, seed: int = 7) -> list[dict[str, np.ndarray]]:
@@ -363,7 +364,7 @@ def test_average_pool_differences_are_onnxruntime_float32_ties() -> None:
     exposed.CopyFrom(qmodel)
     for name in (dq.input[0], q.output[0]):
         exposed.graph.output.append(helper.make_tensor_value_info(name, TensorProto.INT8, None))
-    session = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(exposed)
     ties = differences = 0
     for feeds in _inputs(qmodel, SAMPLES):
         x, theirs = session.run(None, feeds)[1:]

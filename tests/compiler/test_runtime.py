@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from systolic.compiler import compile_model, run_model
 from systolic.compiler.errors import InputError
 from systolic.compiler.frontend import load_model
+from systolic.compiler.ortsession import ort_session
 from systolic.compiler.passes import HostFallbackWarning, optimize
 from systolic.compiler.reference import execute
 from systolic.compiler.runtime import BackendError
@@ -94,7 +94,7 @@ def test_digits_model_matches_onnxruntime() -> None:
     x[0] = 0.0
     x[1] = 1.0
     result = run_model(compiled, {"input": x})
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort_session(str(path))
     expected = np.concatenate([session.run(None, {"input": x[i:i + 1]})[0] for i in range(10)])
     assert np.array_equal(result.outputs["logits"], expected)
     assert result.report["program_runs"] == 3     # 4 + 4 + 2 images
@@ -120,7 +120,7 @@ def test_qdq_models_close_to_onnxruntime(builder, lsb: int, identical: float) ->
         warnings.simplefilter("ignore", HostFallbackWarning)
         compiled = compile_model(qm, images_per_run=8)
     got = run_model(compiled, data).outputs
-    session = ort.InferenceSession(qm.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(qm)
     name = fm.graph.input[0].name
     out = fm.graph.output[0].name
     expected = np.concatenate([session.run(None, {name: data[name][i:i + 1]})[0] for i in range(40)])
