@@ -29,7 +29,7 @@ from .isa import HEADER_LAYOUT, INSTR_BITS, INSTR_BYTES, LAYOUTS, QUEUE_OF, Opco
 
 __all__ = ["InstructionLayout", "BeatLayout", "Fetcher", "InstructionQueue", "Dispatcher", "TokenChannel",
            "Sequencer", "queue_kept_ranges", "ERR_ILLEGAL", "ERR_SLVERR", "ERR_DECERR", "ERR_FLAGS",
-           "ERR_NO_FINISH"]
+           "ERR_NO_FINISH", "used_bits"]
 
 ERR_ILLEGAL, ERR_SLVERR, ERR_DECERR, ERR_FLAGS, ERR_NO_FINISH = 1, 2, 3, 4, 5
 
@@ -212,7 +212,8 @@ _LEGAL_FLAGS = {
 }
 
 
-def _used_bits(op: Opcode) -> int:
+def used_bits(op: Opcode) -> int:
+    """Bits of an ``op`` instruction word up to the end of its last field (the rest reserved)."""
     return max(f.offset + f.width for name, f in LAYOUTS[op] if name != "_reserved")
 
 
@@ -507,7 +508,7 @@ class Dispatcher(wiring.Component):
         partial = {}
 
         def reserved_in_beat(code: Opcode):
-            k, r = divmod(_used_bits(code), width)
+            k, r = divmod(used_bits(code), width)
             if r not in partial:
                 partial[r] = beat.data[r:].any()
             return Mux(beat.index > k, beat_any, Mux(beat.index == k, partial[r], 0))
@@ -515,8 +516,8 @@ class Dispatcher(wiring.Component):
         first_reserved = []
         later_reserved = []
         for i, code in enumerate(Opcode):
-            if _used_bits(code) < width:
-                first_reserved.append((opcode == code.value) & beat.data[_used_bits(code):].any())
+            if used_bits(code) < width:
+                first_reserved.append((opcode == code.value) & beat.data[used_bits(code):].any())
             later_reserved.append(word_is[i] & reserved_in_beat(code))
         m.d.comb += reserved_set.eq(Mux(first, Cat(*first_reserved).any(), Cat(*later_reserved).any()))
         illegal = Signal()

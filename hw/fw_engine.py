@@ -49,6 +49,7 @@ from .controller import (
     ERR_NO_FINISH,
     ERR_SLVERR,
     InstructionLayout,
+    used_bits,
 )
 from .cpu import CPU
 from .csr import CORE_FAULT, FW_ADDR_BITS, NO_FIRMWARE
@@ -119,7 +120,8 @@ def params(config: AcceleratorConfig) -> dict[str, int]:
     acc_lo, acc_hi = c.acc_range
     out_lo, out_hi = c.output_range
     return {
-        "rows": c.rows, "cols": c.cols,
+        "rows": c.rows, "cols": c.cols, "dataflow_os": int(c.dataflow == "os"),
+        "spad_rows": c.spad_rows, "acc_rows": c.acc_rows,
         "input_bits": c.input_bits, "input_signed": int(c.input_signed),
         "acc_bits": c.acc_bits, "acc_signed": int(c.acc_signed),
         "spad_elem_bits": c.spad_elem_bits, "spad_shift": _shift(c.spad_row_elems),
@@ -191,8 +193,7 @@ def engine_header() -> str:
     # and each field's index in the decoded array
     for op in Opcode:
         lines.append(f"#define OP_{op.name} {op.value}")
-        used = max(f.offset + f.width for name, f in LAYOUTS[op] if name != "_reserved")
-        lines.append(f"#define USED_BITS_{op.name} {used}")
+        lines.append(f"#define USED_BITS_{op.name} {used_bits(op)}")
         fields = [(name, f) for name, f in LAYOUTS[op] if name != "_reserved" and f.offset >= 8]
         entries = []
         for index, (name, f) in enumerate(fields):
@@ -202,8 +203,7 @@ def engine_header() -> str:
         lines.append(f"#define NFIELDS_{op.name} {len(fields)}")
         lines.append(f"#define FIELDS_{op.name} {{{', '.join(entries)}}}" if entries else
                      f"#define FIELDS_{op.name} {{{{0, 0, 0}}}}")
-    compute_used = max(f.offset + f.width for name, f in LAYOUTS[Opcode.COMPUTE] if name != "_reserved")
-    lines.append(f"#define COMPUTE_CMD_WORDS {(compute_used + 31) // 32}")
+    lines.append(f"#define COMPUTE_CMD_WORDS {(used_bits(Opcode.COMPUTE) + 31) // 32}")
     # the header: opcode, then the four dependency flags in this order (hw/isa.py HEADER_LAYOUT)
     header = dict(HEADER_LAYOUT)
     flags = ("pop_prev", "pop_next", "push_prev", "push_next")

@@ -36,7 +36,7 @@ from .interconnect import HalfRateRegister, ReadArbiter, StreamRegister
 from .isa import Queue
 from .requant_table import RequantTable
 from .scratchpad import Scratchpad
-from .units import ComputeUnit, LoadUnit, StoreUnit
+from .units import ComputeCheck, ComputeUnit, LoadUnit, StoreUnit
 
 __all__ = ["Accelerator", "top_ports", "counter_increment_bits"]
 
@@ -179,15 +179,24 @@ class Accelerator(wiring.Component):
             dispatcher.fetch_error.eq(fetcher.error),
         ]
         wiring.connect(core, fetcher=fetcher.beats, dispatcher=dispatcher.beats)
+        # COMPUTEs reach the compute unit through their check (reset with the units: start
+        # clears its error and the program's stationary weights)
+        check = ComputeCheck(cfg)
+        m.submodules.compute_check = ResetInserter(unit_reset)(check)
         units = (load, compute, store)
         for q, seq, unit in zip(Queue, sequencers, units, strict=True):
             wiring.connect(core, dispatcher=dispatcher.queues[q.value], sequencer=seq.queue)
             if q in commands:
                 wiring.connect(core, sequencer=seq.unit_cmd, register=commands[q].i)
                 wiring.connect(core, register=commands[q].o, unit=unit.cmd)
+            elif q is Queue.COMPUTE:
+                wiring.connect(core, sequencer=seq.unit_cmd, check=check.i)
+                wiring.connect(core, check=check.o, unit=unit.cmd)
             else:
                 wiring.connect(core, sequencer=seq.unit_cmd, unit=unit.cmd)
-            core.d.comb += [seq.unit_completed.eq(unit.completed), seq.halt.eq(dispatcher.halt)]
+            completed = unit.completed | check.completed if q is Queue.COMPUTE else unit.completed
+            core.d.comb += [seq.unit_completed.eq(completed), seq.halt.eq(dispatcher.halt)]
+        core.d.comb += check.unit_completed.eq(compute.completed)
 
         # token channels: (from, to)
         channels = {}
@@ -217,7 +226,8 @@ class Accelerator(wiring.Component):
         core.d.comb += idle.eq(sequencers[0].idle & sequencers[1].idle & sequencers[2].idle &
                                ~load.busy & ~compute.busy & ~store.busy)
         core.d.comb += dispatcher.idle.eq(idle)
-        for unit in (store, load):      # the load unit's error wins when both report one
+        # the load unit's error wins when several report one, then the store unit's
+        for unit in (check, store, load):
             with core.If(unit.error != 0):
                 core.d.comb += [dispatcher.unit_error.eq(unit.error),
                                 dispatcher.unit_error_pc.eq(unit.error_pc)]

@@ -11,6 +11,9 @@ no unit's handshakes reach the sequencers' retire logic in the cycle they happen
 * :class:`ComputeUnit` — COMPUTE: feeds the systolic array from the scratchpad (weights and inputs in
   WS, A-transposed and B rows in OS) and writes its results into the accumulator. Instructions are
   pipelined: the next COMPUTE's weights are read and preloaded while the current one streams.
+* :class:`ComputeCheck` — before the compute unit (hardware control): an illegal COMPUTE (sizes,
+  rows past a memory, reuse of weights never preloaded) stops the program with error 1 instead of
+  reaching the unit.
 * :class:`StoreUnit` — CONFIG and STORE: walks the output pixels and pooling windows, reads the
   accumulator rows and the requantize-table row, runs them through the SFU (with residual rows read
   by the load unit's GatherReader) and writes the pixels with a :class:`~systolic.hw.dma.ScatterWriter`.
@@ -30,7 +33,7 @@ from .accumulator import acc_array_write_layout, acc_dma_write_layout, acc_row_l
 from .array import input_layout, output_layout, weight_layout
 from .axi import AddressLayout, ReadDataLayout, ResponseLayout, WriteDataLayout
 from .config import AcceleratorConfig
-from .controller import InstructionLayout
+from .controller import ERR_ILLEGAL, InstructionLayout, used_bits
 from .dma import (
     GatherReader,
     LoadCommandLayout,
@@ -45,7 +48,7 @@ from .scratchpad import read_latency, read_port_signature, spad_row_layout, spad
 from .sfu import SFU_REGS, SpecialFunctionUnit
 from .sfu_serial import SerialSpecialFunctionUnit
 
-__all__ = ["LoadUnit", "ComputeUnit", "StoreUnit", "residual_read_signature"]
+__all__ = ["LoadUnit", "ComputeUnit", "ComputeCheck", "StoreUnit", "residual_read_signature"]
 
 _ADDR = 32
 
@@ -569,6 +572,87 @@ class ComputeUnit(wiring.Component):
         pending = Signal(write_latency(cfg) - 1)
         m.d.sync += pending.eq(Cat(completing, pending[:-1]))
         m.d.comb += [self.completed.eq(pending[-1]), self.busy.eq(writes.r_rdy | pending.any())]
+        return m
+
+
+class ComputeCheck(wiring.Component):
+    """Checks each COMPUTE against the rules of docs/isa.md (the golden model's) on its way from
+    the compute sequencer to the :class:`ComputeUnit`: k, m and n in their ranges, the rows of A,
+    B and the accumulator inside their memories, ``preload = 0`` only after a preload of the same
+    k and n in this program (WS), ``preload = 0`` always (OS). The unit keeps only the bits a
+    legal COMPUTE needs, so an illegal one could otherwise hang it.
+
+    The verdict is computed as the COMPUTE enters a :class:`StreamRegister` (one cycle, a COMPUTE
+    per cycle, no path from the unit's ``ready`` to the sequencer). A legal COMPUTE goes on to
+    ``o``; an illegal one does not: ``error`` becomes ``ERR_ILLEGAL`` with its ``error_pc`` at
+    once (the first one's, until reset), and once every COMPUTE sent before it has completed
+    (``unit_completed``) it raises ``completed`` itself, so its sequencer retires it in order and
+    the halted program ends. Reset by start: each program starts with no stationary weights."""
+
+    def __init__(self, config: AcceleratorConfig):
+        self.config = config
+        super().__init__({
+            "i": In(stream.Signature(InstructionLayout())),
+            "o": Out(stream.Signature(InstructionLayout())),
+            "unit_completed": In(1),
+            "completed": Out(1),
+            "error": Out(2),
+            "error_pc": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        R, C = cfg.rows, cfg.cols
+        ws = cfg.dataflow == "ws"
+        op = _view(Opcode.COMPUTE, self.i.payload.word)
+        used = used_bits(Opcode.COMPUTE)
+
+        def inside(first, count, rows):
+            """Rows first .. first + count - 1 lie in a memory of ``rows`` rows."""
+            return (first + count) <= rows
+
+        legal = Signal()
+        sizes = [(op.n != 0) & (op.n <= C)]
+        if ws:
+            # the stationary weights' k and n, from the last preload this program
+            have = Signal()
+            weights_k = Signal(R.bit_length())
+            weights_n = Signal(C.bit_length())
+            sizes += [(op.k != 0) & (op.k <= R), op.m != 0,
+                      op.preload | (have & (op.k == weights_k) & (op.n == weights_n)),
+                      inside(op.a_addr, op.m, cfg.spad_rows),
+                      ~op.preload | inside(op.b_addr, op.k, cfg.spad_rows)]
+            with m.If(self.i.valid & self.i.ready & op.preload):
+                m.d.sync += [have.eq(1), weights_k.eq(op.k), weights_n.eq(op.n)]
+        else:
+            sizes += [~op.preload, (op.m != 0) & (op.m <= R), op.k != 0,
+                      inside(op.a_addr, op.k, cfg.spad_rows), inside(op.b_addr, op.k, cfg.spad_rows)]
+        sizes.append(inside(op.acc_addr, op.m, cfg.acc_rows))
+        m.d.comb += legal.eq(Cat(*sizes).all())
+
+        layout = data.StructLayout({"word": used, "pc": 32, "illegal": 1})
+        m.submodules.register = register = StreamRegister(layout)
+        m.d.comb += [
+            register.i.valid.eq(self.i.valid), self.i.ready.eq(register.i.ready),
+            register.i.payload.word.eq(self.i.payload.word[:used]),
+            register.i.payload.pc.eq(self.i.payload.pc), register.i.payload.illegal.eq(~legal),
+        ]
+        head = register.o.payload
+        # COMPUTEs sent to the unit and not completed yet (the sequencer keeps at most 8 issued)
+        sent = Signal(range(9))
+        send = Signal()
+        retire_illegal = Signal()
+        m.d.comb += [
+            self.o.valid.eq(register.o.valid & ~head.illegal),
+            self.o.payload.word.eq(head.word), self.o.payload.pc.eq(head.pc),
+            send.eq(self.o.valid & self.o.ready),
+            retire_illegal.eq(register.o.valid & head.illegal & (sent == 0)),
+            register.o.ready.eq(Mux(head.illegal, retire_illegal, self.o.ready)),
+        ]
+        m.d.sync += [sent.eq(sent + send - self.unit_completed), self.completed.eq(retire_illegal)]
+        with m.If(register.o.valid & head.illegal & (self.error == 0)):
+            m.d.sync += [self.error.eq(ERR_ILLEGAL), self.error_pc.eq(head.pc)]
         return m
 
 

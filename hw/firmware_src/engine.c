@@ -1,9 +1,9 @@
 /* The firmware of control = "firmware" (hw/fw_engine.py): it executes a program of the systolic
  * ISA (docs/isa.md) as the hardware control does. It fetches the instruction words from DRAM,
- * checks them (opcode, reserved bits, dependency flags), dispatches them into three queues of
- * the configured depths and runs the queues with their four token channels: LOAD, STORE, CONFIG
- * and SYNC here, one at a time, each COMPUTE on the compute unit, which runs it while this code
- * goes on. Its DRAM traffic follows the rule of docs/isa.md "Performance counters": an element's
+ * checks them (opcode, reserved bits, dependency flags; a COMPUTE's sizes and rows when it
+ * starts), dispatches them into three queues of the configured depths and runs the queues with
+ * their four token channels: LOAD, STORE, CONFIG and SYNC here, one at a time, each COMPUTE on
+ * the compute unit, which runs it while this code goes on. Its DRAM traffic follows the rule of docs/isa.md "Performance counters": an element's
  * bytes share a bus beat with the previous element's last beat, every other beat is an access.
  *
  * engine.h is generated from the Python definitions (address map, parameters, ISA fields).
@@ -32,10 +32,10 @@ static const field_t FIELDS_CONFIG_T[] = FIELDS_CONFIG, FIELDS_LOAD_T[] = FIELDS
 static const field_t *const FIELDS[7] = {0, FIELDS_CONFIG_T, FIELDS_LOAD_T, 0, FIELDS_STORE_T, 0, 0};
 static const uint8_t NFIELDS[7] = {0, NFIELDS_CONFIG, NFIELDS_LOAD, 0, NFIELDS_STORE, 0, 0};
 
-/* decoded here: CONFIG, LOAD and STORE (a COMPUTE goes to the unit as words) */
-static void decode(const u32 *w, u32 op, u32 *f) {
-    for (u32 i = 0; i < NFIELDS[op]; i++) {
-        const field_t *d = &FIELDS[op][i];
+/* the n fields of table t from the words w into f */
+static void decode_fields(const u32 *w, const field_t *t, u32 n, u32 *f) {
+    for (u32 i = 0; i < n; i++) {
+        const field_t *d = &t[i];
         u32 k = d->offset >> 5, s = d->offset & 31, width = d->width;
         u32 v = w[k] >> s;
         if (s + width > 32) v |= w[k + 1] << (32 - s);
@@ -48,9 +48,14 @@ static void decode(const u32 *w, u32 op, u32 *f) {
     }
 }
 
+/* decoded here: CONFIG, LOAD and STORE (a COMPUTE goes to the unit as words, once checked) */
+static void decode(const u32 *w, u32 op, u32 *f) {
+    decode_fields(w, FIELDS[op], NFIELDS[op], f);
+}
+
 /* -- the instance ---------------------------------------------------------------------------- */
 static u32 cols, spad_shift, acc_shift, acc_bits, acc_signed, input_bits, input_signed, spad_bits;
-static u32 features, table_rows, token_depth, depth[3];
+static u32 features, table_rows, token_depth, depth[3], rows, spad_rows, acc_rows, dataflow_os;
 static i32 acc_lo, acc_hi, out_lo, out_hi;
 static u32 dram_base;
 
@@ -335,6 +340,31 @@ static u32 push(u32 bits, int q) {
     return bits;
 }
 
+/* the rules of docs/isa.md for a COMPUTE (the golden model's, and the hardware control's
+ * ComputeCheck): k, m and n in their ranges, the rows of A, B and the accumulator inside their
+ * memories, preload = 0 only after a preload of the same k and n in this program (WS) and always
+ * (OS). The compute unit keeps only the bits a legal COMPUTE needs: an illegal one could hang it. */
+static const field_t FIELDS_COMPUTE_T[] = FIELDS_COMPUTE;
+static u32 have_weights, weights_k, weights_n;
+
+static u32 compute_legal(const u32 *w) {
+    u32 f[NFIELDS_COMPUTE];
+    decode_fields(w, FIELDS_COMPUTE_T, NFIELDS_COMPUTE, f);
+    u32 m = f[COMPUTE_M], k = f[COMPUTE_K], n = f[COMPUTE_N], preload = f[COMPUTE_PRELOAD];
+    if (n == 0 || n > cols || f[COMPUTE_ACC_ADDR] + m > acc_rows) return 0;
+    if (dataflow_os) {
+        return !preload && m != 0 && m <= rows && k != 0 && f[COMPUTE_A_ADDR] + k <= spad_rows
+               && f[COMPUTE_B_ADDR] + k <= spad_rows;
+    }
+    if (k == 0 || k > rows || m == 0 || f[COMPUTE_A_ADDR] + m > spad_rows) return 0;
+    if (!preload) return have_weights && k == weights_k && n == weights_n;
+    if (f[COMPUTE_B_ADDR] + k > spad_rows) return 0;
+    have_weights = 1;
+    weights_k = k;
+    weights_n = n;
+    return 1;
+}
+
 static void issue_compute(const u32 *w, u32 pc) {
     while (REG(CTRL_ISSUE)) {
     }
@@ -457,7 +487,10 @@ static u32 run_queue(int q) {
         decode(w, op, f);
     }
     if (op == OP_COMPUTE) {
-        issue_compute(w, pc);
+        if (compute_legal(w))
+            issue_compute(w, pc);
+        else
+            fail(ERR_ILLEGAL, pc);
         return 1;
     }
     if (op == OP_LOAD) {
@@ -490,6 +523,10 @@ int main(void) {
     spad_bits = PARAM(P_SPAD_ELEM_BITS);
     features = PARAM(P_FEATURES);
     table_rows = PARAM(P_TABLE_ROWS);
+    rows = PARAM(P_ROWS);
+    spad_rows = PARAM(P_SPAD_ROWS);
+    acc_rows = PARAM(P_ACC_ROWS);
+    dataflow_os = PARAM(P_DATAFLOW_OS);
     token_depth = PARAM(P_TOKEN_DEPTH);
     depth[QLOAD] = PARAM(P_QUEUE_DEPTH_LOAD);
     depth[QCOMPUTE] = PARAM(P_QUEUE_DEPTH_COMPUTE);

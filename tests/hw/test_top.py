@@ -11,11 +11,12 @@ from systolic.hw.config import AcceleratorConfig
 from systolic.hw.controller import ERR_FLAGS, ERR_ILLEGAL, ERR_NO_FINISH, ERR_SLVERR
 from systolic.hw.generate import TOP_NAME, top_verilog
 from systolic.hw.isa import FIELDS, INSTR_BYTES, Instruction, Opcode, Program, encode
-from systolic.sim.golden import run_golden
+from systolic.sim.golden import ExecutionError, run_golden
 from systolic.sim.programs import conv_case, gemm_case, pool_case, residual_case
 from systolic.sim.tools import verilator_lint
 
 from tests.hw.accel_harness import run_accelerator
+from tests.illegal_computes import FIRST_MACS, compute, first_compute, illegal_computes, illegal_program
 
 SMALL = dict(rows=4, cols=4, scratchpad_bytes=4096, accumulator_bytes=2048, requant_table_rows=8)
 WS = AcceleratorConfig(**SMALL)
@@ -152,6 +153,40 @@ def test_a_reserved_bit_halts(op, where):
     raw[bit // 8] |= 1 << (bit % 8)
     rtl = run_accelerator(WS, program, np.frombuffer(bytes(raw), np.uint8), prog_addr=0)
     assert rtl.done and rtl.error == ERR_ILLEGAL and rtl.error_pc == 0
+
+
+_ILLEGAL = [(config, bad, field) for config in (WS, OS) for _, bad, field in illegal_computes(config)]
+_ILLEGAL_IDS = [f"{config.dataflow}-{name}" for config in (WS, OS) for name, _, _ in illegal_computes(config)]
+
+
+@pytest.mark.parametrize(("config", "bad", "field"), _ILLEGAL, ids=_ILLEGAL_IDS)
+def test_an_illegal_compute_halts_with_its_pc(config, bad, field):
+    """A COMPUTE the golden model refuses (docs/isa.md) halts the program with ERR_ILLEGAL and its
+    pc, after the legal COMPUTE before it has run, instead of reaching the compute unit (whose
+    counters keep only a legal COMPUTE's bits: it could hang); the later words are not run."""
+    program, dram = _program_image(illegal_program(config, bad), config=config)
+    with pytest.raises(ExecutionError, match=rf"^instruction 1 \(COMPUTE\): field {field}: "):
+        run_golden(config, program, dram)
+    rtl = run_accelerator(config, program, dram, prog_addr=0)
+    assert rtl.done and rtl.error == ERR_ILLEGAL and rtl.error_pc == 1, (rtl.status, rtl.error_pc)
+    assert rtl.counters["macs"] == FIRST_MACS         # the first COMPUTE only
+
+
+def test_reusing_the_stationary_weights_needs_a_preload_in_this_program():
+    """WS preload = 0 with the last preload's k and n is legal; as a program's first COMPUTE it
+    is not, even right after a program that preloaded them (each program starts without)."""
+    legal, legal_dram = _program_image([first_compute(WS), compute(), compute(m=3, acc_addr=5),
+                                        Instruction("FINISH")])
+    golden = run_golden(WS, legal, legal_dram)
+    reuse, reuse_dram = _program_image([compute(), Instruction("FINISH")])
+    with pytest.raises(ExecutionError, match=r"^instruction 0 \(COMPUTE\): field preload: "):
+        run_golden(WS, reuse, reuse_dram)
+    runs = [(legal_dram, 0, len(legal.instructions)), (reuse_dram, 0, len(reuse.instructions)),
+            (legal_dram, 0, len(legal.instructions))]
+    (_, status0, _), (_, status1, pc1), (_, status2, _) = _run_back_to_back(WS, runs)
+    assert status0 == status2 == 0b10, (status0, status2)
+    assert (status1 >> 4, status1 & 0b11, pc1) == (ERR_ILLEGAL, 0b10, 0)
+    assert golden.macs == (40 + 2 + 3) * 2 * 2
 
 
 def test_illegal_flags_halt():

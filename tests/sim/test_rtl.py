@@ -634,6 +634,12 @@ FAILING = {
                                             pop_prev=1, **_STORE),
                                 Instruction("FINISH")]),
                         {"slverr": (0x1808, 0x1810)}),
+    # a COMPUTE whose accumulator rows run past the accumulator (the compute unit would hang)
+    "compute rows": (_words([_sync("load"), Instruction("COMPUTE", m=4, k=2, n=2, preload=1,
+                                                        acc_addr=CONFIG.acc_rows - 2),
+                             Instruction("FINISH")]), {}),
+    # a COMPUTE that reuses stationary weights no COMPUTE of the program preloaded
+    "compute reuse": (_words([Instruction("COMPUTE", m=1, k=1, n=1), Instruction("FINISH")]), {}),
     # SLVERR on the fetch of instruction 2
     "fetch slverr": (_words([_sync("load")] * 4 + [Instruction("FINISH")]),
                      {"slverr": (PROG_ADDR + 2 * INSTR_BYTES + 8, PROG_ADDR + 2 * INSTR_BYTES + 16)}),
@@ -719,7 +725,12 @@ ILLEGAL = r"1 \(illegal instruction \(bad opcode, reserved bits or a field out o
     ("no finish", r"^instruction 0 \(SYNC\): the program ends here without FINISH",
      r"error 5 \(the program ended \(prog_len instructions\) without FINISH\) at instruction 1 "
      r"\(past the program's 1 instructions\)"),
-], ids=["opcode", "reserved", "flags", "no-finish"])
+    ("compute rows", r"^instruction 1 \(COMPUTE\): field acc_addr: accumulator rows 510\.\.513 must lie ",
+     rf"error {ILLEGAL} at instruction 1 \(instruction 1: COMPUTE\)"),
+    ("compute reuse", r"^instruction 0 \(COMPUTE\): field preload: preload=0 reuses the stationary weights, "
+                      r"but no COMPUTE with preload=1 has run yet$",
+     rf"error {ILLEGAL} at instruction 0 \(instruction 0: COMPUTE\)"),
+], ids=["opcode", "reserved", "flags", "no-finish", "compute-rows", "compute-reuse"])
 def test_illegal_programs_stop_with_the_documented_error(failing_runs: dict[str, object], name: str,
                                                         golden: str, message: str) -> None:
     with pytest.raises(ValueError, match=golden):

@@ -7,9 +7,9 @@ tests/sim/test_rtl.py as the hardware control does.
   raw, extremes) leaves the golden model's DRAM image, byte for byte, with the golden model's
   ``macs``, ``instructions`` and DRAM traffic (``dram_read_bytes``, ``dram_write_bytes``), for
   int8, unsigned int8, int16 and a 16-bit accumulator;
-* illegal words, illegal flags, a missing FINISH and AXI error responses on a fetch, a LOAD, a
-  STORE and a residual read stop it with the error code and instruction of the hardware control;
-  a token never sent hangs it (the watchdog);
+* illegal words, illegal flags, illegal COMPUTEs, a missing FINISH and AXI error responses on a
+  fetch, a LOAD, a STORE and a residual read stop it with the error code and instruction of the
+  hardware control; a token never sent hangs it (the watchdog);
 * the program after a failing one runs clean (the core restarts its firmware at every start);
 * the digits CNN compiled for the iCEBreaker preset (firmware control) runs bit-exact through
   the runtime's rtl backend.
@@ -21,11 +21,13 @@ import numpy as np
 import pytest
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.fw_engine import ESTIMATE_FACTOR
+from systolic.hw.isa import Program
 from systolic.sim.catalogue import CATALOGUE, GEMM_INT32_WRAP, CaseSpec
 from systolic.sim.golden import run_golden
 from systolic.sim.programs import conv_case, gemm_case, pool_case, residual_case
 from systolic.sim.rtl import RTLDeviceError, RTLJob, RTLRunner, RTLRunResult, RTLTimeoutError
 
+from ..illegal_computes import illegal_computes, illegal_program
 from .test_rtl import failing_batch
 
 #: The failing programs' fields need 8 columns; the firmware keeps queues of up to 4
@@ -151,6 +153,7 @@ def failing_runs() -> dict[str, object]:
 ERRORS = {
     "opcode": (1, 1), "reserved": (1, 1), "flags": (4, 0), "no finish": (5, 1),
     "load slverr": (2, 1), "store decerr": (3, 2), "residual slverr": (2, 3), "fetch slverr": (2, 2),
+    "compute rows": (1, 1), "compute reuse": (1, 0),
 }
 
 
@@ -161,6 +164,32 @@ def test_failing_programs_stop_with_the_hardware_controls_error(failing_runs, na
     assert isinstance(error, RTLDeviceError), error
     assert str(error).startswith(f"the accelerator stopped with error {code} ("), str(error)
     assert f" at instruction {pc} (" in str(error), str(error)
+
+
+@pytest.fixture(scope="module")
+def illegal_compute_runs() -> dict[str, tuple[str, object]]:
+    """Every COMPUTE of tests/illegal_computes.py on FW4 and its OS twin: (field, outcome)."""
+    runs = {}
+    for config in (FW4, FW4.replace(dataflow="os")):
+        cases = illegal_computes(config)
+        jobs = []
+        for _, bad, _ in cases:
+            program = Program(tuple(illegal_program(config, bad)), config.hash)
+            jobs.append(RTLJob(program, np.zeros(4096, np.uint8), 0, max_cycles=300_000))
+        for (name, _, field), outcome in zip(cases, RTLRunner(config, seed=3).run_many(jobs), strict=True):
+            runs[f"{config.dataflow}-{name}"] = (field, outcome)
+    return runs
+
+
+@pytest.mark.parametrize("name", [f"{flow}-{name}" for flow in ("ws", "os")
+                                  for name, _, _ in illegal_computes(FW4.replace(dataflow=flow))])
+def test_an_illegal_compute_stops_with_error_1(illegal_compute_runs, name: str) -> None:
+    """The firmware checks each COMPUTE as the hardware control's ComputeCheck does: error 1 at
+    its instruction, after the legal COMPUTE before it."""
+    field, error = illegal_compute_runs[name]
+    assert isinstance(error, RTLDeviceError), error
+    assert str(error).startswith("the accelerator stopped with error 1 ("), str(error)
+    assert " at instruction 1 (instruction 1: COMPUTE)" in str(error), str(error)
 
 
 @pytest.mark.parametrize("name", ["token", "full queue"])
