@@ -587,7 +587,9 @@ class ComputeCheck(wiring.Component):
     ``o``; an illegal one does not: ``error`` becomes ``ERR_ILLEGAL`` with its ``error_pc`` at
     once (the first one's, until reset), and once every COMPUTE sent before it has completed
     (``unit_completed``) it raises ``completed`` itself, so its sequencer retires it in order and
-    the halted program ends. Reset by start: each program starts with no stationary weights."""
+    the halted program ends. The COMPUTEs after it (issued before the halt reached the
+    sequencer) are dropped the same way. Reset by start: each program starts with no stationary
+    weights."""
 
     def __init__(self, config: AcceleratorConfig):
         self.config = config
@@ -639,18 +641,22 @@ class ComputeCheck(wiring.Component):
             register.i.payload.pc.eq(self.i.payload.pc), register.i.payload.illegal.eq(~legal),
         ]
         head = register.o.payload
+        # an illegal COMPUTE, and every one after it (issued before the halt reached the
+        # sequencer), is dropped: it completes itself once those sent before it have
+        drop = Signal()
+        m.d.comb += drop.eq(head.illegal | (self.error != 0))
         # COMPUTEs sent to the unit and not completed yet (the sequencer keeps at most 8 issued)
         sent = Signal(range(9))
         send = Signal()
-        retire_illegal = Signal()
+        retire_dropped = Signal()
         m.d.comb += [
-            self.o.valid.eq(register.o.valid & ~head.illegal),
+            self.o.valid.eq(register.o.valid & ~drop),
             self.o.payload.word.eq(head.word), self.o.payload.pc.eq(head.pc),
             send.eq(self.o.valid & self.o.ready),
-            retire_illegal.eq(register.o.valid & head.illegal & (sent == 0)),
-            register.o.ready.eq(Mux(head.illegal, retire_illegal, self.o.ready)),
+            retire_dropped.eq(register.o.valid & drop & (sent == 0)),
+            register.o.ready.eq(Mux(drop, retire_dropped, self.o.ready)),
         ]
-        m.d.sync += [sent.eq(sent + send - self.unit_completed), self.completed.eq(retire_illegal)]
+        m.d.sync += [sent.eq(sent + send - self.unit_completed), self.completed.eq(retire_dropped)]
         with m.If(register.o.valid & head.illegal & (self.error == 0)):
             m.d.sync += [self.error.eq(ERR_ILLEGAL), self.error_pc.eq(head.pc)]
         return m

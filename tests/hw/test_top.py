@@ -172,6 +172,18 @@ def test_an_illegal_compute_halts_with_its_pc(config, bad, field):
     assert rtl.counters["macs"] == FIRST_MACS         # the first COMPUTE only
 
 
+def test_the_computes_after_an_illegal_one_are_not_run():
+    """Long COMPUTEs fill the compute unit, so the illegal one waits at the head of the compute
+    queue with legal ones behind it; when it moves on they follow a cycle apart, before the halt
+    reaches the sequencer. None of them reaches the array."""
+    bad = compute(acc_addr=WS.acc_rows - 1)
+    program, dram = _program_image([first_compute(WS)] + [compute(m=40)] * 4 + [bad]
+                                   + [compute(m=40)] * 3 + [Instruction("FINISH")])
+    rtl = run_accelerator(WS, program, dram, prog_addr=0)
+    assert rtl.done and rtl.error == ERR_ILLEGAL and rtl.error_pc == 5, (rtl.status, rtl.error_pc)
+    assert rtl.counters["macs"] == 5 * FIRST_MACS
+
+
 def test_reusing_the_stationary_weights_needs_a_preload_in_this_program():
     """WS preload = 0 with the last preload's k and n is legal; as a program's first COMPUTE it
     is not, even right after a program that preloaded them (each program starts without)."""
