@@ -3,7 +3,8 @@ the RV32 core's firmware executes the programs of the golden tests and the faili
 tests/sim/test_rtl.py as the hardware control does.
 
 * every program of the catalogue (sim/catalogue.py, on a 4x4 array with a 128-byte scratchpad as
-  its "ws4" configuration, so that every dimension is tiled) and a few more (output-stationary,
+  its "ws4" configuration, so that every dimension is tiled; the two longest only with
+  SYSTOLIC_RTL_LONG=1) and a few more (output-stationary,
   raw, extremes) leaves the golden model's DRAM image, byte for byte, with the golden model's
   ``macs``, ``instructions`` and DRAM traffic (``dram_read_bytes``, ``dram_write_bytes``), for
   int8, unsigned int8, int16 and a 16-bit accumulator;
@@ -16,6 +17,8 @@ tests/sim/test_rtl.py as the hardware control does.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -44,6 +47,13 @@ FWCAT = AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=128, accumulator_byte
                           token_depth=4, requant_table_rows=16)
 #: every entry but the 131073-deep GEMM (a million hardware cycles, a thousand times that here)
 SPECS = [spec for spec in CATALOGUE if spec != GEMM_INT32_WRAP]
+LONG = os.environ.get("SYSTOLIC_RTL_LONG", "0") not in ("", "0")
+#: the two longest entries (43% of the catalogue's cycles: 2258 and 739 instructions), left out
+#: unless SYSTOLIC_RTL_LONG=1; the hardware control runs them in test_rtl_programs.py, and FW4's
+#: "gemm-extremes" and "conv" cases run their kinds under firmware control
+SLOW = {spec for spec in SPECS if spec.id in ("gemm-3x600x20-seed=5-extremes=True",
+                                               "conv-7x7x2x2x7x7x1x3x1-seed=37-act=relu")}
+RUN_SPECS = [spec for spec in SPECS if LONG or spec not in SLOW]
 
 CASES = {
     "gemm": lambda c: gemm_case(c, 9, 7, 6, seed=1, act="relu"),
@@ -124,16 +134,19 @@ def catalogue_runs() -> dict[CaseSpec, tuple]:
     about a thousand times the golden model's estimate (up to 3000): the watchdog allows
     ESTIMATE_FACTOR times it."""
     built = {}
-    for spec in SPECS:
+    for spec in RUN_SPECS:
         case = spec.build(FWCAT)
         built[spec] = (case, run_golden(FWCAT, case.program, case.dram))
     jobs = [RTLJob(case.program, case.dram, case.program_addr,
                    max_cycles=ESTIMATE_FACTOR * golden.cycles + 100_000) for case, golden in built.values()]
     outcomes = RTLRunner(FWCAT, seed=1).run_many(jobs)
-    return {spec: (*built[spec], outcome) for spec, outcome in zip(SPECS, outcomes, strict=True)}
+    return {spec: (*built[spec], outcome) for spec, outcome in zip(RUN_SPECS, outcomes, strict=True)}
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=[spec.id for spec in SPECS])
+@pytest.mark.parametrize("spec", [
+    pytest.param(spec, marks=pytest.mark.skip(reason="the longest under firmware control: set "
+                                              "SYSTOLIC_RTL_LONG=1") if spec not in RUN_SPECS else ())
+    for spec in SPECS], ids=[spec.id for spec in SPECS])
 def test_the_catalogue_matches_the_golden_model(catalogue_runs, spec: CaseSpec) -> None:
     case, golden, result = catalogue_runs[spec]
     assert isinstance(result, RTLRunResult), result
