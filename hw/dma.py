@@ -1189,12 +1189,28 @@ class ScatterWriter(ScatterPorts):
                 p_final.eq(p_left == 2),
             ]
 
+        # A pixel is accepted while the skid register is empty (a register: the acceptance and
+        # the address counters it advances do not wait for the runs downstream). It goes
+        # straight to the splitter when that is free this cycle, else into the skid register,
+        # which the splitter takes from first.
+        s_valid = Signal()                # the skid register holds a pixel
+        s_data = Signal(8 * RB)
+        s_addr = Signal(_ADDR)
+        p_free = Signal()                 # the splitter takes a new pixel this cycle, if one is there
         accept = Signal()
-        m.d.comb += [self.pixels.ready.eq(more & (~p_valid | p_done)),
-                     accept.eq(self.pixels.valid & self.pixels.ready)]
+        m.d.comb += [self.pixels.ready.eq(more & ~s_valid),
+                     accept.eq(self.pixels.valid & self.pixels.ready),
+                     p_free.eq(~p_valid | p_done)]
+        with m.If(p_free):
+            m.d.sync += [p_left.eq(n_left), p_final.eq(fast | (n_left == 1)),
+                         p_valid.eq(s_valid | accept), s_valid.eq(0)]
+            with m.If(s_valid):
+                m.d.sync += [p_data.eq(s_data), p_addr.eq(s_addr)]
+            with m.Else():
+                m.d.sync += [p_data.eq(self.pixels.payload), p_addr.eq(pix_addr)]
+        with m.Elif(accept):
+            m.d.sync += [s_valid.eq(1), s_data.eq(self.pixels.payload), s_addr.eq(pix_addr)]
         with m.If(accept):
-            m.d.sync += [p_data.eq(self.pixels.payload), p_addr.eq(pix_addr),
-                         p_left.eq(n_left), p_final.eq(fast | (n_left == 1))]
             with m.If(ox_left != 1):
                 m.d.sync += [ox_left.eq(ox_left - 1), pix_addr.eq(pix_addr + c.pitch_x)]
             with m.Elif(oy_left != 1):
@@ -1202,10 +1218,6 @@ class ScatterWriter(ScatterPorts):
                              row_addr.eq(row_addr + c.pitch_y), pix_addr.eq(row_addr + c.pitch_y)]
             with m.Else():
                 m.d.sync += more.eq(0)
-        with m.If(accept):
-            m.d.sync += p_valid.eq(1)
-        with m.Elif(p_done):
-            m.d.sync += p_valid.eq(0)
 
         # -- runs -> beats --------------------------------------------------------------------------
         cur_valid = Signal()              # the beat being filled
@@ -1316,7 +1328,7 @@ class ScatterWriter(ScatterPorts):
                     cmd = self.cmd.payload
                     m.d.sync += [
                         c.eq(cmd), ox_left.eq(cmd.out_w), oy_left.eq(cmd.out_h),
-                        p_valid.eq(0), r_valid.eq(0), cur_valid.eq(0), b_open.eq(0),
+                        p_valid.eq(0), s_valid.eq(0), r_valid.eq(0), cur_valid.eq(0), b_open.eq(0),
                         have_last.eq(0),
                         row_addr.eq(cmd.dram_addr), pix_addr.eq(cmd.dram_addr),
                         fast.eq(cmd.pitch_c == cmd.elem_bytes),
@@ -1333,7 +1345,7 @@ class ScatterWriter(ScatterPorts):
                 ]
                 m.next = "RUN"
             with m.State("RUN"):
-                with m.If(~more & ~p_valid & ~r_valid):
+                with m.If(~more & ~s_valid & ~p_valid & ~r_valid):
                     m.next = "FLUSH"
             with m.State("FLUSH"):
                 # send the last beat, then close the last burst
