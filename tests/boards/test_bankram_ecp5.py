@@ -170,6 +170,7 @@ def _testbench(seed: int) -> list[str]:
     return sources
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ce_gates_outreg", [False, True])
 def test_ecp5_bank_behaves_like_the_generic_bank(ce_gates_outreg):
     defines = ("DP16KD_CE_GATES_OUTREG",) if ce_gates_outreg else ()

@@ -56,6 +56,7 @@ def _image(case) -> np.ndarray:
     return image
 
 
+@pytest.mark.slow
 def test_gemm_program_matches_golden() -> None:
     """Load GEMM programs (partial tiles, the extreme -128 * -128 sums, 1xN and Nx1) and their
     operands through the bridge, run them one after another, read the whole image back: equal to
@@ -126,6 +127,7 @@ def _concat_model():
     return fm, compiled
 
 
+@pytest.mark.slow
 def test_onnx_model_matches_golden() -> None:
     """A model of two programs with a host node (concat) between them, two images one per run:
     bit-exact with the golden backend; the image crosses the link once, later runs move only the
@@ -355,6 +357,7 @@ def test_simulated_board_argument_errors() -> None:
     assert issubclass(SimLinkError, RuntimeError)
 
 
+@pytest.mark.slow
 def test_firmware_control_with_a_loaded_core_ram() -> None:
     """Firmware control whose core RAM the host loads (``firmware_ram="loaded"``, as the iCE40's
     SPRAM): before the load STATUS bit 2 is clear and a start ends with error 7; the runtime's

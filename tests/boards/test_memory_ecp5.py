@@ -189,6 +189,7 @@ def _testbench(seed: int) -> list[str]:
     return sources
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ce_gates_outreg", [False, True])
 def test_ecp5_memory_behaves_like_the_generic_memory(ce_gates_outreg):
     """The ECP5 variant (DP16KD model) and the generic variant (amaranth Memory) return the

@@ -875,6 +875,7 @@ module spram_check(input logic clk, input logic rst);
     return sources
 
 
+@pytest.mark.slow
 def test_spram_memory_behaves_like_the_block_ram():
     """The "spram" memory (yosys's SB_SPRAM256KA model: nibble write masks, DATAOUT undefined
     after a write) returns the same read data as the "bram" memory under the same random

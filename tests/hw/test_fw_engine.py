@@ -120,6 +120,7 @@ def _load_firmware_writes(config) -> list[tuple[str, int]]:
     return writes + [("ctrl", 4)]
 
 
+@pytest.mark.slow
 def test_a_loaded_core_ram_runs_after_the_host_writes_the_firmware() -> None:
     """ram = "loaded" (as the iCE40 SPRAM, which a bitstream cannot initialize): a start before
     the firmware is there ends at once with error 7 and STATUS bit 2 clear; after the host's

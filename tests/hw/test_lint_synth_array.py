@@ -93,6 +93,7 @@ def test_registered_stall_lints(stall_stages: int) -> None:
                               "systolic_array"), "systolic_array")
 
 
+@pytest.mark.slow
 def test_ecp5_stall_tree_survives_synthesis() -> None:
     """On ECP5 the stall tree's registers are TRELLIS_FF instances (one root, one per PE row and
     per edge block, from 3 stages one per PE and edge block below those, from 4 a chain

@@ -114,6 +114,7 @@ def _sfu_partial_products(config: AcceleratorConfig) -> int:
     return config.cols * per_lane + (1 if "avg" in config.sfu_pooling else 0)
 
 
+@pytest.mark.slow
 def test_sfu_multipliers_map_to_ecp5_dsps() -> None:
     result = synth(SpecialFunctionUnit(SFU_ECP5), "SpecialFunctionUnit", "ecp5")
     assert result["dsps"] == _sfu_partial_products(SFU_ECP5) == 21, result
@@ -121,6 +122,7 @@ def test_sfu_multipliers_map_to_ecp5_dsps() -> None:
     assert result["brams"] == 0     # the output FIFO is LUT RAM
 
 
+@pytest.mark.slow
 def test_sfu_synthesizes_for_ice40() -> None:
     result = synth(SpecialFunctionUnit(SFU_ICE40), "SpecialFunctionUnit", "ice40", flags=("-noabc",))
     # SB_MAC16 is 16 x 16: each 18 x 18 partial product takes more than one

@@ -9,6 +9,7 @@ from systolic.hw.generate import TOP_NAME, top_verilog
 from systolic.sim.tools import verilator_lint
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", [
     AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=4096, accumulator_bytes=2048, requant_table_rows=8),
     AcceleratorConfig(rows=4, cols=8, dataflow="os", scratchpad_bytes=4096, accumulator_bytes=4096,

@@ -583,6 +583,7 @@ def test_row_cycles_must_be_a_power_of_two_up_to_cols(value: int) -> None:
     assert AcceleratorConfig(rows=4, cols=4, sfu_row_cycles=4).sfu_lanes == 1
 
 
+@pytest.mark.slow
 def test_icebreaker_sfu_takes_four_ice40_dsps() -> None:
     # one lane for the iCEBreaker's two channels: its 32 x 32 requantize product is four 16 x 16
     # partial products, one SB_MAC16 each; one lane per column takes twice as many

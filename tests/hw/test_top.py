@@ -87,6 +87,7 @@ SERIAL = AcceleratorConfig(**SMALL, gather_engine="serial", scatter_engine="seri
                            sfu_engine="serial", command_registers=False, memory_registers=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["conv", "residual", "gemm_os"])
 def test_serial_engines_without_command_registers(case):
     """The serial DMA engines and SFU, no command or memory registers (the small FPGAs'
@@ -105,6 +106,7 @@ def test_serial_engines_without_command_registers(case):
     assert rtl.counters["dram_write_bytes"] == golden.dram_write_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field, value", [("command_registers", False), ("memory_registers", False),
                                           ("sfu_engine", "serial"), ("gather_engine", "serial"),
                                           ("scatter_engine", "serial")])

@@ -68,6 +68,7 @@ def bench_build() -> Path:
     return tools.cocotb_build(_bench_verilog(), BENCH, "axi-ram")
 
 
+@pytest.mark.slow
 def test_axi_ram(bench_build: Path) -> None:
     # every cocotb test below in one simulator process (starting one costs seconds); a failure
     # names the failed cocotb tests

@@ -235,6 +235,7 @@ def _expected_copy(program: Program, image: np.ndarray, copied: int) -> np.ndarr
 
 # -- the runner on the stand-in ----------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("memory", ["fast", "fast-random", "axi-random"])
 def test_copy_program(copy_engine: str, memory: str) -> None:
     program = _program(["CONFIG"] * 9 + ["SYNC", "FINISH"], seed=1)
@@ -549,6 +550,7 @@ def test_memh_word_size_error(tmp_path: Path) -> None:
 AXI_RANDOM = os.environ.get("SYSTOLIC_RTL_ACCELERATOR", "0") not in ("", "0")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("memory", [
     "fast", "fast-random",
     pytest.param("axi-random", marks=pytest.mark.skipif(

@@ -35,6 +35,7 @@ SEED = _env_int(SEED_ENV, 1)
 COUNT = _env_int(COUNT_ENV, 150)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", RTL_CONFIGS)
 def test_fuzz_matches_golden(name: str) -> None:
     config = RTL_CONFIGS[name]

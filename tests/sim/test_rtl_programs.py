@@ -85,10 +85,11 @@ def _params() -> list:
     out = []
     for name in RTL_CONFIGS:
         for spec in CATALOGUE:
-            marks = ()
+            # one config's programs are one batch (`_runs`): one xdist worker runs them (tests/conftest.py)
+            marks = [pytest.mark.slow, pytest.mark.xdist_group(f"rtl_programs-{name}")]
             if (name, spec) in SLOW and not LONG:
-                marks = pytest.mark.skip(reason="0.7 to 1.2 million cycles on this config: set "
-                                                "SYSTOLIC_RTL_LONG=1")
+                marks.append(pytest.mark.skip(reason="0.7 to 1.2 million cycles on this config: set "
+                                                     "SYSTOLIC_RTL_LONG=1"))
             out.append(pytest.param(name, spec, id=f"{name}-{spec.id}", marks=marks))
     return out
 
