@@ -6,7 +6,14 @@ from __future__ import annotations
 import re
 import subprocess
 
-from systolic.sim.tools import VERILATOR_WAIVERS, build_cache_dir, design_hash, tool_env, verilator_bin
+from systolic.sim.tools import (
+    VERILATOR_WAIVERS,
+    build_cache_dir,
+    build_lock,
+    design_hash,
+    tool_env,
+    verilator_bin,
+)
 
 #: A SystemVerilog function ``step`` (xorshift64) for testbenches' random traffic.
 XORSHIFT64 = """\
@@ -43,23 +50,23 @@ def run_clocked_testbench(top: str, sources: list[str], *, defines: tuple[str, .
     by their hash, run it with reset high for 4 cycles and return its output. Fails the test when
     the build fails, the testbench stops with an error or it runs 5 million cycles."""
     main = _MAIN.format(top=top)
-    # -O0: these testbenches run for seconds, and the C++ compiler takes half as long without
-    # optimization
+    # -O0: these testbenches run for seconds; their five tests took 109 s instead of 131 s here
     args = [*VERILATOR_WAIVERS, "-Wno-fatal", "--x-assign", "unique", "--x-initial", "unique",
             "-CFLAGS", "-O0", *(f"-D{define}" for define in defines)]
     build = build_cache_dir(f"tb-{top}", design_hash("\n".join(sources), main, " ".join(args),
                                                      str(verilator_bin())))
     binary = build / "obj" / top
-    if not binary.is_file():
-        for i, text in enumerate(sources):
-            (build / f"source{i}.v").write_text(text)
-        (build / "main.cpp").write_text(main)
-        command = [str(verilator_bin()), "--cc", "--exe", "--build", "-j", "2", *args,
-                   "--top-module", top, "-Mdir", "obj", "-o", top, "main.cpp",
-                   *(f"source{i}.v" for i in range(len(sources)))]
-        result = subprocess.run(command, cwd=build, env=tool_env(), capture_output=True, text=True,
-                                check=False)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with build_lock(build):             # two xdist workers that need one build make it once
+        if not binary.is_file():
+            for i, text in enumerate(sources):
+                (build / f"source{i}.v").write_text(text)
+            (build / "main.cpp").write_text(main)
+            command = [str(verilator_bin()), "--cc", "--exe", "--build", "-j", "2", *args,
+                       "--top-module", top, "-Mdir", "obj", "-o", top, "main.cpp",
+                       *(f"source{i}.v" for i in range(len(sources)))]
+            result = subprocess.run(command, cwd=build, env=tool_env(), capture_output=True,
+                                    text=True, check=False)
+            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     result = subprocess.run([str(binary), "+verilator+seed+7", "+verilator+rand+reset+2"],
                             capture_output=True, text=True, check=False, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
