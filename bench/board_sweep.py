@@ -18,8 +18,9 @@ Each run takes minutes (a 16x16 SoC tens of minutes on a loaded two-core machine
 background, e.g. ``nohup python bench/board_sweep.py > board_sweep.log 2>&1 &``.
 
 Run from the repository root: ``python bench/board_sweep.py [--boards icebreaker,...]
-[--sweep-board ulx3s-85f] [--sizes 4x4,8x8,16x16] [--sweep-mhz F] [--seed 1] [--work DIR]
-[--merge] [--merge-from FILE]`` (``--merge`` keeps the rows of an earlier results file that
+[--sweep-board ulx3s-85f] [--sizes 4x4,8x8,16x16] [--sweep-mhz F] [--seed 1] [--placer heap]
+[--work DIR] [--merge] [--merge-from FILE]`` (``--placer``: nextpnr's placer, heap or static, see
+``systolic synth``; ``--merge`` keeps the rows of an earlier results file that
 this run does not redo, ``--merge-from`` those of another run's file).
 """
 
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from systolic.boards.boards import BOARDS, BoardError, FitError, get_board, load_preset
-from systolic.boards.synth import synth
+from systolic.boards.synth import PLACERS, synth
 from systolic.hw.config import AcceleratorConfig
 
 __all__ = ["run_one", "main"]
@@ -68,7 +69,7 @@ def _row(kind: str, board: str, config: AcceleratorConfig, mhz: float, report: d
 
 
 def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: int,
-            clock_mhz: float | None = None) -> dict[str, Any]:
+            clock_mhz: float | None = None, placer: str = "heap") -> dict[str, Any]:
     """Synthesize ``config`` on ``board`` (into ``work``) at ``clock_mhz`` (default: the
     config's); when only DSP blocks are short, again with that many more PEs multiplying in
     logic. Returns one table row."""
@@ -80,7 +81,7 @@ def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: 
               file=sys.stderr, flush=True)
         try:
             report = synth(board, config, work / f"{board}-{config.rows}x{config.cols}", seed=seed,
-                           clock_mhz=clock_mhz)
+                           clock_mhz=clock_mhz, placer=placer)
             return _row(kind, board, config, mhz, report, None, time.monotonic() - started)
         except FitError as exc:
             pes = config.rows * config.cols
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="clock the sweep sizes target, MHz (default: the sweep board preset's); "
                              "a high target makes nextpnr report the highest Fmax it reaches")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+    parser.add_argument("--placer", choices=PLACERS, default="heap", help="nextpnr placer")
     parser.add_argument("--work", type=Path, default=None, help="keep the build directories here")
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     parser.add_argument("--merge", action="store_true",
@@ -165,10 +167,11 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({**twin, "kind": kind})
             else:
                 rows.append(run_one(kind, board, config, work / kind, args.seed,
-                                    args.sweep_mhz if kind == "sweep" else None))
+                                    args.sweep_mhz if kind == "sweep" else None, args.placer))
             # written after every run: a long sweep that is stopped keeps what it measured
             merged = sorted([*kept.values(), *rows], key=_order)
-            args.out.write_text(json.dumps({"seed": args.seed, "results": merged}, indent=1) + "\n")
+            results = {"seed": args.seed, "placer": args.placer, "results": merged}
+            args.out.write_text(json.dumps(results, indent=1) + "\n")
             print(_table(rows), file=sys.stderr, flush=True)
 
     rows = sorted([*kept.values(), *rows], key=_order)

@@ -60,11 +60,15 @@ from systolic.sim.tools import (
 from .boards import Board, BoardError, FitError, get_board, load_preset
 from .clocking import ClockReset, Ecp5Pll, Ice40Pll, PllError, ecp5_pll, ice40_pll
 
-__all__ = ["CORES", "ArrayCore", "make_core", "BoardTop", "ClockPlan", "plan_clock", "check_fit", "tool_path",
-           "synth", "summary_table", "resolve_config"]
+__all__ = ["CORES", "PLACERS", "ArrayCore", "make_core", "BoardTop", "ClockPlan", "plan_clock", "check_fit",
+           "tool_path", "synth", "summary_table", "resolve_config"]
 
 #: Cores :func:`synth` can put on a board.
 CORES = ("soc", "array")
+#: nextpnr's placers: "heap" (analytic, nextpnr's default) and "static" (electrostatic; on the
+#: ULX3S's 85F it places and routes the 4x4 SoC in about a third of heap's time, at a lower Fmax),
+#: both refined by simulated annealing; "sa" (annealing alone) is slower than either.
+PLACERS = ("heap", "static", "sa")
 
 _NEXTPNR = {"ice40": "nextpnr-ice40", "ecp5": "nextpnr-ecp5"}
 _PACK = {"ice40": "icepack", "ecp5": "ecppack"}
@@ -393,12 +397,13 @@ def _nextpnr_command(board: Board, env: Mapping[str, str]) -> list[str]:
             "--json", "top.json", f"--{_CONSTRAINTS[family].split('.')[1]}", _CONSTRAINTS[family]]
 
 
-def _nextpnr(board: Board, build: Path, seed: int, env: Mapping[str, str], what: str) -> dict[str, Any]:
+def _nextpnr(board: Board, build: Path, seed: int, placer: str, env: Mapping[str, str],
+             what: str) -> dict[str, Any]:
     family = board.family
     command = [*_nextpnr_command(board, env),
                "--asc" if family == "ice40" else "--textcfg", _PLACED[family],
                "--report", "nextpnr-report.json", "--log", "nextpnr.log",
-               "--seed", str(seed), "--timing-allow-fail", "--quiet"]
+               "--seed", str(seed), "--placer", placer, "--timing-allow-fail", "--quiet"]
     report = build / "nextpnr-report.json"
     report.unlink(missing_ok=True)
     result = _run(command, build, env)
@@ -513,8 +518,8 @@ def resolve_config(board: str | Board, config: AcceleratorConfig | str | Path | 
 
 
 def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out_dir: str | Path, *,
-          clock_mhz: float | None = None, seed: int = 1, core: str = "soc", baud: int | None = None
-          ) -> dict[str, Any]:
+          clock_mhz: float | None = None, seed: int = 1, core: str = "soc", baud: int | None = None,
+          placer: str = "heap") -> dict[str, Any]:
     """Synthesize, place and route ``config`` (an :class:`AcceleratorConfig`, a TOML file, or
     None for the board's preset) on ``board`` into ``out_dir`` (created); returns the report,
     also written to ``out_dir/report.json``.
@@ -522,7 +527,8 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     ``clock_mhz``: the accelerator clock (default: the config's ``clock_mhz``), made by the
     board's PLL; ``seed``: nextpnr's placement seed; ``core``: "soc" (the SoC: accelerator,
     memory of ``config.dram_bytes`` bytes, UART bridge) or "array" (:class:`ArrayCore`);
-    ``baud``: the host link's rate (default: the board's), bits/s.
+    ``baud``: the host link's rate (default: the board's), bits/s; ``placer``: nextpnr's placer,
+    one of :data:`PLACERS`.
 
     Raises :class:`~systolic.boards.boards.BoardError` for an unknown board, a clock the PLL
     cannot make, a memory the board cannot hold or a design that does not fit the device, and
@@ -534,6 +540,8 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
         raise ValueError(f"core must be one of {', '.join(repr(c) for c in CORES)}, not {core!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, not {seed!r}")
+    if placer not in PLACERS:
+        raise ValueError(f"placer must be one of {', '.join(repr(p) for p in PLACERS)}, not {placer!r}")
     config = resolve_config(board, config)
     baud = board.baud if baud is None else baud
     if isinstance(baud, bool) or not isinstance(baud, int) or baud <= 0:
@@ -582,7 +590,7 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     usage = check_fit(board, cells, what=what, packed=packed)
 
     step = time.monotonic()
-    placed = _nextpnr(board, out, seed, env, what)
+    placed = _nextpnr(board, out, seed, placer, env, what)
     seconds["nextpnr"] = time.monotonic() - step
 
     step = time.monotonic()
@@ -613,6 +621,7 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
         "placement": {k: v for k, v in sorted(placed.get("utilization", {}).items()) if v.get("used")},
         "peak_gops": round(2 * config.rows * config.cols * clock.hz / 1e9, 3),    # at target_mhz
         "seed": seed,
+        "placer": placer,
         "tools": _tool_versions(board.family, out / "yosys.log"),
         "seconds": {k: round(v, 1) for k, v in seconds.items()},
         "files": {"bitstream": bitstream.name, "yosys_log": "yosys.log", "nextpnr_log": "nextpnr.log",

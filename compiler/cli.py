@@ -442,6 +442,9 @@ def _add_synth(sub: Any) -> None:
     p.add_argument("--clock-mhz", type=float, metavar="F",
                    help="accelerator clock, MHz (default: the config's clock_mhz)")
     p.add_argument("--seed", type=int, default=1, metavar="N", help="nextpnr placement seed (default 1)")
+    p.add_argument("--placer", choices=("heap", "static", "sa"), default="heap",
+                   help="nextpnr's placer: heap (default), static (faster on large designs, "
+                        "usually a lower Fmax) or sa")
     p.add_argument("--baud", type=int, metavar="N", help="host link baud rate (default: the board's)")
     p.add_argument("--core", choices=("soc", "array"), default="soc",
                    help="soc (default) or array: the MAC array alone with registered ports")
@@ -461,7 +464,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         config = AcceleratorConfig.from_dict(values, source="--set")
     try:
         report = synth(board, config, args.out, clock_mhz=args.clock_mhz, seed=args.seed,
-                       core=args.core, baud=args.baud)
+                       core=args.core, baud=args.baud, placer=args.placer)
     except ToolError as exc:
         _report(exc)
         return 1

@@ -297,6 +297,8 @@ def test_synth_argument_errors(tmp_path: Path) -> None:
         synth("icebreaker", SMALL, tmp_path, seed=-1)
     with pytest.raises(ValueError, match=r"^baud must be a positive integer \(bits/s\), not 0$"):
         synth("icebreaker", SMALL, tmp_path, baud=0)
+    with pytest.raises(ValueError, match=r"^placer must be one of 'heap', 'static', 'sa', not 'fast'$"):
+        synth("icebreaker", SMALL, tmp_path, placer="fast")
     with pytest.raises(TypeError, match=r"^config must be an AcceleratorConfig, a TOML file or None, not 5$"):
         synth("icebreaker", 5, tmp_path)
 
@@ -361,7 +363,7 @@ def _check_report(report: dict, board_name: str, out: Path, mhz: float, *, dsps:
     board = get_board(board_name)
     assert json.loads((out / "report.json").read_text()) == report
     for key in ("board", "device", "target_mhz", "fmax_mhz", "timing_met", "resources", "tools", "seconds",
-                "clock", "critical_path", "synthesis"):
+                "clock", "critical_path", "synthesis", "seed", "placer"):
         assert key in report, key
     assert report["board"] == board_name and report["device"] == board.part
     assert report["target_mhz"] == pytest.approx(mhz, rel=0.01)
@@ -414,11 +416,13 @@ def test_cli_synth_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixtur
     config = tmp_path / "small.toml"
     SMALL.save(config)
     status = main(["synth", "--board", "icebreaker", "--config", str(config), "--clock-mhz", "18",
-                   "--core", "array", "--out", str(tmp_path / "out")])
+                   "--core", "array", "--placer", "static", "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert status == 0, out
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["target_mhz"] == 18.0 and report["clock"]["pll"]["primitive"] == "SB_PLL40_PAD"
+    assert report["placer"] == "static"
+    assert "Running Static placer" in (tmp_path / "out" / "nextpnr.log").read_text()
     assert re.search(r"^SB_MAC16\s+4\s+8\s+50%$", out, re.M)
     assert re.search(r"^clock sync: Fmax [\d.]+ MHz, target 18\.0 MHz: met$", out, re.M)
 
