@@ -8,9 +8,11 @@ both kinds of core:
   by Amaranth and Verilator). Up to :data:`BANK_BYTES` it is one memory read in one cycle.
   Larger, it is split into up to :data:`MAX_BANKS` banks (256 KiB: 32 banks of four DP16KD) and
   pipelined, so that no path crosses the chip between its block RAMs in one cycle: the access is
-  registered, then copied into registers of its bank (beside the bank's block RAMs), the block
+  registered, registered again beside a flag per bank (the access is for that bank; decoded
+  there, so that nothing but wires lies between these registers and the banks), then copied into
+  registers of its bank (beside the bank's block RAMs), the block
   RAM's read data is registered (its output register), registered again beside the bank, and the
-  row is selected from 4 banks (or groups of 4) per registered level: read data 8 cycles after
+  row is selected from 4 banks (or groups of 4) per registered level: read data 9 cycles after
   the grant for 32 banks (:attr:`SoCMemory.read_latency`), still one access per cycle. On ECP5
   (``platform.family == "ecp5"``) banks of :data:`DP16KD_WORDS` words (a 64-bit bus, 16 to 256
   KiB) are DP16KD instances with their output register (REGMODE_A "OUTREG"), which yosys never
@@ -136,10 +138,11 @@ def bridge_register(kind: str) -> bool:
 
 def memory_read_latency(kind: str, memory_bytes: int) -> int:
     """Cycles from a read's grant to its data on ``rdata``: 1; for a banked "bram" memory (more
-    than :data:`BANK_BYTES`) 5 plus a select level per factor of 4 banks (8 for 32 banks), on
-    every platform (request, bank, block RAM, its output register and bank data registers)."""
+    than :data:`BANK_BYTES`) 6 plus a select level per factor of 4 banks (9 for 32 banks), on
+    every platform (request, bank flags, bank, block RAM, its output register and bank data
+    registers)."""
     banks = _bram_banks(memory_bytes) if kind == "bram" else 1
-    return 1 if banks == 1 else 5 + _select_levels(banks)
+    return 1 if banks == 1 else 6 + _select_levels(banks)
 
 
 def _spram_columns(data_width: int) -> int:
@@ -239,24 +242,33 @@ class _Core(wiring.Component):
         request = Signal.like(self.cmd.payload)
         requested = Signal()
         m.d.sync += [request.eq(self.cmd.payload), requested.eq(self.cmd.valid)]
-        # the bank of a read, one register per stage: at the bank registers, at the block RAMs'
-        # data, at their output registers, at the bank data registers, then one per select level
+        # the access again a cycle later, beside one flag per bank: whether it is for that bank
+        # (and a write), so that the nets to the banks, which cross the chip, start at registers
+        # and end at the bank registers' enables and data with no decoding between
+        staged = Signal.like(self.cmd.payload)
+        m.d.sync += staged.eq(request)
+        # the bank of a read, one register per stage: at the flags, at the bank registers, at the
+        # block RAMs' data, at their output registers, at the bank data registers, then one per
+        # select level
         bank_at = [request.addr[index_bits:]]
-        for _ in range(3 + _select_levels(banks)):
+        for _ in range(4 + _select_levels(banks)):
             delayed = Signal.like(bank_at[0], name=f"bank_at{len(bank_at)}")
             m.d.sync += delayed.eq(bank_at[-1])
             bank_at.append(delayed)
         level = []
         for k in range(banks):
+            here = Signal(name=f"bank{k}_sel")
+            here_write = Signal(name=f"bank{k}_sel_wr")
+            m.d.sync += [here.eq(requested & (bank_at[0] == k)),
+                         here_write.eq(requested & request.write & (bank_at[0] == k))]
             # each bank's own copy of the access (loaded only for it, so that synthesis keeps
-            # the copies apart), placed by its block RAMs: no net crosses the chip to them
-            here = requested & (bank_at[0] == k)
+            # the copies apart), placed by its block RAMs
             addr = Signal(index_bits, name=f"bank{k}_addr")
             data = Signal(self.data_width, name=f"bank{k}_wdata")
             enables = Signal(self.data_width // 8, name=f"bank{k}_we")
             with m.If(here):
-                m.d.sync += [addr.eq(request.addr[:index_bits]), data.eq(request.data)]
-            m.d.sync += enables.eq(Mux(here & request.write, request.mask, 0))
+                m.d.sync += [addr.eq(staged.addr[:index_bits]), data.eq(staged.data)]
+            m.d.sync += enables.eq(Mux(here_write, staged.mask, 0))
             # the block RAM's read data a cycle later (its output register): the last read's
             # data, kept while the bank writes or is idle
             held = Signal(self.data_width, name=f"bank{k}_dout")
@@ -267,8 +279,7 @@ class _Core(wiring.Component):
                 accessed = Signal(name=f"bank{k}_acc")
                 active = Signal(name=f"bank{k}_ce")
                 writing = Signal(name=f"bank{k}_wr")
-                m.d.sync += [accessed.eq(here), active.eq(here | accessed),
-                             writing.eq(here & request.write)]
+                m.d.sync += [accessed.eq(here), active.eq(here | accessed), writing.eq(here_write)]
                 for j in range(self.data_width // 16):
                     # a single-port RAM on port A, through its output register
                     word, _ = dp16kd(m, f"bank{k}_dp16kd{j}", a=DP16KDPort(
@@ -281,7 +292,7 @@ class _Core(wiring.Component):
                 write = ram.write_port(granularity=8)
                 read = ram.read_port()
                 reading = Signal(name=f"bank{k}_re")
-                m.d.sync += reading.eq(here & ~request.write)
+                m.d.sync += reading.eq(here & ~here_write)
                 m.d.comb += [write.addr.eq(addr), write.data.eq(data), write.en.eq(enables),
                              read.addr.eq(addr), read.en.eq(reading)]
                 m.d.sync += held.eq(read.data)
@@ -291,7 +302,7 @@ class _Core(wiring.Component):
             level.append(out)
         # select levels: each picks one of 4 with two bits of the bank, into a register
         for depth in range(_select_levels(banks)):
-            bits = bank_at[4 + depth][2 * depth:2 * depth + 2]
+            bits = bank_at[5 + depth][2 * depth:2 * depth + 2]
             chosen = []
             for g in range(0, len(level), _SELECT_FAN_IN):
                 group = level[g:g + _SELECT_FAN_IN]

@@ -96,10 +96,10 @@ def test_other_memories_keep_amaranth_memory_on_ecp5(bus_bits, memory_bytes):
 
 
 def test_latency_is_one_more_for_the_output_register():
-    """Banked memories: request, bank, block RAM, output register and bank data registers, plus
-    one select level per factor of 4 banks; unbanked memories and SPRAM: 1."""
+    """Banked memories: request, bank flags, bank, block RAM, output register and bank data
+    registers, plus one select level per factor of 4 banks; unbanked memories and SPRAM: 1."""
     assert [memory_read_latency("bram", 1024 << i) for i in range(12)] == \
-        [1, 1, 1, 1, 6, 6, 7, 7, 8, 8, 8, 8]     # 2, 4, 8, 16, 32 banks, then 32
+        [1, 1, 1, 1, 7, 7, 8, 8, 9, 9, 9, 9]     # 2, 4, 8, 16, 32 banks, then 32
     assert memory_read_latency("spram", 128 * 1024) == 1
 
 

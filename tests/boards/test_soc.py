@@ -445,10 +445,10 @@ async def _axi_address(ctx: Any, channel: Any, addr: int, beats: int) -> None:
 def test_memory_reads_stream_one_beat_per_cycle(bus_bits, memory_bytes):
     """Back-to-back read bursts with rready high come out one beat per cycle, without a gap
     between bursts (the accelerator's throughput depends on it), also from a banked memory
-    (read latency 6) and across its banks."""
+    (read latency 7) and across its banks."""
     dut = SoCMemory(memory_bytes=memory_bytes, data_width=bus_bits)
     # the bridge's view: 1 select level for 2 banks, and the register before the arbiter
-    assert dut.read_latency == (1 if memory_bytes <= BANK_BYTES else 6) + 1
+    assert dut.read_latency == (1 if memory_bytes <= BANK_BYTES else 7) + 1
     b = bus_bits // 8
     rng = random.Random(SEED + bus_bits)
     image = bytes(rng.randrange(256) for _ in range(memory_bytes))
@@ -818,6 +818,7 @@ def _spram_testbench() -> list[str]:
         # the bridge port's latencies (SoCMemory.read_latency: the core's, one more for the
         # register of a "bram" memory)
         latency = {kind: memory_read_latency(kind, size) + (kind == "bram") for kind in ("bram", "spram")}
+        assert latency["bram"] <= 16, latency       # the testbench's read history holds 16 cycles
         for kind in ("bram", "spram"):
             name = f"mem_{kind}{bits}"
             verilog = to_verilog(SoCMemory(memory_bytes=size, data_width=bits, kind=kind), name)
@@ -855,14 +856,14 @@ def _spram_testbench() -> list[str]:
 module spram_check(input logic clk, input logic rst);
   logic [63:0] x1 = 64'h9E3779B97F4A7C15, x2 = 64'hD1B54A32D192ED03;
   logic [31:0] cycle = 0, reads = 0, mismatches = 0;
-  logic [7:0] read_history = 0;     // a read was issued 1, 2, ... cycles ago
+  logic [15:0] read_history = 0;    // a read was issued 1, 2, ... cycles ago
   wire filling = cycle < {fill};
   wire valid = !rst && (filling || x1[62:61] != 0);
   wire write = filling || x1[60];
 {XORSHIFT64}  always @(posedge clk) if (!rst) begin
     x1 <= step(x1); x2 <= step(x2);
     cycle <= cycle + 1;
-    read_history <= {{read_history[6:0], valid && !write}};
+    read_history <= {{read_history[14:0], valid && !write}};
     if (valid && !write) reads <= reads + 1;
     if (cycle == {fill + _SPRAM_RANDOM_CYCLES}) begin
       $display("compared %0d reads, %0d mismatches", reads, mismatches);
