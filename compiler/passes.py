@@ -326,7 +326,7 @@ def fold_constants(graph: Graph, options: PassOptions) -> Graph:
         elif node.inputs and all(not name or e.tensors[name].is_constant for name in node.inputs):
             args = [e.tensors[name].data if name else None for name in node.inputs]
             values = run_node(node, args, graph.opset, [e.tensors[o].dtype if o else "float32"
-                                                        for o in node.outputs])
+                                                        for o in node.outputs], [True] * len(args))
         else:
             continue
         for name, value in zip(node.outputs, values, strict=False):

@@ -14,6 +14,7 @@ QuantizeLinear/DequantizeLinear nodes quantize and dequantize exactly as onnxrun
 
 from __future__ import annotations
 
+import hashlib
 import math
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -51,8 +52,9 @@ def run_host_node(graph: Graph, node: Node, env: dict[str, np.ndarray]) -> None:
     """Run host ``node`` of ``graph`` on the tensors in ``env`` and store its outputs there,
     checked against the shapes and dtypes the graph declares (VerifyError otherwise)."""
     args = [env[name] if name else None for name in node.inputs]
+    constant = [bool(name) and graph.tensors[name].is_constant for name in node.inputs]
     results = run_node(node, args, graph.opset, [graph.tensors[o].dtype if o else "float32"
-                                                 for o in node.outputs])
+                                                 for o in node.outputs], constant)
     for name, value in zip(node.outputs, results, strict=False):
         if not name:
             continue
@@ -102,9 +104,14 @@ def execute(graph: Graph, inputs: Mapping[str, np.ndarray], *,
 
 
 def run_node(node: Node, args: Sequence[np.ndarray | None], opset: int,
-             out_dtypes: Sequence[str] | None = None) -> tuple[np.ndarray, ...]:
+             out_dtypes: Sequence[str] | None = None,
+             constant: Sequence[bool] | None = None) -> tuple[np.ndarray, ...]:
     """Run one host node on its input arrays (None for an absent optional input) and return its
-    outputs in order. ``out_dtypes`` (numpy names) type the outputs of an onnxruntime fallback."""
+    outputs in order. ``out_dtypes`` (numpy names) type the outputs of an onnxruntime fallback;
+    ``constant`` says which inputs are constants of the graph: an onnxruntime fallback gets them
+    as initializers, as in the model (onnxruntime's exact int8 kernels on CPUs without VNNI,
+    :mod:`.ortsession`, need int8 weights that are initializers: fed as inputs, its products
+    saturate)."""
     if node.domain in ("", "ai.onnx"):
         handler = HOST_OPS.get(node.op)
     else:
@@ -119,7 +126,7 @@ def run_node(node: Node, args: Sequence[np.ndarray | None], opset: int,
             pass
         else:
             return result if isinstance(result, tuple) else (result,)
-    return _run_onnxruntime(node, args, opset, out_dtypes)
+    return _run_onnxruntime(node, args, opset, out_dtypes, constant)
 
 
 # -- accelerator ops ----------------------------------------------------------------------------
@@ -778,19 +785,26 @@ _SESSIONS: weakref.WeakKeyDictionary[Node, Any] = weakref.WeakKeyDictionary()
 
 
 def _run_onnxruntime(node: Node, args: Sequence[np.ndarray | None], opset: int,
-                     out_dtypes: Sequence[str] | None) -> tuple[np.ndarray, ...]:
-    """Run one node in a one-node onnxruntime session (built once per node and input types)."""
-    from onnx import helper
+                     out_dtypes: Sequence[str] | None,
+                     constant: Sequence[bool] | None = None) -> tuple[np.ndarray, ...]:
+    """Run one node in a one-node onnxruntime session (built once per node, input types and
+    constant inputs' values); inputs flagged in ``constant`` are the model's initializers."""
+    from onnx import helper, numpy_helper
 
     from .ortsession import ort_session
 
-    key = tuple((a.dtype.str, a.shape) if a is not None else None for a in args)
+    fixed = [a is not None and constant is not None and bool(constant[i]) for i, a in enumerate(args)]
+    key = tuple(None if a is None else
+                (a.dtype.str, a.shape, hashlib.sha256(np.ascontiguousarray(a).tobytes()).digest()) if f
+                else (a.dtype.str, a.shape) for a, f in zip(args, fixed, strict=True))
     cache = _SESSIONS.setdefault(node, {})
     session = cache.get(key)
     names = [f"in{i}" if a is not None else "" for i, a in enumerate(args)]
     if session is None:
         inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-                  for n, a in zip(names, args, strict=True) if a is not None]
+                  for n, a, f in zip(names, args, fixed, strict=True) if a is not None and not f]
+        initializers = [numpy_helper.from_array(np.asarray(a), n)
+                        for n, a, f in zip(names, args, fixed, strict=True) if f]
         types = list(out_dtypes) if out_dtypes is not None else ["float32"] * len(node.outputs)
         outputs = [helper.make_tensor_value_info(f"out{i}", helper.np_dtype_to_tensor_dtype(np.dtype(t)),
                                                  None) for i, t in enumerate(types)]
@@ -800,7 +814,7 @@ def _run_onnxruntime(node: Node, args: Sequence[np.ndarray | None], opset: int,
         imports = [helper.make_opsetid("", opset)]
         if node.domain not in ("", "ai.onnx"):
             imports.append(helper.make_opsetid(node.domain, 1))
-        model = helper.make_model(helper.make_graph([proto], node.name, inputs, outputs),
+        model = helper.make_model(helper.make_graph([proto], node.name, inputs, outputs, initializers),
                                   opset_imports=imports)
         model.ir_version = 8
         try:
@@ -810,7 +824,7 @@ def _run_onnxruntime(node: Node, args: Sequence[np.ndarray | None], opset: int,
             raise UnsupportedOpError(f"{node.label}: no numpy handler and onnxruntime cannot run it: "
                                      f"{reason}") from None
         cache[key] = session
-    feeds = {n: a for n, a in zip(names, args, strict=True) if a is not None}
+    feeds = {n: a for n, a, f in zip(names, args, fixed, strict=True) if a is not None and not f}
     return tuple(session.run(None, feeds))
 
 
