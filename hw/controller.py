@@ -293,7 +293,9 @@ class InstructionQueue(wiring.Component):
     without it the entry is dropped (an illegal word) and the next word overwrites it. Only the
     bits of :func:`queue_kept_ranges` are stored, the others read zero. ``depth`` 1 is a single
     entry of flip-flops; otherwise an output entry and ``depth - 1`` entries of storage
-    (flip-flops for one, memories for more: distributed RAM on ECP5), one memory per beat.
+    (flip-flops for one, memories for more: distributed RAM on ECP5), one memory per beat; the
+    output entry takes the next instruction only while it is empty (its enables depend on no
+    ``ready``), so instructions leave at most every other cycle.
     """
 
     def __init__(self, config: AcceleratorConfig, queue: Queue, depth: int):
@@ -354,7 +356,11 @@ class InstructionQueue(wiring.Component):
             inner_read = Signal()
             m.d.comb += [
                 self.w.ready.eq(inner_level != inner),
-                inner_read.eq((inner_level != 0) & (~self.r.valid | self.r.ready)),
+                # the output entry is loaded only while it is empty, so that its enables come
+                # from registers and not from the consumer's ready (whose logic crosses the
+                # sequencer and the unit): an entry leaves at most every other cycle, far more
+                # than the dispatcher's one word per beats_per_instruction cycles
+                inner_read.eq((inner_level != 0) & ~self.r.valid),
                 self.empty.eq((inner_level == 0) & ~self.r.valid),
             ]
             if inner == 1:
