@@ -8,12 +8,12 @@ both kinds of core:
   by Amaranth and Verilator). Up to :data:`BANK_BYTES` it is one memory read in one cycle.
   Larger, it is split into up to :data:`MAX_BANKS` banks (256 KiB: 32 banks of four DP16KD) and
   pipelined, so that no path crosses the chip between its block RAMs in one cycle: the access is
-  registered, registered again beside a flag per bank (the access is for that bank; decoded
-  there, so that nothing but wires lies between these registers and the banks), then copied into
-  registers of its bank (beside the bank's block RAMs), the block
-  RAM's read data is registered (its output register), registered again beside the bank, and the
-  row is selected from 4 banks (or groups of 4) per registered level: read data 9 cycles after
-  the grant for 32 banks (:attr:`SoCMemory.read_latency`), still one access per cycle. On ECP5
+  registered, registered again beside a flag per bank (whether the access is for that bank, so
+  that no decoding lies on the nets that cross the chip), then copied into registers of its bank
+  (beside the bank's block RAMs), the block RAM's read data is registered (its output register),
+  registered again beside the bank, and the row is selected from 4 banks (or groups of 4) per
+  registered level: read data 9 cycles after the grant for 32 banks
+  (:attr:`SoCMemory.read_latency`), still one access per cycle. On ECP5
   (``platform.family == "ecp5"``) banks of :data:`DP16KD_WORDS` words (a 64-bit bus, 16 to 256
   KiB) are DP16KD instances with their output register (REGMODE_A "OUTREG"), which yosys never
   uses, so that the block RAM's slow clock-to-output does not share a cycle with the route; other
@@ -243,8 +243,8 @@ class _Core(wiring.Component):
         requested = Signal()
         m.d.sync += [request.eq(self.cmd.payload), requested.eq(self.cmd.valid)]
         # the access again a cycle later, beside one flag per bank: whether it is for that bank
-        # (and a write), so that the nets to the banks, which cross the chip, start at registers
-        # and end at the bank registers' enables and data with no decoding between
+        # (and a write), so that the nets to the banks, which cross the chip, run from registers
+        # to the bank registers' enables and data through one gate at most (the write mask's)
         staged = Signal.like(self.cmd.payload)
         m.d.sync += staged.eq(request)
         # the bank of a read, one register per stage: at the flags, at the bank registers, at the
