@@ -62,6 +62,7 @@ from amaranth.lib.wiring import In, Out
 
 from .axi import RESP_OKAY, AddressLayout, ReadDataLayout, ResponseLayout, WriteDataLayout
 from .config import AcceleratorConfig
+from .interconnect import StreamRegister
 
 __all__ = ["LoadCommandLayout", "RowWriteLayout", "GatherPorts", "GatherReader", "residual_read_fields",
            "row_buffer_bytes",
@@ -278,6 +279,15 @@ class GatherReader(GatherPorts):
 
         cur = Signal(run_layout)          # the run the aligner works on
         cur_valid = Signal()
+
+        # Read data reach the aligner through a register slice: a burst's slot is free again (and
+        # its beats leave the count in flight) as its last beat enters the slice, a handshake of
+        # registers on this side, so that the aligner's readiness (which waits for the rows
+        # register) does not reach the burst issuer through AR in the same cycle.
+        m.submodules.r_in = r_in = StreamRegister(self.r.payload.shape())
+        m.d.comb += [r_in.i.valid.eq(self.r.valid), r_in.i.payload.eq(self.r.payload),
+                     self.r.ready.eq(r_in.i.ready)]
+        beat_in = r_in.o
 
         # -- setup: the offered command's coordinate steps ----------------------------------------
         # Each step (and the start address) is a sum of three products d * pitch, computed by
@@ -856,8 +866,8 @@ class GatherReader(GatherPorts):
             r_fired.eq(r_fire), loaded_len.eq(Mux(load_o, load_len, 0)),
             flight_beats.eq(flight_beats + loaded_len - r_fired),
         ]
-        # a burst's slot is free again in the cycle its last beat is taken (the count only falls
-        # while AR waits, so ARVALID stays up until accepted)
+        # a burst's slot is free again in the cycle its last beat enters the read slice (the
+        # count only falls while AR waits, so ARVALID stays up until accepted)
         m.d.comb += [
             self.ar.valid.eq(o_valid & ((flight_bursts < N) | r_last_fire)),
             self.ar.payload.addr.eq(Cat(Const(0, BBL), o_beat)),
@@ -934,7 +944,7 @@ class GatherReader(GatherPorts):
             m.d.comb += rot.eq((Cat(beat, beat) << (shift * 8))[8 * BB:16 * BB])
             return rot
 
-        rot_new = rotate(self.r.payload.data)
+        rot_new = rotate(beat_in.payload.data)
         rot_kept = rotate(kept)
 
         new_mask = Signal(RB)
@@ -960,14 +970,14 @@ class GatherReader(GatherPorts):
                 # the whole run lies in the kept beat
                 m.d.comb += [wrote.eq(1), finish_run.eq(1)]
             with m.Else():
-                m.d.comb += self.r.ready.eq(1)
-                with m.If(self.r.valid):
-                    m.d.comb += [from_new.eq(1), resp_now.eq(self.r.payload.resp)]
-                    with m.If(self.r.payload.resp != RESP_OKAY):
-                        m.d.sync += self.error.eq(self.r.payload.resp)
+                m.d.comb += beat_in.ready.eq(1)
+                with m.If(beat_in.valid):
+                    m.d.comb += [from_new.eq(1), resp_now.eq(beat_in.payload.resp)]
+                    with m.If(beat_in.payload.resp != RESP_OKAY):
+                        m.d.sync += self.error.eq(beat_in.payload.resp)
                     m.d.sync += [pops_left.eq(pops_left - 1), pops_zero.eq(pops_one),
                                  pops_one.eq(pops_left == 2), at_lo.eq(at_lo << 1),
-                                 kept.eq(self.r.payload.data)]
+                                 kept.eq(beat_in.payload.data)]
                     m.d.comb += [wrote.eq(1), finish_run.eq(pops_one)]
         row_resp_next = Signal(2)
         m.d.comb += row_resp_next.eq(Mux(row_resp != RESP_OKAY, row_resp, resp_now))

@@ -249,17 +249,7 @@ class Accelerator(wiring.Component):
         # -- DRAM port ----------------------------------------------------------------------------
         wiring.connect(core, fetcher=fetcher.ar, arbiter=reads.managers[0].ar)
         wiring.connect(core, arbiter=reads.managers[0].r, fetcher=fetcher.r)
-        if cfg.gather_engine == "pipelined":
-            # the pipelined reader's read data through a register slice of their own: the
-            # arbiter's owner FIFO picks the beat's requester, and that choice reaches no handshake
-            # of the reader's aligner (which pops its run FIFO as a beat completes a run) in the
-            # same cycle (one cycle more per LOAD; the serial reader has no such path)
-            core.submodules.load_r_slice = load_r = StreamRegister(load.axi.r.payload.shape())
-            wiring.connect(core, load=load.axi.ar, arbiter=reads.managers[1].ar)
-            wiring.connect(core, arbiter=reads.managers[1].r, slice=load_r.i)
-            wiring.connect(core, slice=load_r.o, load=load.axi.r)
-        else:
-            wiring.connect(core, load=load.axi, arbiter=reads.managers[1])
+        wiring.connect(core, load=load.axi, arbiter=reads.managers[1])
         bus, writes = reads.bus, store.axi_w
         # read data enter through a register slice: no combinational path from the DRAM's read
         # engine through the arbiter into the reader's handshakes and back (one cycle per burst)
