@@ -228,7 +228,7 @@ def test_a_4x4_array_does_not_fit_icebreaker_dsps(tmp_path: Path) -> None:
     from systolic.boards.synth import _nextpnr
     with pytest.raises(BoardError, match=r"^config does not fit icebreaker \(iCE40UP5K\): needs 16 SB_MAC16, "
                                          r"the device has 8 \(nextpnr\)$"):
-        _nextpnr(get_board("icebreaker"), tmp_path, 1, _tool_env(), "config")
+        _nextpnr(get_board("icebreaker"), tmp_path, 1, "heap", _tool_env(), "config")
 
 
 def _tool_env() -> dict[str, str]:
