@@ -430,6 +430,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 # -- systolic synth ---------------------------------------------------------------------------------
 
 def _add_synth(sub: Any) -> None:
+    from systolic.boards.synth import CORES, PLACERS
+
     p = sub.add_parser("synth", help="synthesize, place and route the SoC for an FPGA board",
                        description="Build the SoC (accelerator, on-chip memory, UART host bridge) for "
                                    "BOARD with yosys and nextpnr: bitstream, logs and report.json "
@@ -442,11 +444,11 @@ def _add_synth(sub: Any) -> None:
     p.add_argument("--clock-mhz", type=float, metavar="F",
                    help="accelerator clock, MHz (default: the config's clock_mhz)")
     p.add_argument("--seed", type=int, default=1, metavar="N", help="nextpnr placement seed (default 1)")
-    p.add_argument("--placer", choices=("heap", "static", "sa"), default="heap",
+    p.add_argument("--placer", choices=PLACERS, default=PLACERS[0],
                    help="nextpnr's placer: heap (default), static (faster on large designs, "
                         "usually a lower Fmax) or sa")
     p.add_argument("--baud", type=int, metavar="N", help="host link baud rate (default: the board's)")
-    p.add_argument("--core", choices=("soc", "array"), default="soc",
+    p.add_argument("--core", choices=CORES, default=CORES[0],
                    help="soc (default) or array: the MAC array alone with registered ports")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (created if needed)")
 
