@@ -12,10 +12,10 @@ For each size (default 4x4 and 8x8) and dataflow (default ws and os) this
    the global network: the Fmax nextpnr reports after routing.
 
 The configuration starts from the defaults, or from a board preset (``--preset ulx3s-85f``:
-its size, element types and ``array_lut_multipliers``, so that the PEs past the DSP budget
-multiply in logic), then ``--set FIELD=VALUE`` changes. The wrapper also registers the reset
-(the array's domain is reset from a register, as behind a reset synchronizer), so that no path
-from a pin is timed.
+its size, element types, ``array_lut_multipliers`` and ``array_bram_multipliers``, so that the
+PEs past the DSP budget multiply in logic or in block RAM), then ``--set FIELD=VALUE`` changes.
+The wrapper also registers the reset (the array's domain is reset from a register, as behind a
+reset synchronizer), so that no path from a pin is timed.
 
 Writes ``bench/results/array_synth.json`` (results merged by size, dataflow and configuration
 hash) and prints a table: LUT4s, carry cells, FFs, DSP blocks, Fmax, the critical path's end
@@ -155,7 +155,8 @@ def measure(config: AcceleratorConfig, *, freq: float = 150.0, seed: int = 1) ->
     pes = config.rows * config.cols
     return {
         "rows": config.rows, "cols": config.cols, "dataflow": config.dataflow,
-        "lut_multipliers": config.array_lut_multipliers, "config_hash": config.hash_hex,
+        "lut_multipliers": config.array_lut_multipliers,
+        "bram_multipliers": config.array_bram_multipliers, "config_hash": config.hash_hex,
         "luts": alone["luts"], "carry_cells": alone["carry"], "ffs": alone["ffs"],
         "dsps": alone["dsps"], "dsps_per_pe": alone["dsps"] / pes, "brams": alone["brams"],
         "lutrams": alone.get("lutrams", 0), "synth_seconds": round(synth_seconds, 1),
@@ -222,15 +223,16 @@ def main(argv: list[str] | None = None) -> int:
             rows_out.append(measure(config, freq=args.freq, seed=args.seed))
             _merge(args.out, rows_out[-1:])
 
-    header = f"{'array':>7} {'flow':>4} {'LUTmul':>6} {'LUT4':>6} {'CCU2C':>6} {'FF':>6} {'DSP':>4} " \
-             f"{'Fmax MHz':>9} {'target':>6} {'syn s':>6} {'P&R s':>6}  critical path"
+    header = f"{'array':>7} {'flow':>4} {'LUTmul':>6} {'RAMmul':>6} {'LUT4':>6} {'CCU2C':>6} {'FF':>6} " \
+             f"{'DSP':>4} {'BRAM':>4} {'Fmax MHz':>9} {'target':>6} {'syn s':>6} {'P&R s':>6}  critical path"
     print(header)
     print("-" * len(header))
     for r in rows_out:
         verdict = "ok" if r["fmax_mhz"] >= r["target_mhz"] else "MISS"
         path = r["critical_path"]
-        print(f"{r['rows']:>3}x{r['cols']:<3} {r['dataflow']:>4} {r['lut_multipliers']:>6} {r['luts']:>6} "
-              f"{r['carry_cells']:>6} {r['ffs']:>6} {r['dsps']:>4} {r['fmax_mhz']:>9.1f} "
+        print(f"{r['rows']:>3}x{r['cols']:<3} {r['dataflow']:>4} {r['lut_multipliers']:>6} "
+              f"{r.get('bram_multipliers', 0):>6} {r['luts']:>6} {r['carry_cells']:>6} {r['ffs']:>6} "
+              f"{r['dsps']:>4} {r['brams']:>4} {r['fmax_mhz']:>9.1f} "
               f"{verdict:>6} {r['synth_seconds']:>6.0f} {r['pnr_seconds']:>6.0f}  "
               f"{path['from']} -> {path['to']} ({path['ns']} ns)")
     print(f"results in {args.out}")

@@ -47,6 +47,7 @@ def _row(kind: str, board: str, config: AcceleratorConfig, mhz: float, report: d
     row: dict[str, Any] = {
         "kind": kind, "board": board, "rows": config.rows, "cols": config.cols,
         "dataflow": config.dataflow, "lut_multipliers": config.array_lut_multipliers,
+        "bram_multipliers": config.array_bram_multipliers,
         "target_mhz": mhz, "config_hash": config.hash_hex, "seconds": round(seconds),
         "config": config.to_dict(),
     }

@@ -109,7 +109,7 @@ UNITS: dict[str, Callable[[AcceleratorConfig], wiring.Component]] = {
                          data_width=lambda c: c.dma_data_bits),   # block RAM, with its arbiter
     # generic elaboration (yosys infers the DSP blocks): the ECP5 array is bench/array_synth.py's
     "array": _build("hw.array", "SystolicArray"),
-    "pe_logic": _build("hw.pe", "ProcessingElement", lambda c: c, use_dsp=lambda c: False),
+    "pe_logic": _build("hw.pe", "ProcessingElement", lambda c: c, multiplier=lambda c: "logic"),
 }
 
 #: nextpnr device arguments per (family, device name).

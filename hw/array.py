@@ -271,11 +271,17 @@ class SystolicArray(wiring.Component):
         for name, group in groups.items():
             m.submodules[name] = EnableInserter(enables[name])(group)
 
-        # The last `array_lut_multipliers` PEs in row-major order multiply in logic. A WS PE
-        # row's partial sums are only as wide as the exact sum of the products above them.
-        dsp_pes = config.rows * config.cols - config.array_lut_multipliers
+        # The last `array_lut_multipliers` PEs in row-major order multiply in logic, the
+        # `array_bram_multipliers` before them in block RAM. A WS PE row's partial sums are only
+        # as wide as the exact sum of the products above them.
+        logic_from = config.rows * config.cols - config.array_lut_multipliers
+        bram_from = logic_from - config.array_bram_multipliers
+
+        def kind(index: int) -> str:
+            return "dsp" if index < bram_from else "bram" if index < logic_from else "logic"
+
         ws = config.dataflow == "ws"
-        pes = [[ProcessingElement(config, use_dsp=i * config.cols + j < dsp_pes,
+        pes = [[ProcessingElement(config, multiplier=kind(i * config.cols + j),
                                   psum_shape=column_sum_shape(config, i + 1) if ws else None)
                 for j in range(config.cols)] for i in range(config.rows)]
         for i, row in enumerate(pes):

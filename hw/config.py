@@ -16,13 +16,16 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["AcceleratorConfig", "ConfigError", "ACTIVATIONS", "POOLINGS", "DATAFLOWS", "DMA_ENGINES",
-           "field_docs"]
+           "BRAM_TABLE_ENTRIES", "field_docs", "int_range", "quarter_square_span"]
 
 DATAFLOWS = ("ws", "os")
 DMA_ENGINES = ("pipelined", "serial")
 CONTROLS = ("hardware", "firmware")
 ACTIVATIONS = ("relu", "relu6", "clip")
 POOLINGS = ("max", "avg")
+#: Most entries of a block-RAM multiplier's quarter-square table (``array_bram_multipliers``):
+#: one 1024 x 18 block RAM (ECP5 DP16KD) read on both of its ports.
+BRAM_TABLE_ENTRIES = 1024
 
 
 class ConfigError(ValueError):
@@ -51,6 +54,9 @@ _DOC = {
     "dataflow": "'ws' (weight-stationary) or 'os' (output-stationary)",
     "array_lut_multipliers": "PEs whose multiplier is logic (LUTs) instead of a DSP block, the last ones "
                              "in row-major order: for FPGAs with fewer DSP blocks than PEs",
+    "array_bram_multipliers": "PEs whose multiplier is a quarter-square table in block RAM (one "
+                              "1024 x 18 block RAM each) instead of a DSP block, the ones just before "
+                              "the logic ones: for FPGAs with block RAM to spare; 8-bit elements only",
     "scratchpad_bytes": "scratchpad capacity, bytes",
     "scratchpad_banks": "scratchpad banks (ping-pong halves are made of banks)",
     "accumulator_bytes": "accumulator memory capacity, bytes",
@@ -119,6 +125,7 @@ class AcceleratorConfig:
     acc_signed: bool = True
     dataflow: str = "ws"
     array_lut_multipliers: int = 0
+    array_bram_multipliers: int = 0
     scratchpad_bytes: int = 64 * 1024
     scratchpad_banks: int = 2
     accumulator_bytes: int = 16 * 1024
@@ -191,6 +198,18 @@ class AcceleratorConfig:
         if not 0 <= self.array_lut_multipliers <= self.rows * self.cols:
             raise ConfigError(f"array_lut_multipliers must be between 0 and rows * cols "
                               f"({self.rows * self.cols}), not {self.array_lut_multipliers!r}")
+        free = self.rows * self.cols - self.array_lut_multipliers
+        if not 0 <= self.array_bram_multipliers <= free:
+            raise ConfigError(f"array_bram_multipliers must be between 0 and rows * cols - "
+                              f"array_lut_multipliers ({free}), not {self.array_bram_multipliers!r}")
+        if self.array_bram_multipliers:
+            lo, hi = quarter_square_span(self.input_range, self.weight_range)
+            if hi - lo + 1 > BRAM_TABLE_ENTRIES:
+                raise ConfigError(
+                    f"array_bram_multipliers needs a quarter-square table of at most "
+                    f"{BRAM_TABLE_ENTRIES} entries (8-bit inputs and weights), but input_bits "
+                    f"{self.input_bits} and weight_bits {self.weight_bits} give sums and "
+                    f"differences of {hi - lo + 1} values; use 0 or 8-bit elements")
 
         if not _is_pow2(self.scratchpad_banks) or not 2 <= self.scratchpad_banks <= 64:
             raise ConfigError(f"scratchpad_banks must be a power of two between 2 and 64, "
@@ -309,19 +328,19 @@ class AcceleratorConfig:
     @property
     def output_range(self) -> tuple[int, int]:
         """Inclusive (min, max) of a requantized output element."""
-        return _int_range(self.output_bits, self.output_signed)
+        return int_range(self.output_bits, self.output_signed)
 
     @property
     def input_range(self) -> tuple[int, int]:
-        return _int_range(self.input_bits, self.input_signed)
+        return int_range(self.input_bits, self.input_signed)
 
     @property
     def weight_range(self) -> tuple[int, int]:
-        return _int_range(self.weight_bits, self.weight_signed)
+        return int_range(self.weight_bits, self.weight_signed)
 
     @property
     def acc_range(self) -> tuple[int, int]:
-        return _int_range(self.acc_bits, self.acc_signed)
+        return int_range(self.acc_bits, self.acc_signed)
 
     # -- scratchpad geometry --------------------------------------------------------------------
 
@@ -514,7 +533,15 @@ def field_docs() -> dict[str, str]:
     return dict(_DOC)
 
 
-def _int_range(bits: int, signed: bool) -> tuple[int, int]:
+def quarter_square_span(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    """Lowest and highest value of ``a + b`` and ``a - b`` over operands in the inclusive ranges
+    ``a`` and ``b``: the indices of a block-RAM multiplier's quarter-square table
+    (``a * b = floor((a + b)**2 / 4) - floor((a - b)**2 / 4)``)."""
+    return min(a[0] + b[0], a[0] - b[1]), max(a[1] + b[1], a[1] - b[0])
+
+
+def int_range(bits: int, signed: bool) -> tuple[int, int]:
+    """Lowest and highest value of a ``bits``-wide integer, two's complement if ``signed``."""
     if signed:
         return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     return 0, (1 << bits) - 1

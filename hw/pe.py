@@ -45,15 +45,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, Shape, Signal
+from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, Shape, Signal, unsigned
 from amaranth.hdl import EnableInserter
 from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from .config import AcceleratorConfig
+from .config import BRAM_TABLE_ENTRIES, AcceleratorConfig, int_range, quarter_square_span
 
 __all__ = ["ProcessingElement", "PipelinedMultiplier", "element_shapes", "MAC_LATENCY",
-           "MULTIPLIER_LATENCY"]
+           "MULTIPLIER_KINDS", "MULTIPLIER_LATENCY"]
+
+#: How a :class:`PipelinedMultiplier` makes its product: a DSP block, a quarter-square table in
+#: block RAM, or logic.
+MULTIPLIER_KINDS = ("dsp", "bram", "logic")
 
 #: Cycles from operands at a :class:`PipelinedMultiplier`'s inputs to their product at its
 #: output: operand registers, a product register and a register for the route to the adder.
@@ -74,6 +79,10 @@ def element_shapes(config: AcceleratorConfig) -> tuple[Shape, Shape, Shape]:
             Shape(config.acc_bits, config.acc_signed))
 
 
+def _shape_range(shape: Shape) -> tuple[int, int]:
+    return int_range(shape.width, shape.signed)
+
+
 def _is_ecp5(platform: Any) -> bool:
     return getattr(platform, "family", None) == "ecp5"
 
@@ -90,32 +99,54 @@ class PipelinedMultiplier(wiring.Component):
     third is a fabric register, because DSP blocks sit in fixed rows and the route from one to
     its PE's adder takes up to 4 ns on an 85F.
 
-    With ``use_dsp=False`` the multiplier is built from logic on every platform, so that a device
-    with fewer DSP blocks than PEs can hold the array (``AcceleratorConfig.array_lut_multipliers``):
+    ``kind`` (one of :data:`MULTIPLIER_KINDS`) picks how the product is made; the latency and
+    every product are the same for all three:
+
+    * ``"dsp"`` (default): a DSP block, as above.
+    * ``"bram"``: a quarter-square table in block RAM, for devices with fewer DSP blocks than PEs
+      and block RAM to spare (``AcceleratorConfig.array_bram_multipliers``): ``a * b =
+      q(a + b) - q(a - b)`` with ``q(x) = floor(x**2 / 4)`` (exact: ``a + b`` and ``a - b`` have
+      the same parity). One memory of ``q`` holds every value of ``a + b`` and ``a - b`` (at most
+      :data:`~systolic.hw.config.BRAM_TABLE_ENTRIES`, indexed by the value modulo the memory's
+      depth: 512 entries of 15 bits for int8 times int8, 1024 of 16 bits for uint8 times uint8),
+      read on two ports: the sum and the difference of the operands (from the PE's registers) are
+      its addresses, the memory reads at the first edge, its data is registered at the second
+      (the route from a block RAM's slow clock-to-output to a register beside it), the
+      difference of the two at the third. On ECP5 yosys maps it to one DP16KD, with two carry
+      chains for the addresses and one for the difference: 18 CCU2C and 46 flip-flops for int8.
+    * ``"logic"``: built from logic on every platform, so that a device
+      with fewer DSP blocks than PEs can hold the array (``AcceleratorConfig.array_lut_multipliers``):
     the product is the sum of the partial products ``a * b[i] * 2**i`` (the top one negative for a
-    signed ``b``), with no multiply operator for yosys to map to a DSP block, summed by a tree of
-    two-input adders whose levels are spread over the 3 register stages (one adder level per
-    stage for 8-bit ``b``), so the latency is the same 3 cycles. The operands are not registered
-    first (the PE's operands come from registers already): each stage is at most the AND of a
-    partial product and one or two carry chains.
+      signed ``b``), with no multiply operator for yosys to map to a DSP block, summed by a tree of
+      two-input adders whose levels are spread over the 3 register stages (one adder level per
+      stage for 8-bit ``b``), so the latency is the same 3 cycles. The operands are not registered
+      first (the PE's operands come from registers already): each stage is at most the AND of a
+      partial product and one or two carry chains.
 
     ``a``: ``In(a_shape)``; ``b``: ``In(b_shape)``; ``product``: ``Out`` of the exact product
     shape (a_bits + b_bits wide, one more when exactly one operand is signed);
     ``enable``: ``In(1, init=1)``.
 
-    Raises :class:`ValueError` for operands wider than the 18 bits of a DSP multiplier input
-    (17 for an unsigned operand).
+    Raises :class:`ValueError` for an unknown ``kind``, for operands wider than the 18 bits of a
+    DSP multiplier input (17 for an unsigned operand), and for ``"bram"`` operands whose sums and
+    differences take more values than a table holds.
     """
 
-    def __init__(self, a_shape: Shape, b_shape: Shape, *, use_dsp: bool = True) -> None:
-        if not isinstance(use_dsp, bool):
-            raise TypeError(f"use_dsp must be True or False, not {use_dsp!r}")
-        self.use_dsp = use_dsp
+    def __init__(self, a_shape: Shape, b_shape: Shape, *, kind: str = "dsp") -> None:
+        if kind not in MULTIPLIER_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(map(repr, MULTIPLIER_KINDS))}, not {kind!r}")
+        self.kind = kind
         a_shape, b_shape = Shape.cast(a_shape), Shape.cast(b_shape)
         for name, shape in (("a_shape", a_shape), ("b_shape", b_shape)):
             if shape.width + (not shape.signed) > 18:
                 raise ValueError(f"{name} must fit an 18-bit signed multiplier input "
                                  f"(at most 18 bits signed or 17 unsigned), not {shape!r}")
+        if kind == "bram":
+            lo, hi = quarter_square_span(_shape_range(a_shape), _shape_range(b_shape))
+            if hi - lo + 1 > BRAM_TABLE_ENTRIES:
+                raise ValueError(f"a 'bram' multiplier's table holds at most {BRAM_TABLE_ENTRIES} "
+                                 f"sums and differences of its operands; {a_shape!r} and {b_shape!r} "
+                                 f"give {hi - lo + 1}")
         self._a_shape, self._b_shape = a_shape, b_shape
         product_shape = (Const(0, a_shape) * Const(0, b_shape)).shape()
         super().__init__({
@@ -127,8 +158,10 @@ class PipelinedMultiplier(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        if not self.use_dsp:
+        if self.kind == "logic":
             return self._elaborate_logic(m)
+        if self.kind == "bram":
+            return self._elaborate_bram(m)
         if _is_ecp5(platform):
             a = Signal(18)
             b = Signal(18)
@@ -177,6 +210,31 @@ class PipelinedMultiplier(wiring.Component):
                 product.eq(a * b),
                 result.eq(product),
             ]
+        return m
+
+    def _elaborate_bram(self, m: Module) -> Module:
+        lo, hi = quarter_square_span(_shape_range(self._a_shape), _shape_range(self._b_shape))
+        index_bits = (hi - lo).bit_length()
+        depth = 1 << index_bits
+        # entry x mod depth holds q(x) for the one x in [lo, hi] of that residue
+        table = [0] * depth
+        for x in range(lo, hi + 1):
+            table[x % depth] = x * x // 4
+        m.submodules.table = table_memory = Memory(shape=unsigned(max(table).bit_length()), depth=depth,
+                                                   init=table)
+        ports = [table_memory.read_port(domain="sync"), table_memory.read_port(domain="sync")]
+        for port, address in zip(ports, (self.a + self.b, self.a - self.b), strict=True):
+            # (an assignment extends the address by its own sign, then keeps index_bits: x mod depth)
+            m.d.comb += [port.addr.eq(address), port.en.eq(self.enable)]
+        # data registers have no reset (see _elaborate_logic)
+        squares = [Signal(port.data.shape(), name=f"square_{n}", reset_less=True)
+                   for n, port in enumerate(ports)]
+        product = Signal.like(self.product, reset_less=True)
+        m.d.comb += self.product.eq(product)
+        with m.If(self.enable):
+            m.d.sync += [square.eq(port.data) for square, port in zip(squares, ports, strict=True)]
+            # the exact product fits the product's shape: truncating the difference is harmless
+            m.d.sync += product.eq(squares[0] - squares[1])
         return m
 
     def _elaborate_logic(self, m: Module) -> Module:
@@ -262,19 +320,21 @@ class ProcessingElement(wiring.Component):
     ``result_in``, ``result_out``: result register of the PE above / of this PE, ``acc_bits``;
     the tile's sum lands in ``result_out`` :data:`MAC_LATENCY` cycles after its last operands.
 
-    ``use_dsp``: the multiplier is a DSP block (True) or logic (False, see
-    :class:`PipelinedMultiplier`); the timing is the same.
+    ``multiplier``: the multiplier's kind, one of :data:`MULTIPLIER_KINDS` (a DSP block, a
+    quarter-square table in block RAM, or logic; see :class:`PipelinedMultiplier`); the timing is
+    the same.
 
     Raises :class:`TypeError` when ``config`` is not an :class:`AcceleratorConfig`, and
-    :class:`ValueError` for a ``psum_shape`` wider than ``acc_bits`` or given to an
-    output-stationary PE.
+    :class:`ValueError` for an unknown ``multiplier``, or a ``psum_shape`` wider than
+    ``acc_bits`` or given to an output-stationary PE.
     """
 
-    def __init__(self, config: AcceleratorConfig, *, use_dsp: bool = True,
+    def __init__(self, config: AcceleratorConfig, *, multiplier: str = "dsp",
                  psum_shape: Shape | None = None) -> None:
         input_shape, weight_shape, acc_shape = element_shapes(config)
-        if not isinstance(use_dsp, bool):
-            raise TypeError(f"use_dsp must be True or False, not {use_dsp!r}")
+        if multiplier not in MULTIPLIER_KINDS:
+            raise ValueError(f"multiplier must be one of {', '.join(map(repr, MULTIPLIER_KINDS))}, "
+                             f"not {multiplier!r}")
         if psum_shape is None:
             psum_shape = acc_shape
         else:
@@ -286,7 +346,7 @@ class ProcessingElement(wiring.Component):
                 raise ValueError(f"psum_shape must be 1 to acc_bits ({config.acc_bits}) bits wide, "
                                  f"not {psum_shape!r}")
         self.config = config
-        self.use_dsp = use_dsp
+        self.multiplier = multiplier
         self.psum_shape = psum_shape
         members = {"enable": In(1, init=1)}
         if config.dataflow == "ws":
@@ -312,7 +372,7 @@ class ProcessingElement(wiring.Component):
         input_shape, weight_shape, _ = element_shapes(self.config)
         m = Module()
         m.submodules.multiplier = multiplier = PipelinedMultiplier(input_shape, weight_shape,
-                                                                   use_dsp=self.use_dsp)
+                                                                   kind=self.multiplier)
         m.d.comb += multiplier.enable.eq(self.enable)
         if self.config.dataflow == "ws":
             self._elaborate_ws(m, multiplier)

@@ -143,6 +143,15 @@ RULES = [
     ({"array_lut_multipliers": -1}, "array_lut_multipliers must be between 0 and rows * cols (64), not -1"),
     ({"rows": 2, "cols": 4, "array_lut_multipliers": 9},
      "array_lut_multipliers must be between 0 and rows * cols (8), not 9"),
+    # ... and in block RAM
+    ({"array_bram_multipliers": -1},
+     "array_bram_multipliers must be between 0 and rows * cols - array_lut_multipliers (64), not -1"),
+    ({"rows": 2, "cols": 4, "array_lut_multipliers": 3, "array_bram_multipliers": 6},
+     "array_bram_multipliers must be between 0 and rows * cols - array_lut_multipliers (5), not 6"),
+    ({"input_bits": 16, "acc_bits": 32, "array_bram_multipliers": 1},
+     "array_bram_multipliers needs a quarter-square table of at most 1024 entries (8-bit inputs and "
+     "weights), but input_bits 16 and weight_bits 8 give sums and differences of 65792 values; use 0 "
+     "or 8-bit elements"),
     # performance counters
     ({"counter_bits": 15}, "counter_bits must be between 16 and 64, not 15"),
     ({"counter_bits": 65}, "counter_bits must be between 16 and 64, not 65"),
@@ -307,7 +316,7 @@ def test_hash_stable_for_equal_configs() -> None:
 _OTHER_VALUE = {
     "rows": 16, "cols": 4, "input_bits": 16, "input_signed": False, "weight_bits": 16,
     "weight_signed": False, "acc_bits": 16, "acc_signed": False, "dataflow": "os",
-    "array_lut_multipliers": 3,
+    "array_lut_multipliers": 3, "array_bram_multipliers": 2,
     "scratchpad_bytes": 1 << 17, "scratchpad_banks": 4, "accumulator_bytes": 1 << 15,
     "requant_table_rows": 32, "dram_bytes": 1 << 20, "dma_data_bits": 128, "dma_max_burst": 8,
     "dma_outstanding": 2,

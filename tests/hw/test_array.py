@@ -232,6 +232,8 @@ def test_ws_random_tiles_with_backpressure(rows: int, cols: int) -> None:
     {"weight_bits": 16, "input_bits": 8},
     {"array_lut_multipliers": 10},                               # PEs 6..15 multiply in logic
     {"array_lut_multipliers": 16, "input_signed": False},
+    {"array_bram_multipliers": 6, "array_lut_multipliers": 4},  # PEs 6..11 in block RAM, 12..15 logic
+    {"array_bram_multipliers": 16, "input_signed": False, "weight_signed": False, "acc_signed": False},
 ])
 def test_ws_element_types(kwargs: dict) -> None:
     config = config_for("ws", 4, 4, **kwargs)
@@ -361,6 +363,7 @@ def _extreme_ws_tiles(config: AcceleratorConfig) -> list[WsTile]:
     {"input_signed": False},
     {"acc_bits": 16},                                            # wraps past row 1
     {"array_lut_multipliers": 20},
+    {"array_bram_multipliers": 24, "array_lut_multipliers": 4},
 ])
 def test_ws_16_rows_extreme_sums_exact(kwargs: dict) -> None:
     """16 rows of extreme products: the narrowed partial sums hold every column sum exactly
@@ -479,6 +482,8 @@ def test_os_random_tiles_with_backpressure(rows: int, cols: int) -> None:
     {"weight_signed": False},
     {"array_lut_multipliers": 7},
     {"array_lut_multipliers": 16, "weight_signed": False},
+    {"array_bram_multipliers": 9, "array_lut_multipliers": 3},
+    {"array_bram_multipliers": 16, "input_signed": False},
 ])
 def test_os_element_types(kwargs: dict) -> None:
     config = config_for("os", 4, 4, **kwargs)

@@ -87,6 +87,23 @@ def test_array_lut_multipliers_leave_dsp_blocks_free(family: str, dsp_cell: str,
                               "systolic_array"), "systolic_array")
 
 
+@pytest.mark.parametrize("family, dsp_cell, platform, brams", [
+    ("ice40", "SB_MAC16", None, 4), ("ecp5", "MULT18X18D", _Ecp5Stand(), 1),
+])
+def test_array_bram_multipliers_use_block_ram(family: str, dsp_cell: str, platform: Any, brams: int) -> None:
+    """array_bram_multipliers PEs multiply by a quarter-square table in block RAM: 2 of the 4 PEs
+    of a 2x2 array use no DSP block and one 1024 x 18 block RAM each (ECP5: a DP16KD read on both
+    ports; iCE40: 512 x 8 SB_RAM40_4K, one read port each, so two per port), and no logic
+    multiplier (fewer LUT4s and carry cells than the logic PEs take)."""
+    config = AcceleratorConfig(rows=2, cols=2, array_bram_multipliers=2)
+    result = _synth(config, family, platform=platform)
+    assert result["dsps"] == result["cells"][dsp_cell] == 2
+    assert result["brams"] == 2 * brams
+    logic = _synth(AcceleratorConfig(rows=2, cols=2, array_lut_multipliers=2), family, platform=platform)
+    assert result["luts"] + 2 * result["carry"] < logic["luts"] + 2 * logic["carry"]
+    verilator_lint(to_verilog(SystolicArray(config), "systolic_array"), "systolic_array")
+
+
 @pytest.mark.parametrize("stall_stages", [1, 2, 4])
 def test_registered_stall_lints(stall_stages: int) -> None:
     verilator_lint(to_verilog(SystolicArray(AcceleratorConfig(rows=2, cols=4), stall_stages=stall_stages),

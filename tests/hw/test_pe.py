@@ -45,19 +45,22 @@ def _run(dut, testbench) -> None:
 
 # -- multiplier ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("use_dsp", [True, False], ids=["dsp", "logic"])
-@pytest.mark.parametrize("a_shape, b_shape", [
-    (signed(8), signed(8)), (unsigned(8), unsigned(8)), (unsigned(8), signed(8)),
-    (signed(8), unsigned(8)), (signed(16), signed(16)), (unsigned(16), signed(8)),
-    (signed(16), unsigned(16)),
+_EIGHT_BIT = [(signed(8), signed(8)), (unsigned(8), unsigned(8)), (unsigned(8), signed(8)),
+              (signed(8), unsigned(8))]
+
+
+@pytest.mark.parametrize("kind, a_shape, b_shape", [
+    *[(kind, a, b) for kind in ("dsp", "logic") for a, b in
+      [*_EIGHT_BIT, (signed(16), signed(16)), (unsigned(16), signed(8)), (signed(16), unsigned(16))]],
+    *[("bram", a, b) for a, b in [*_EIGHT_BIT, (signed(9), signed(9))]],     # 1024 entries: a full table
 ])
-def test_multiplier_products_and_latency(a_shape: Shape, b_shape: Shape, use_dsp: bool) -> None:
+def test_multiplier_products_and_latency(kind: str, a_shape: Shape, b_shape: Shape) -> None:
     rng = np.random.default_rng(a_shape.width * 7 + b_shape.width + a_shape.signed + 2 * b_shape.signed)
     count = 60
     a = _operands(rng, a_shape, count)
     b = _operands(rng, b_shape, count)
     enable = rng.random(count + MULTIPLIER_LATENCY) < 0.8
-    dut = PipelinedMultiplier(a_shape, b_shape, use_dsp=use_dsp)
+    dut = PipelinedMultiplier(a_shape, b_shape, kind=kind)
     seen = []
 
     async def testbench(ctx):
@@ -81,9 +84,9 @@ def test_multiplier_products_and_latency(a_shape: Shape, b_shape: Shape, use_dsp
     assert any(seen), "the products must not all be zero"
 
 
-@pytest.mark.parametrize("use_dsp", [True, False], ids=["dsp", "logic"])
-def test_multiplier_extreme_products(use_dsp: bool) -> None:
-    dut = PipelinedMultiplier(signed(16), signed(16), use_dsp=use_dsp)
+@pytest.mark.parametrize("kind", ["dsp", "logic"])
+def test_multiplier_extreme_products(kind: str) -> None:
+    dut = PipelinedMultiplier(signed(16), signed(16), kind=kind)
     cases = [(-32768, -32768), (-32768, 32767), (32767, -32768), (32767, 32767), (-1, -1),
              (0, -32768), (-32768, 0), (1, -32768), (-32768, 1), (-1, 32767)]
     seen = []
@@ -104,7 +107,7 @@ def test_multiplier_extreme_products(use_dsp: bool) -> None:
 def test_logic_multiplier_every_int8_a() -> None:
     """The logic multiplier (array_lut_multipliers): every int8 a times the extreme, the
     bit-boundary and some random int8 b."""
-    dut = PipelinedMultiplier(signed(8), signed(8), use_dsp=False)
+    dut = PipelinedMultiplier(signed(8), signed(8), kind="logic")
     rng = np.random.default_rng(8)
     b_values = [-128, -127, -65, -64, -1, 0, 1, 15, 16, 63, 64, 127, *rng.integers(-128, 128, 4)]
     grid = np.array([(a, b) for b in b_values for a in range(-128, 128)])
@@ -155,13 +158,37 @@ def test_logic_multiplier_odd_widths(a_shape: Shape, b_shape: Shape) -> None:
                for y in (lo_b, hi_b, 0, -1 if b_shape.signed else 1)]
     cases = corners + list(zip(_operands(rng, a_shape, 80).tolist(), _operands(rng, b_shape, 80).tolist(),
                                strict=True))
-    dut = PipelinedMultiplier(a_shape, b_shape, use_dsp=False)
+    dut = PipelinedMultiplier(a_shape, b_shape, kind="logic")
     assert _stream_products(dut, cases) == [int(a) * int(b) for a, b in cases]
 
 
-def test_multiplier_rejects_non_bool_use_dsp() -> None:
-    with pytest.raises(TypeError, match=r"^use_dsp must be True or False, not 1$"):
-        PipelinedMultiplier(signed(8), signed(8), use_dsp=1)
+@pytest.mark.parametrize("a_shape, b_shape", _EIGHT_BIT)
+def test_bram_multiplier_every_table_entry(a_shape: Shape, b_shape: Shape) -> None:
+    """The block-RAM multiplier (array_bram_multipliers): every a times b at both ends of its
+    range (so both ports read every entry of the quarter-square table: a + b and a - b cover
+    every value between their extremes), times 0, 1 (and -1) and random b."""
+    rng = np.random.default_rng(a_shape.width * 3 + 5 * a_shape.signed + b_shape.signed)
+    lo_a, hi_a = _range(a_shape)
+    lo_b, hi_b = _range(b_shape)
+    b_values = [lo_b, hi_b, 0, 1, *([-1] if b_shape.signed else []), *_operands(rng, b_shape, 3).tolist()]
+    grid = np.array([(a, b) for b in b_values for a in range(lo_a, hi_a + 1)])
+    products = np.array(_stream_products(PipelinedMultiplier(a_shape, b_shape, kind="bram"), grid.tolist()))
+    np.testing.assert_array_equal(products, grid[:, 0] * grid[:, 1])
+
+
+def test_multiplier_rejects_unknown_kind() -> None:
+    with pytest.raises(ValueError, match=r"^kind must be one of 'dsp', 'bram', 'logic', not 'lut'$"):
+        PipelinedMultiplier(signed(8), signed(8), kind="lut")
+
+
+@pytest.mark.parametrize("a_shape, b_shape, values", [
+    (signed(16), signed(8), 65792), (unsigned(9), unsigned(9), 1534), (signed(10), signed(8), 1280),
+])
+def test_bram_multiplier_rejects_wide_operands(a_shape: Shape, b_shape: Shape, values: int) -> None:
+    with pytest.raises(ValueError, match=rf"^a 'bram' multiplier's table holds at most 1024 sums and "
+                                         rf"differences of its operands; {re.escape(repr(a_shape))} and "
+                                         rf"{re.escape(repr(b_shape))} give {values}$"):
+        PipelinedMultiplier(a_shape, b_shape, kind="bram")
 
 
 @pytest.mark.parametrize("a_shape, b_shape, name, shape_text", [
