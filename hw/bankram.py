@@ -27,6 +27,7 @@ accumulator never use one (docs/arch-memory-sfu.md). In simulation the memory re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,8 @@ from amaranth.utils import exact_log2
 
 from .rtlil import UNDEFINED_COLLISION
 
-__all__ = ["BankRAM", "DP16KD_ROWS", "DP16KD_MAX_ROWS", "DP16KDPort", "dp16kd", "uses_dp16kd"]
+__all__ = ["BankRAM", "DP16KD_ROWS", "DP16KD_MAX_ROWS", "DP16KDPort", "dp16kd", "dp16kd_initval",
+           "uses_dp16kd"]
 
 #: Rows of one DP16KD in the 1024 x 18 mode.
 DP16KD_ROWS = 1024
@@ -73,13 +75,29 @@ class DP16KDPort:
     read: bool = True
 
 
+def dp16kd_initval(words: Sequence[int]) -> dict[str, Const]:
+    """The INITVAL_00 to INITVAL_3F parameters of a DP16KD in its 1024 x 18 mode that hold
+    ``words`` (at most 1024 values of 18 bits, as they appear on DO17:0; the rest 0): INITVAL_k
+    holds words 16k to 16k + 15, word j of them in bits 20j to 20j + 17 (as yosys writes them)."""
+    assert len(words) <= DP16KD_ROWS and all(0 <= w < 1 << 18 for w in words)
+    params = {}
+    for k in range(DP16KD_ROWS // 16):
+        value = 0
+        for j, word in enumerate(words[16 * k:16 * k + 16]):
+            value |= word << (20 * j)
+        params[f"p_INITVAL_{k:02X}"] = Const(value, 320)
+    return params
+
+
 def dp16kd(m: Module, name: str, *, a: DP16KDPort | None = None, b: DP16KDPort | None = None,
-           csdecode: int = 0) -> tuple[Value | None, Value | None]:
+           csdecode: int = 0, init: Sequence[int] = ()) -> tuple[Value | None, Value | None]:
     """Add to ``m`` (as submodule ``name``) one ECP5 DP16KD in its 1024 x 18 mode with ports ``a``
     and ``b`` (:class:`DP16KDPort`; None: the port is tied off, its clock included), both ports'
-    CSDECODE ``csdecode`` (0 to 7). Returns the 16 bits of read data of port A and of port B (None
-    for a port that is tied off or not ``read``)."""
+    CSDECODE ``csdecode`` (0 to 7) and the 16-bit words ``init`` (at most 1024) as its initial
+    contents (0 past them). Returns the 16 bits of read data of port A and of port B (None for a
+    port that is tied off or not ``read``)."""
     assert 0 <= csdecode < 8, csdecode
+    assert all(0 <= word < 1 << 16 for word in init)
     zero = Const(0, 1)
     ports: dict[str, Any] = {
         "p_DATA_WIDTH_A": 18, "p_DATA_WIDTH_B": 18,
@@ -88,6 +106,9 @@ def dp16kd(m: Module, name: str, *, a: DP16KDPort | None = None, b: DP16KDPort |
         "p_CSDECODE_A": f"0b{csdecode:03b}", "p_CSDECODE_B": f"0b{csdecode:03b}",
         "p_CLKAMUX": "CLKA", "p_CLKBMUX": "CLKB", "p_GSR": "AUTO",
     }
+    if init:
+        # a word's two bytes sit in the 9-bit byte lanes, as the ports carry them
+        ports.update(dp16kd_initval([(word & 0xFF) | (word >> 8) << 9 for word in init]))
     outputs: list[Value | None] = []
     for side, port in (("A", a), ("B", b)):
         if port is None:

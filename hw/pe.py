@@ -51,6 +51,7 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from .bankram import DP16KDPort, dp16kd
 from .config import BRAM_TABLE_ENTRIES, AcceleratorConfig, int_range, quarter_square_span
 
 __all__ = ["ProcessingElement", "PipelinedMultiplier", "element_shapes", "MAC_LATENCY",
@@ -110,10 +111,14 @@ class PipelinedMultiplier(wiring.Component):
       :data:`~systolic.hw.config.BRAM_TABLE_ENTRIES`, indexed by the value modulo the memory's
       depth: 512 entries of 15 bits for int8 times int8, 1024 of 16 bits for uint8 times uint8),
       read on two ports: the sum and the difference of the operands (from the PE's registers) are
-      its addresses, the memory reads at the first edge, its data is registered at the second
-      (the route from a block RAM's slow clock-to-output to a register beside it), the
-      difference of the two at the third. On ECP5 yosys maps it to one DP16KD, with two carry
-      chains for the addresses and one for the difference: 18 CCU2C and 46 flip-flops for int8.
+      its addresses, the memory reads at the first edge, its data is registered at the second,
+      the difference of the two at the third. Generic platforms get an amaranth ``Memory`` and
+      two registers. On ECP5 (tables of at most 16-bit entries: every 8-bit operand pair) it is
+      one DP16KD instance (:func:`~systolic.hw.bankram.dp16kd`, the table in its INITVAL
+      parameters) whose ports read through their output registers (REGMODE "OUTREG") for the
+      second stage: a block RAM's clock-to-output (5.8 ns at speed grade 6) with a route to a
+      fabric register limited a 16x16 array to 107 MHz. Two carry chains for the addresses and
+      one for the difference: 18 CCU2C and 16 flip-flops for int8.
     * ``"logic"``: built from logic on every platform, so that a device
       with fewer DSP blocks than PEs can hold the array (``AcceleratorConfig.array_lut_multipliers``):
     the product is the sum of the partial products ``a * b[i] * 2**i`` (the top one negative for a
@@ -161,7 +166,7 @@ class PipelinedMultiplier(wiring.Component):
         if self.kind == "logic":
             return self._elaborate_logic(m)
         if self.kind == "bram":
-            return self._elaborate_bram(m)
+            return self._elaborate_bram(m, platform)
         if _is_ecp5(platform):
             a = Signal(18)
             b = Signal(18)
@@ -212,7 +217,7 @@ class PipelinedMultiplier(wiring.Component):
             ]
         return m
 
-    def _elaborate_bram(self, m: Module) -> Module:
+    def _elaborate_bram(self, m: Module, platform: Any) -> Module:
         lo, hi = quarter_square_span(_shape_range(self._a_shape), _shape_range(self._b_shape))
         index_bits = (hi - lo).bit_length()
         depth = 1 << index_bits
@@ -220,21 +225,30 @@ class PipelinedMultiplier(wiring.Component):
         table = [0] * depth
         for x in range(lo, hi + 1):
             table[x % depth] = x * x // 4
-        m.submodules.table = table_memory = Memory(shape=unsigned(max(table).bit_length()), depth=depth,
-                                                   init=table)
-        ports = [table_memory.read_port(domain="sync"), table_memory.read_port(domain="sync")]
-        for port, address in zip(ports, (self.a + self.b, self.a - self.b), strict=True):
-            # (an assignment extends the address by its own sign, then keeps index_bits: x mod depth)
-            m.d.comb += [port.addr.eq(address), port.en.eq(self.enable)]
-        # data registers have no reset (see _elaborate_logic)
-        squares = [Signal(port.data.shape(), name=f"square_{n}", reset_less=True)
-                   for n, port in enumerate(ports)]
+        width = max(table).bit_length()
+        # (an assignment extends an address by its own sign, then keeps index_bits: x mod depth)
+        addresses = [Signal(index_bits, name=f"address_{n}") for n in range(2)]
+        m.d.comb += [addresses[0].eq(self.a + self.b), addresses[1].eq(self.a - self.b)]
+        if _is_ecp5(platform) and width <= 16:
+            # one DP16KD, both ports read through their output registers (stage 2), whose
+            # clock-to-output is far shorter than the block RAM's
+            port = [DP16KDPort(addr=address, enable=self.enable, output_register=True,
+                               output_enable=self.enable) for address in addresses]
+            squares = dp16kd(m, "table", a=port[0], b=port[1], init=table)
+        else:
+            m.submodules.table = memory = Memory(shape=unsigned(width), depth=depth, init=table)
+            ports = [memory.read_port(domain="sync"), memory.read_port(domain="sync")]
+            # data registers have no reset (see _elaborate_logic)
+            squares = [Signal(width, name=f"square_{n}", reset_less=True) for n in range(2)]
+            for port, address, square in zip(ports, addresses, squares, strict=True):
+                m.d.comb += [port.addr.eq(address), port.en.eq(self.enable)]
+                with m.If(self.enable):
+                    m.d.sync += square.eq(port.data)
         product = Signal.like(self.product, reset_less=True)
         m.d.comb += self.product.eq(product)
         with m.If(self.enable):
-            m.d.sync += [square.eq(port.data) for square, port in zip(squares, ports, strict=True)]
             # the exact product fits the product's shape: truncating the difference is harmless
-            m.d.sync += product.eq(squares[0] - squares[1])
+            m.d.sync += product.eq(squares[0][:width] - squares[1][:width])
         return m
 
     def _elaborate_logic(self, m: Module) -> Module:

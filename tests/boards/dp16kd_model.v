@@ -21,8 +21,10 @@
 // * port B reads like port A (ADB13:4, CEB, CSB2:0 against CSDECODE_B, OCEB, REGMODE_B) from the
 //   same contents; a read of a word that port A writes at the same edge returns the old word here
 //   (undefined on the device: the users of this model never use such a read);
-// * the contents start at INITVAL (0 here: INITVAL_xx parameters are not modelled) and the data
-//   latches and the output registers at 0 (after configuration, global set/reset).
+// * the contents start at INITVAL: INITVAL_00 to INITVAL_3F hold 16 words each, word j in bits
+//   20j + 17 to 20j (the layout yosys writes; tests/boards/test_bram_multiplier_ecp5.py checks
+//   hw/bankram.py's against it), the data latches and the output registers at 0 (after
+//   configuration, global set/reset).
 // RSTA/RSTB (reset of the latch and output register), writes on port B, the other widths and write
 // modes are not modelled: using them stops the simulation with $fatal, so that nothing passes by
 // accident.
@@ -39,7 +41,71 @@ module DP16KD #(
     parameter CSDECODE_B = "0b000",
     parameter CLKAMUX = "CLKA",
     parameter CLKBMUX = "CLKB",
-    parameter GSR = "ENABLED"
+    parameter GSR = "ENABLED",
+    parameter [319:0] INITVAL_00 = 320'h0,
+    parameter [319:0] INITVAL_01 = 320'h0,
+    parameter [319:0] INITVAL_02 = 320'h0,
+    parameter [319:0] INITVAL_03 = 320'h0,
+    parameter [319:0] INITVAL_04 = 320'h0,
+    parameter [319:0] INITVAL_05 = 320'h0,
+    parameter [319:0] INITVAL_06 = 320'h0,
+    parameter [319:0] INITVAL_07 = 320'h0,
+    parameter [319:0] INITVAL_08 = 320'h0,
+    parameter [319:0] INITVAL_09 = 320'h0,
+    parameter [319:0] INITVAL_0A = 320'h0,
+    parameter [319:0] INITVAL_0B = 320'h0,
+    parameter [319:0] INITVAL_0C = 320'h0,
+    parameter [319:0] INITVAL_0D = 320'h0,
+    parameter [319:0] INITVAL_0E = 320'h0,
+    parameter [319:0] INITVAL_0F = 320'h0,
+    parameter [319:0] INITVAL_10 = 320'h0,
+    parameter [319:0] INITVAL_11 = 320'h0,
+    parameter [319:0] INITVAL_12 = 320'h0,
+    parameter [319:0] INITVAL_13 = 320'h0,
+    parameter [319:0] INITVAL_14 = 320'h0,
+    parameter [319:0] INITVAL_15 = 320'h0,
+    parameter [319:0] INITVAL_16 = 320'h0,
+    parameter [319:0] INITVAL_17 = 320'h0,
+    parameter [319:0] INITVAL_18 = 320'h0,
+    parameter [319:0] INITVAL_19 = 320'h0,
+    parameter [319:0] INITVAL_1A = 320'h0,
+    parameter [319:0] INITVAL_1B = 320'h0,
+    parameter [319:0] INITVAL_1C = 320'h0,
+    parameter [319:0] INITVAL_1D = 320'h0,
+    parameter [319:0] INITVAL_1E = 320'h0,
+    parameter [319:0] INITVAL_1F = 320'h0,
+    parameter [319:0] INITVAL_20 = 320'h0,
+    parameter [319:0] INITVAL_21 = 320'h0,
+    parameter [319:0] INITVAL_22 = 320'h0,
+    parameter [319:0] INITVAL_23 = 320'h0,
+    parameter [319:0] INITVAL_24 = 320'h0,
+    parameter [319:0] INITVAL_25 = 320'h0,
+    parameter [319:0] INITVAL_26 = 320'h0,
+    parameter [319:0] INITVAL_27 = 320'h0,
+    parameter [319:0] INITVAL_28 = 320'h0,
+    parameter [319:0] INITVAL_29 = 320'h0,
+    parameter [319:0] INITVAL_2A = 320'h0,
+    parameter [319:0] INITVAL_2B = 320'h0,
+    parameter [319:0] INITVAL_2C = 320'h0,
+    parameter [319:0] INITVAL_2D = 320'h0,
+    parameter [319:0] INITVAL_2E = 320'h0,
+    parameter [319:0] INITVAL_2F = 320'h0,
+    parameter [319:0] INITVAL_30 = 320'h0,
+    parameter [319:0] INITVAL_31 = 320'h0,
+    parameter [319:0] INITVAL_32 = 320'h0,
+    parameter [319:0] INITVAL_33 = 320'h0,
+    parameter [319:0] INITVAL_34 = 320'h0,
+    parameter [319:0] INITVAL_35 = 320'h0,
+    parameter [319:0] INITVAL_36 = 320'h0,
+    parameter [319:0] INITVAL_37 = 320'h0,
+    parameter [319:0] INITVAL_38 = 320'h0,
+    parameter [319:0] INITVAL_39 = 320'h0,
+    parameter [319:0] INITVAL_3A = 320'h0,
+    parameter [319:0] INITVAL_3B = 320'h0,
+    parameter [319:0] INITVAL_3C = 320'h0,
+    parameter [319:0] INITVAL_3D = 320'h0,
+    parameter [319:0] INITVAL_3E = 320'h0,
+    parameter [319:0] INITVAL_3F = 320'h0
 ) (
     input ADA0, ADA1, ADA2, ADA3, ADA4, ADA5, ADA6, ADA7, ADA8, ADA9, ADA10, ADA11, ADA12, ADA13,
     input DIA0, DIA1, DIA2, DIA3, DIA4, DIA5, DIA6, DIA7, DIA8, DIA9, DIA10, DIA11, DIA12, DIA13,
@@ -75,7 +141,70 @@ module DP16KD #(
     reg [17:0] outreg = 18'd0;
     integer i;
     initial begin
-        for (i = 0; i < 1024; i = i + 1) mem[i] = 18'd0;
+        for (i = 0; i < 16; i = i + 1) mem[0 + i] = INITVAL_00[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[16 + i] = INITVAL_01[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[32 + i] = INITVAL_02[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[48 + i] = INITVAL_03[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[64 + i] = INITVAL_04[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[80 + i] = INITVAL_05[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[96 + i] = INITVAL_06[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[112 + i] = INITVAL_07[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[128 + i] = INITVAL_08[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[144 + i] = INITVAL_09[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[160 + i] = INITVAL_0A[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[176 + i] = INITVAL_0B[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[192 + i] = INITVAL_0C[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[208 + i] = INITVAL_0D[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[224 + i] = INITVAL_0E[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[240 + i] = INITVAL_0F[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[256 + i] = INITVAL_10[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[272 + i] = INITVAL_11[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[288 + i] = INITVAL_12[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[304 + i] = INITVAL_13[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[320 + i] = INITVAL_14[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[336 + i] = INITVAL_15[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[352 + i] = INITVAL_16[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[368 + i] = INITVAL_17[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[384 + i] = INITVAL_18[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[400 + i] = INITVAL_19[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[416 + i] = INITVAL_1A[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[432 + i] = INITVAL_1B[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[448 + i] = INITVAL_1C[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[464 + i] = INITVAL_1D[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[480 + i] = INITVAL_1E[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[496 + i] = INITVAL_1F[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[512 + i] = INITVAL_20[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[528 + i] = INITVAL_21[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[544 + i] = INITVAL_22[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[560 + i] = INITVAL_23[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[576 + i] = INITVAL_24[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[592 + i] = INITVAL_25[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[608 + i] = INITVAL_26[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[624 + i] = INITVAL_27[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[640 + i] = INITVAL_28[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[656 + i] = INITVAL_29[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[672 + i] = INITVAL_2A[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[688 + i] = INITVAL_2B[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[704 + i] = INITVAL_2C[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[720 + i] = INITVAL_2D[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[736 + i] = INITVAL_2E[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[752 + i] = INITVAL_2F[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[768 + i] = INITVAL_30[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[784 + i] = INITVAL_31[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[800 + i] = INITVAL_32[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[816 + i] = INITVAL_33[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[832 + i] = INITVAL_34[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[848 + i] = INITVAL_35[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[864 + i] = INITVAL_36[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[880 + i] = INITVAL_37[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[896 + i] = INITVAL_38[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[912 + i] = INITVAL_39[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[928 + i] = INITVAL_3A[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[944 + i] = INITVAL_3B[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[960 + i] = INITVAL_3C[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[976 + i] = INITVAL_3D[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[992 + i] = INITVAL_3E[20 * i +: 18];
+        for (i = 0; i < 16; i = i + 1) mem[1008 + i] = INITVAL_3F[20 * i +: 18];
         if (DATA_WIDTH_A != 18) $fatal(1, "DP16KD model: DATA_WIDTH_A %0d is not modelled", DATA_WIDTH_A);
         if (REGMODE_A != "NOREG" && REGMODE_A != "OUTREG")
             $fatal(1, "DP16KD model: REGMODE_A %s is not modelled", REGMODE_A);
