@@ -765,9 +765,11 @@ class GatherReader(GatherPorts):
         p_valid = Signal()                # the burst being assembled
         p_beat = Signal(BIX)
         p_len = Signal(len_shape)
-        o_valid = Signal()                # the burst offered on AR
-        o_beat = Signal(BIX)
-        o_len = Signal(len_shape)
+        # the bursts for AR: a StreamRegister whose output register is the burst offered on AR
+        # and whose spare entry takes the next one while AR waits, so the issuer loads a burst
+        # when the spare is empty (a register) and the AR handshake (through the read arbiter)
+        # reaches only the register's enables, not the merge and its counts
+        m.submodules.offer = offer = StreamRegister(data.StructLayout({"beat": BIX, "len": len_shape}))
         flight_bursts = Signal(range(N + 1))
         # in o and requested, not yet returned, as of the cycle before (a burst loaded into o and
         # a returned beat count one cycle late: the handshakes of AR and R reach no adder)
@@ -779,7 +781,7 @@ class GatherReader(GatherPorts):
         r_fire = self.r.valid & self.r.ready
         r_last_fire = r_fire & self.r.payload.last
         out_free = Signal()
-        m.d.comb += out_free.eq(~o_valid | ar_fire)
+        m.d.comb += out_free.eq(offer.i.ready)
         # fewer beats in flight than the latency covers: send what we have rather than merge more
         hungry = Signal()
         m.d.comb += hungry.eq(flight_beats < cfg.dram_latency + 4)
@@ -857,21 +859,23 @@ class GatherReader(GatherPorts):
             m.d.sync += [a_valid.eq(ranges.r_rdy), a_first.eq(head.beat + head.skip),
                          a_beats.eq(((head.offset + head.nbytes + BB - 1) >> BBL) - head.skip)]
 
-        with m.If(load_o):
-            m.d.sync += [o_valid.eq(1), o_beat.eq(load_beat), o_len.eq(load_len)]
-        with m.Elif(ar_fire):
-            m.d.sync += o_valid.eq(0)
+        m.d.comb += [offer.i.valid.eq(load_o), offer.i.payload.beat.eq(load_beat),
+                     offer.i.payload.len.eq(load_len)]
         m.d.sync += [
             flight_bursts.eq(flight_bursts + ar_fire - r_last_fire),
             r_fired.eq(r_fire), loaded_len.eq(Mux(load_o, load_len, 0)),
             flight_beats.eq(flight_beats + loaded_len - r_fired),
         ]
-        # a burst's slot is free again in the cycle its last beat enters the read slice (the
-        # count only falls while AR waits, so ARVALID stays up until accepted)
+        # a burst's slot is free again in the cycle after its last beat enters the read slice:
+        # ARVALID is a function of registers, so that the R handshake (the read slice's
+        # readiness through the read arbiter) does not run through AR and the arbiter's grant into
+        # the burst issuer in one cycle (the count only falls while AR waits, so ARVALID stays up
+        # until accepted)
         m.d.comb += [
-            self.ar.valid.eq(o_valid & ((flight_bursts < N) | r_last_fire)),
-            self.ar.payload.addr.eq(Cat(Const(0, BBL), o_beat)),
-            self.ar.payload.len.eq(o_len - 1),
+            self.ar.valid.eq(offer.o.valid & (flight_bursts < N)),
+            offer.o.ready.eq(self.ar.ready & (flight_bursts < N)),
+            self.ar.payload.addr.eq(Cat(Const(0, BBL), offer.o.payload.beat)),
+            self.ar.payload.len.eq(offer.o.payload.len - 1),
             self.ar.payload.size.eq(BBL),
         ]
 
