@@ -119,9 +119,9 @@ class PipelinedMultiplier(wiring.Component):
       second stage: a block RAM's clock-to-output (5.8 ns at speed grade 6) with a route to a
       fabric register limited a 16x16 array to 107 MHz. Two carry chains for the addresses and
       one for the difference: 18 CCU2C and 16 flip-flops for int8.
-    * ``"logic"``: built from logic on every platform, so that a device
-      with fewer DSP blocks than PEs can hold the array (``AcceleratorConfig.array_lut_multipliers``):
-    the product is the sum of the partial products ``a * b[i] * 2**i`` (the top one negative for a
+    * ``"logic"``: built from logic on every platform, so that a device with fewer DSP blocks
+      than PEs can hold the array (``AcceleratorConfig.array_lut_multipliers``): the product is
+      the sum of the partial products ``a * b[i] * 2**i`` (the top one negative for a
       signed ``b``), with no multiply operator for yosys to map to a DSP block, summed by a tree of
       two-input adders whose levels are spread over the 3 register stages (one adder level per
       stage for 8-bit ``b``), so the latency is the same 3 cycles. The operands are not registered

@@ -176,6 +176,11 @@ def test_bram_multiplier_every_table_entry(a_shape: Shape, b_shape: Shape) -> No
     np.testing.assert_array_equal(products, grid[:, 0] * grid[:, 1])
 
 
+def test_pe_rejects_unknown_multiplier() -> None:
+    with pytest.raises(ValueError, match=r"^multiplier must be one of 'dsp', 'bram', 'logic', not 'dsp48'$"):
+        ProcessingElement(AcceleratorConfig(), multiplier="dsp48")
+
+
 def test_multiplier_rejects_unknown_kind() -> None:
     with pytest.raises(ValueError, match=r"^kind must be one of 'dsp', 'bram', 'logic', not 'lut'$"):
         PipelinedMultiplier(signed(8), signed(8), kind="lut")
