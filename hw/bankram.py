@@ -77,8 +77,9 @@ class DP16KDPort:
 
 def dp16kd_initval(words: Sequence[int]) -> dict[str, Const]:
     """The INITVAL_00 to INITVAL_3F parameters of a DP16KD in its 1024 x 18 mode that hold
-    ``words`` (at most 1024 values of 18 bits, as they appear on DO17:0; the rest 0): INITVAL_k
-    holds words 16k to 16k + 15, word j of them in bits 20j to 20j + 17 (as yosys writes them)."""
+    ``words`` (at most 1024 values of 18 bits, as they appear on DO17:0; the rest 0), as
+    ``Instance`` keyword arguments (``p_INITVAL_00``, ...): INITVAL_k holds words 16k to 16k + 15,
+    word j of them in bits 20j to 20j + 17 (as yosys writes them)."""
     assert len(words) <= DP16KD_ROWS and all(0 <= w < 1 << 18 for w in words)
     params = {}
     for k in range(DP16KD_ROWS // 16):
