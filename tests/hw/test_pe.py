@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from amaranth import Shape, signed, unsigned
 from amaranth.sim import Simulator
-from systolic.hw.config import AcceleratorConfig
+from systolic.hw.config import AcceleratorConfig, int_range
 from systolic.hw.pe import (
     MAC_LATENCY,
     MULTIPLIER_LATENCY,
@@ -21,9 +21,7 @@ from systolic.sim.arith import wrap
 
 
 def _range(shape: Shape) -> tuple[int, int]:
-    if shape.signed:
-        return -(1 << (shape.width - 1)), (1 << (shape.width - 1)) - 1
-    return 0, (1 << shape.width) - 1
+    return int_range(shape.width, shape.signed)
 
 
 def _operands(rng: np.random.Generator, shape: Shape, count: int) -> np.ndarray:
