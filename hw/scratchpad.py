@@ -87,7 +87,8 @@ def read_port_signature(addr_layout: ShapeLike, data_layout: ShapeLike) -> wirin
 
 
 def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: Value,
-                        latency: int = READ_LATENCY, depth: int | None = None) -> Value:
+                        latency: int = READ_LATENCY, depth: int | None = None, *,
+                        decoupled: bool = False) -> Value:
     """Drive the response stream of a read port whose memory was read for it in the cycles where
     ``granted`` is high; ``row`` is the data of that read ``latency`` - 1 cycles later (the
     memory and the registers after it are not held: they may serve someone else after that;
@@ -102,12 +103,17 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
     the ones before it have been taken. A smaller ``depth`` (at least 1) saves its registers for a
     consumer that reads one row at a time.
 
+    With ``decoupled``, ``free`` comes from registers only: it does not count this cycle's take,
+    so ``resp.ready`` has no combinational path to the grant (the consumer's handshake and the
+    memory's arbitration are in different cycles); the queue then has one register more (default
+    ``depth`` ``latency`` + 1), which keeps one request per cycle.
+
     Returns ``free``: high in a cycle where a request may be granted; the caller's ``granted``
     must imply it.
     """
     assert latency >= 2, latency
-    depth = latency if depth is None else depth
-    assert 1 <= depth <= latency, depth
+    depth = latency + decoupled if depth is None else depth
+    assert 1 <= depth <= latency + decoupled, depth
     name = resp.valid.name
     delay = latency - 1
     in_flight = [Signal(name=f"{name}_in_flight{k}") for k in range(delay)]   # granted k+1 ago
@@ -120,7 +126,7 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
     free = Signal(name=f"{name}_free")
     m.d.comb += [
         owed.eq(sum(in_flight) + sum(valid)),
-        free.eq((owed < depth) | taken),
+        free.eq(owed < depth if decoupled else (owed < depth) | taken),
         resp.payload.eq(rows[0]),
     ]
     # after this cycle's take the queue moves up one entry; the arriving row goes behind the last
@@ -265,8 +271,10 @@ class Scratchpad(wiring.Component):
         grant_b = Signal()
         row_a = Signal(spad_row_layout(cfg))     # the bank's read data, four cycles after a grant
         row_b = Signal(spad_row_layout(cfg))
-        free_a = drive_read_response(m, a.resp, grant_a, row_a, latency)
-        free_b = drive_read_response(m, b.resp, grant_b, row_b, latency)
+        # decoupled: the array's handshake (resp.ready) does not reach the A/B arbitration and
+        # the compute unit's request counters in the same cycle (timing)
+        free_a = drive_read_response(m, a.resp, grant_a, row_a, latency, decoupled=True)
+        free_b = drive_read_response(m, b.resp, grant_b, row_b, latency, decoupled=True)
         want_a = a.req.valid & free_a
         want_b = b.req.valid & free_b
         conflict = want_a & want_b & (a_bank == b_bank)
