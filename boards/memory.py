@@ -31,7 +31,11 @@ one burst in progress and the next one's address waiting, and an output buffer o
 ``read_latency + 2`` beats whose credit depends only on registered state; the R channel comes
 from that buffer's registers only (the RAM's output never reaches the accelerator in the same
 cycle, for the clock), so a beat arrives ``read_latency + 1`` cycles after its address; with the
-port free and ``rready`` high it returns one beat per cycle, back to back across bursts.
+port free and ``rready`` high it returns one beat per cycle, back to back across bursts. In a
+``"bram"`` memory the W channel enters through a :class:`~systolic.hw.interconnect.StreamRegister`
+(:func:`w_register`): ``wready`` comes from a register, so the arbiter's choice between the read
+and write engines does not reach the manager's W register in the same cycle (on the 4x4 ULX3S
+SoC that path crossed the die twice); its beats reach the memory a cycle later, one per cycle.
 
 AXI4 support: INCR bursts of full-width beats (``size`` = log2 of the bus bytes; other sizes and
 burst types are not decoded), ``wstrb`` byte enables, one write burst at a time. A beat whose
@@ -59,10 +63,12 @@ from systolic.hw.axi import (
     WriteDataLayout,
 )
 from systolic.hw.bankram import DP16KD_ROWS, DP16KDPort, dp16kd
+from systolic.hw.interconnect import StreamRegister
 
 __all__ = [
     "MEMORY_KINDS", "SPRAM_BYTES", "SPRAM_COUNT", "BANK_BYTES", "MAX_BANKS", "DP16KD_WORDS", "check_memory",
-    "memory_read_latency", "bridge_register", "MemoryRequestLayout", "MemoryPortSignature", "SoCMemory",
+    "memory_read_latency", "bridge_register", "w_register", "MemoryRequestLayout", "MemoryPortSignature",
+    "SoCMemory",
 ]
 
 #: Memory kinds of :class:`SoCMemory`.
@@ -133,6 +139,13 @@ def bridge_register(kind: str) -> bool:
     reads): for ``"bram"`` memories (ECP5's clocks want it), not for ``"spram"`` (the
     iCE40UP5K's, whose clocks are slow and whose logic cells are the scarce resource: the
     register would take about 50)."""
+    return kind != "spram"
+
+
+def w_register(kind: str) -> bool:
+    """Whether the W channel enters through a stream register (``wready`` from a register): for
+    ``"bram"`` memories, not for ``"spram"`` (as :func:`bridge_register`: the iCE40UP5K's logic
+    cells are scarce and its clocks slow)."""
     return kind != "spram"
 
 
@@ -677,6 +690,11 @@ class SoCMemory(wiring.Component):
         wiring.connect(m, manager=wiring.flipped(self.axi.ar), reads=reads.ar)
         wiring.connect(m, reads=reads.r, manager=wiring.flipped(self.axi.r))
         wiring.connect(m, manager=wiring.flipped(self.axi.aw), writes=writes.aw)
-        wiring.connect(m, manager=wiring.flipped(self.axi.w), writes=writes.w)
+        if w_register(self.kind):
+            m.submodules.w_in = w_in = StreamRegister(self.axi.w.payload.shape())
+            wiring.connect(m, manager=wiring.flipped(self.axi.w), w_in=w_in.i)
+            wiring.connect(m, w_in=w_in.o, writes=writes.w)
+        else:
+            wiring.connect(m, manager=wiring.flipped(self.axi.w), writes=writes.w)
         wiring.connect(m, writes=writes.b, manager=wiring.flipped(self.axi.b))
         return m

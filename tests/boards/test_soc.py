@@ -44,6 +44,7 @@ from systolic.sim.golden import run_golden
 from systolic.sim.programs import gemm_case
 
 from tests.boards.clocked_testbench import XORSHIFT64, run_clocked_testbench
+from tests.hw.test_scratchpad import drive
 
 SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
 DIVISOR = 4
@@ -483,6 +484,53 @@ def test_memory_reads_stream_one_beat_per_cycle(bus_bits, memory_bytes):
     _simulate(dut, addresses, data)
     total = sum(beats for _, beats in bursts)
     assert beat_cycles == list(range(beat_cycles[0], beat_cycles[0] + total))
+
+
+@pytest.mark.parametrize("bus_bits, memory_bytes", [(32, 2048), (64, 2 * BANK_BYTES)])
+def test_memory_w_channel_enters_through_a_register(bus_bits, memory_bytes):
+    """``wready`` of a block-RAM memory comes from a stream register, not from the arbiter: while
+    the bridge holds the memory port (it has priority) the W channel still takes exactly two
+    beats (the register's two entries) and then waits; once the port is free every beat of the
+    burst is written, one per cycle, and the burst answers OKAY."""
+    dut = SoCMemory(memory_bytes=memory_bytes, data_width=bus_bits)
+    b = bus_bits // 8
+    beats = 6
+    addr = 0x80
+    rng = random.Random(SEED + 7 + bus_bits)
+    words = [rng.getrandbits(bus_bits) for _ in range(beats)]
+    hold = 12
+    seen: dict[str, Any] = {}
+
+    async def bridge(ctx):
+        cmd = dut.bridge.cmd
+        ctx.set(cmd.payload.addr, 0)
+        ctx.set(cmd.payload.write, 0)
+        ctx.set(cmd.valid, 1)                     # the bridge reads every cycle: the port is busy
+        await ctx.tick().repeat(hold)
+        ctx.set(cmd.valid, 0)
+
+    async def writer(ctx):
+        _axi_setup(ctx, dut.axi, b.bit_length() - 1)
+        await _axi_address(ctx, dut.axi.aw, addr, beats)
+        payloads = [{"data": word, "strb": (1 << b) - 1, "last": i == beats - 1}
+                    for i, word in enumerate(words)]
+        taken = await drive(ctx, dut.axi.w, payloads, rng=rng)     # edges counted from here
+        ctx.set(dut.axi.b.ready, 1)
+        while True:
+            _, _, valid, resp = await ctx.tick().sample(dut.axi.b.valid, dut.axi.b.payload.resp)
+            if valid:
+                break
+        seen["taken"], seen["resp"] = taken, resp
+        await ctx.tick().repeat(4)
+        seen["ram"] = _ram_bytes(ctx, dut)
+
+    _simulate(dut, bridge, writer)
+    busy_until = hold - 2                         # the writer's first W edge follows its AW edge
+    assert sum(cycle <= busy_until for cycle in seen["taken"]) == 2, seen["taken"]
+    later = [cycle for cycle in seen["taken"] if cycle > busy_until]
+    assert later == list(range(later[0], later[0] + beats - 2)), seen["taken"]
+    assert seen["resp"] == RESP_OKAY
+    assert seen["ram"][addr:addr + beats * b] == b"".join(w.to_bytes(b, "little") for w in words)
 
 
 @pytest.mark.parametrize("bus_bits, memory_bytes, read_buffer", [
