@@ -404,10 +404,12 @@ class ComputeUnit(wiring.Component):
             next_row = Signal(len(row) + 1, name=f"{name}_next_row")
             last = Signal(name=f"{name}_last")
             m.d.comb += [next_row.eq(row + 1), last.eq(next_row == count_of(head))]
-            # first-word-fall-through: an entry is readable the cycle after it is written, no
-            # later than the memory's response; one entry more than the read_latency
-            # responses a read port owes at most, so a full queue never holds up a request
-            meta = fifo.SyncFIFO(width=meta_layout.size, depth=read_latency(cfg) + 1)
+            # buffered (its output is a register, not a distributed RAM's read: the array's
+            # input handshake starts at a register): an entry is readable two cycles after it is
+            # written, no later than the memory's response (read_latency >= 2); as many entries
+            # as the read_latency + 1 responses a decoupled scratchpad port owes at most, so a
+            # full queue never holds up a request
+            meta = fifo.SyncFIFOBuffered(width=meta_layout.size, depth=read_latency(cfg) + 1)
             m.submodules[f"{name}_meta"] = meta
             m.d.comb += [
                 port.req.valid.eq(fifo_.r_rdy & meta.w_rdy),
@@ -477,7 +479,8 @@ class ComputeUnit(wiring.Component):
             m.d.comb += a_head.eq(feeds.r_data)
             a_row = Signal(16)
             b_row = Signal(16)
-            ameta = fifo.SyncFIFO(width=ameta_layout.size, depth=read_latency(cfg) + 1)
+            # buffered, as in reader()
+            ameta = fifo.SyncFIFOBuffered(width=ameta_layout.size, depth=read_latency(cfg) + 1)
             m.submodules.ameta = ameta
             # A and B are requested row by row, neither running ahead of the other
             both = Signal()
@@ -740,9 +743,11 @@ class StoreUnit(wiring.Component):
         # the queue for the accumulator, its metadata for the response side. The walk waits only
         # for room in the queue, so the accumulator's ready (which depends on the array's beats)
         # reaches no walk register, and the request comes from a register. The metadata queue holds
-        # one entry more than the read_latency responses a port may owe, for one row per cycle.
+        # one entry more than the read_latency responses a port may owe, for one row per cycle;
+        # buffered (a register, not a distributed RAM's read, starts the response handshake),
+        # an entry readable two cycles after it is written, no later than the response.
         meta_layout = data.StructLayout({"first": 1, "last": 1, "pad": 1})
-        m.submodules.meta = meta = fifo.SyncFIFO(width=meta_layout.size, depth=read_latency(cfg) + 1)
+        m.submodules.meta = meta = fifo.SyncFIFOBuffered(width=meta_layout.size, depth=read_latency(cfg) + 1)
         m.submodules.requests = requests = fifo.SyncFIFOBuffered(width=row_bits + meta_layout.size, depth=4)
         walking = Signal()
         last_pixel = Signal()
