@@ -144,9 +144,9 @@ def bridge_register(kind: str) -> bool:
 
 def w_register(kind: str) -> bool:
     """Whether the W channel enters through a stream register (``wready`` from a register): for
-    ``"bram"`` memories, not for ``"spram"`` (as :func:`bridge_register`: the iCE40UP5K's logic
-    cells are scarce and its clocks slow)."""
-    return kind != "spram"
+    the same memories as :func:`bridge_register` (``"bram"``; not ``"spram"``, whose iCE40UP5K
+    has scarce logic cells and slow clocks)."""
+    return bridge_register(kind)
 
 
 def memory_read_latency(kind: str, memory_bytes: int) -> int:
