@@ -36,11 +36,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
-from systolic.hw.config import AcceleratorConfig
+from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment
 from systolic.hw.generate import TOP_NAME, top_verilog
 from systolic.sim.tools import CELL_KINDS, SYNTH_FAMILIES, ToolError, tool_env, yosys_synth
 
@@ -176,11 +175,10 @@ def main(argv: list[str] | None = None) -> int:
 
     rows, cols = (int(v) for v in args.size.lower().split("x"))
     changes: dict[str, Any] = {}
-    for item in args.set:
-        name, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--set takes FIELD=VALUE, not {item!r}")
-        changes[name.strip()] = tomllib.loads(f"v = {value}")["v"]
+    try:
+        changes.update(parse_assignment(item) for item in args.set)
+    except ConfigError as exc:
+        parser.error(str(exc))
     config = small_config(rows, cols, **changes)
     print(f"{rows}x{cols} on {args.family}: synthesis ...", file=sys.stderr, flush=True)
     result = breakdown(config, args.family, flat=not args.no_flat)

@@ -43,7 +43,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth_boards.ulx3s import ULX3S_85F_Platform
 from systolic.hw.array import SystolicArray
-from systolic.hw.config import AcceleratorConfig
+from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment
 from systolic.sim.tools import ToolError, to_verilog, tool_env, yosys_synth
 
 __all__ = ["RegisteredPorts", "measure", "main"]
@@ -203,11 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     args = parser.parse_args(argv)
     base = _base_values(args.preset, parser)
-    for item in args.set:
-        name, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--set takes FIELD=VALUE, not {item!r}")
-        base[name.strip()] = tomllib.loads(f"v = {value}")["v"]
+    try:
+        base.update(parse_assignment(item) for item in args.set)
+    except ConfigError as exc:
+        parser.error(str(exc))
     sizes = args.sizes or (f"{base['rows']}x{base['cols']}" if "rows" in base else "4x4,8x8")
     dataflows = args.dataflows or base.get("dataflow", "ws,os")
 

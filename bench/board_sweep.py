@@ -18,10 +18,12 @@ Each run takes minutes (a 16x16 SoC tens of minutes on a loaded two-core machine
 background, e.g. ``nohup python bench/board_sweep.py > board_sweep.log 2>&1 &``.
 
 Run from the repository root: ``python bench/board_sweep.py [--boards icebreaker,...]
-[--sweep-board ulx3s-85f] [--sizes 4x4,8x8,16x16] [--sweep-mhz F] [--seed 1] [--placer heap]
-[--work DIR] [--merge] [--merge-from FILE]`` (``--placer``: nextpnr's placer, heap or static, see
-``systolic synth``; ``--merge`` keeps the rows of an earlier results file that
-this run does not redo, ``--merge-from`` those of another run's file).
+[--sweep-board ulx3s-85f] [--sizes 4x4,8x8,16x16] [--sweep-mhz F] [--set FIELD=VALUE ...]
+[--seed 1] [--placer heap] [--work DIR] [--merge] [--merge-from FILE]`` (``--placer``:
+nextpnr's placer, heap or static, see ``systolic synth``; ``--set`` changes a field of every
+sweep config, after ``rows``/``cols`` and the logic multipliers, so that
+``--set array_lut_multipliers=56`` starts there; ``--merge`` keeps the rows of an earlier
+results file that this run does not redo, ``--merge-from`` those of another run's file).
 """
 
 import argparse
@@ -34,7 +36,7 @@ from typing import Any
 
 from systolic.boards.boards import BOARDS, BoardError, FitError, get_board, load_preset
 from systolic.boards.synth import PLACERS, synth
-from systolic.hw.config import AcceleratorConfig
+from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment
 
 __all__ = ["run_one", "main"]
 
@@ -128,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-mhz", type=float, default=None,
                         help="clock the sweep sizes target, MHz (default: the sweep board preset's); "
                              "a high target makes nextpnr report the highest Fmax it reaches")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="change a field of the sweep's configs (TOML value, applied after "
+                             "rows/cols; repeatable); the presets are built as they are")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
     parser.add_argument("--placer", choices=PLACERS, default="heap", help="nextpnr placer")
     parser.add_argument("--work", type=Path, default=None, help="keep the build directories here")
@@ -143,10 +148,21 @@ def main(argv: list[str] | None = None) -> int:
     # board's preset is built once and reported in both rows
     jobs = [("preset", board, load_preset(board)) for board in filter(None, args.boards.split(","))]
     sweep = get_board(args.sweep_board)
-    base = load_preset(sweep)
+    base = load_preset(sweep).to_dict()
+    try:
+        changes = dict(parse_assignment(item) for item in args.set)
+    except ConfigError as exc:
+        parser.error(str(exc))
     for size in filter(None, args.sizes.split(",")):
-        r, c = (int(v) for v in size.lower().split("x"))
-        jobs.append(("sweep", sweep.name, base.replace(rows=r, cols=c, array_lut_multipliers=0)))
+        r, sep, c = size.lower().partition("x")
+        if not (sep and r.isdigit() and c.isdigit()):
+            parser.error(f"--sizes takes comma-separated RxC sizes, not {size!r}")
+        try:
+            config = AcceleratorConfig.from_dict({**base, "rows": int(r), "cols": int(c),
+                                                  "array_lut_multipliers": 0, **changes}, source="--set")
+        except ConfigError as exc:
+            parser.error(str(exc))
+        jobs.append(("sweep", sweep.name, config))
     jobs.sort(key=lambda job: job[2].rows * job[2].cols)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)

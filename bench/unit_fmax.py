@@ -62,7 +62,7 @@ from amaranth import (
 from amaranth.back import verilog as amaranth_verilog
 from amaranth.lib import wiring
 from amaranth.lib.wiring import Flow
-from systolic.hw.config import AcceleratorConfig
+from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment
 from systolic.sim.tools import ToolError, to_verilog, tool_env, yosys_synth
 
 __all__ = ["UNITS", "DEVICES", "Harness", "FamilyPlatform", "measure", "main"]
@@ -296,11 +296,10 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Accele
         if not (sep and rows.isdigit() and cols.isdigit()):
             parser.error(f"--size takes RxC, not {args.size!r}")
         values.update(rows=int(rows), cols=int(cols))
-    for item in args.set:
-        name, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--set takes FIELD=VALUE, not {item!r}")
-        values[name.strip()] = tomllib.loads(f"v = {value}")["v"]
+    try:
+        values.update(parse_assignment(item) for item in args.set)
+    except ConfigError as exc:
+        parser.error(str(exc))
     return AcceleratorConfig.from_dict(values, source="--set")
 
 

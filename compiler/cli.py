@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, NoReturn
 
 from systolic.compiler.asm import AsmError, assemble, disassemble
-from systolic.hw.config import AcceleratorConfig, ConfigError, field_docs
+from systolic.hw.config import AcceleratorConfig, ConfigError, field_docs, parse_assignment
 from systolic.hw.isa import ISA_VERSION, IsaError, Program, ProgramError
 
 __all__ = ["main", "build_parser", "config_fields_markdown", "derived_quantities", "UsageError"]
@@ -71,22 +69,12 @@ def _load_config(path: str | None) -> AcceleratorConfig:
     return AcceleratorConfig() if path is None else AcceleratorConfig.from_toml(path)
 
 
-_BARE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
-
-
 def _parse_override(text: str) -> tuple[str, Any]:
-    """``field=value`` from ``--set``; the value is a TOML value, or a bare word as a string."""
-    name, equals, value = text.partition("=")
-    name, value = name.strip(), value.strip()
-    if not equals or not name:
-        raise UsageError(f"--set expects field=value, not {text!r}")
+    """``field=value`` from ``--set`` (:func:`~systolic.hw.config.parse_assignment`)."""
     try:
-        return name, tomllib.loads(f"value = {value}")["value"]
-    except tomllib.TOMLDecodeError:
-        if _BARE_WORD.fullmatch(value):   # dataflow=os: a plain word means the string
-            return name, value
-        raise UsageError(f"--set {name}: {value!r} is not a TOML value "
-                         f"(write e.g. 16, true, \"os\" or [\"relu\"])") from None
+        return parse_assignment(text)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def derived_quantities(config: AcceleratorConfig) -> dict[str, Any]:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 __all__ = ["AcceleratorConfig", "ConfigError", "ACTIVATIONS", "POOLINGS", "DATAFLOWS", "DMA_ENGINES",
-           "BRAM_TABLE_ENTRIES", "field_docs", "int_range", "quarter_square_span"]
+           "BRAM_TABLE_ENTRIES", "field_docs", "int_range", "parse_assignment", "quarter_square_span"]
 
 DATAFLOWS = ("ws", "os")
 DMA_ENGINES = ("pipelined", "serial")
@@ -527,6 +528,27 @@ class AcceleratorConfig:
         for key, value in derived.items():
             out.append(f"  {key:<{width}} : {value}")
         return "\n".join(out)
+
+
+_BARE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def parse_assignment(text: str, *, flag: str = "--set") -> tuple[str, Any]:
+    """``(field, value)`` from a command line's ``field=value`` (given after ``flag``): the value is
+    a TOML value (``16``, ``true``, ``["relu"]``), or a bare word as a string (``dataflow=os``).
+    Whether the field exists is :meth:`AcceleratorConfig.from_dict`'s check. Raises
+    :class:`ConfigError` when ``text`` is not of that form."""
+    name, equals, value = text.partition("=")
+    name, value = name.strip(), value.strip()
+    if not equals or not name:
+        raise ConfigError(f"{flag} expects field=value, not {text!r}")
+    try:
+        return name, tomllib.loads(f"value = {value}")["value"]
+    except tomllib.TOMLDecodeError:
+        if _BARE_WORD.fullmatch(value):
+            return name, value
+        raise ConfigError(f"{flag} {name}: {value!r} is not a TOML value "
+                          f"(write e.g. 16, true, \"os\" or [\"relu\"])") from None
 
 
 def field_docs() -> dict[str, str]:

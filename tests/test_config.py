@@ -8,7 +8,14 @@ import json
 import re
 
 import pytest
-from systolic.hw.config import ACTIVATIONS, POOLINGS, AcceleratorConfig, ConfigError, field_docs
+from systolic.hw.config import (
+    ACTIVATIONS,
+    POOLINGS,
+    AcceleratorConfig,
+    ConfigError,
+    field_docs,
+    parse_assignment,
+)
 
 
 def _exact(message: str) -> str:
@@ -213,6 +220,34 @@ def test_from_dict_unknown_field() -> None:
 
 
 # -- TOML files ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("rows=16", ("rows", 16)),
+    (" dataflow = os ", ("dataflow", "os")),
+    ('dataflow="ws"', ("dataflow", "ws")),
+    ("sfu_residual=false", ("sfu_residual", False)),
+    ('sfu_pooling=["max"]', ("sfu_pooling", ["max"])),
+    ("sfu_pooling=[]", ("sfu_pooling", [])),
+    ("clock_mhz=62.5", ("clock_mhz", 62.5)),
+])
+def test_parse_assignment(text: str, expected: tuple) -> None:
+    assert parse_assignment(text) == expected
+    name, value = parse_assignment(text)
+    AcceleratorConfig.from_dict({name: value})          # each is a valid field value
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("rows", "--set expects field=value, not 'rows'"),
+    ("=16", "--set expects field=value, not '=16'"),
+    ("rows=[1,", "--set rows: '[1,' is not a TOML value"),
+    ("dataflow=o s", "--set dataflow: 'o s' is not a TOML value"),
+])
+def test_parse_assignment_errors(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_assignment(text)
+    with pytest.raises(ConfigError, match=re.escape(message.replace("--set", "--option"))):
+        parse_assignment(text, flag="--option")
+
 
 def test_toml_round_trip(tmp_path) -> None:
     configs = [
