@@ -19,7 +19,9 @@ background, e.g. ``nohup python bench/board_sweep.py > board_sweep.log 2>&1 &``.
 
 Run from the repository root: ``python bench/board_sweep.py [--boards icebreaker,...]
 [--sweep-board ulx3s-85f] [--sizes 4x4,8x8,16x16] [--sweep-mhz F] [--set FIELD=VALUE ...]
-[--seed 1] [--placer heap] [--work DIR] [--merge] [--merge-from FILE]`` (``--placer``:
+[--seed 1] [--placer heap] [--time-limit MIN] [--work DIR] [--merge] [--merge-from FILE]``
+(``--time-limit``: nextpnr is stopped after MIN minutes and the row records how far it got, its
+stage, the arcs left to route and its Fmax estimate after placement; ``--placer``:
 nextpnr's placer, heap or static, see ``systolic synth``; ``--set`` changes a field of every
 sweep config, after ``rows``/``cols`` and the logic multipliers, so that
 ``--set array_lut_multipliers=56`` starts there; ``--merge`` keeps the rows of an earlier
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from systolic.boards.boards import BOARDS, BoardError, FitError, get_board, load_preset
-from systolic.boards.synth import PLACERS, synth
+from systolic.boards.synth import PLACERS, PlaceRouteTimeout, synth
 from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment
 
 __all__ = ["run_one", "main"]
@@ -72,10 +74,12 @@ def _row(kind: str, board: str, config: AcceleratorConfig, mhz: float, report: d
 
 
 def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: int,
-            clock_mhz: float | None = None, placer: str = "heap") -> dict[str, Any]:
+            clock_mhz: float | None = None, placer: str = "heap",
+            time_limit: float | None = None) -> dict[str, Any]:
     """Synthesize ``config`` on ``board`` (into ``work``) at ``clock_mhz`` (default: the
     config's); when only DSP blocks are short, again with that many more PEs multiplying in
-    logic. Returns one table row."""
+    logic. nextpnr is stopped after ``time_limit`` seconds (the row then says how far it got).
+    Returns one table row."""
     started = time.monotonic()
     while True:
         mhz = config.clock_mhz if clock_mhz is None else clock_mhz
@@ -84,8 +88,18 @@ def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: 
               file=sys.stderr, flush=True)
         try:
             report = synth(board, config, work / f"{board}-{config.rows}x{config.cols}", seed=seed,
-                           clock_mhz=clock_mhz, placer=placer)
+                           clock_mhz=clock_mhz, placer=placer, time_limit=time_limit)
             return _row(kind, board, config, mhz, report, None, time.monotonic() - started)
+        except PlaceRouteTimeout as exc:     # not an Fmax: how far nextpnr got, in its own fields
+            row = _row(kind, board, config, mhz, None, f"not placed and routed in {exc.seconds / 60:g} min: "
+                       f"stopped in {exc.stage}", time.monotonic() - started)
+            row.update(stopped_in=exc.stage, placed_mhz=exc.placed_mhz.get("sync"),
+                       arcs_total=exc.arcs_total, arcs_left=exc.arcs_left)
+            if row["placed_mhz"] is not None:
+                row["error"] += f", placed estimate {row['placed_mhz']:.1f} MHz"
+            if exc.arcs_total is not None:
+                row["error"] += f", {exc.arcs_left} of {exc.arcs_total} arcs left"
+            return row
         except FitError as exc:
             pes = config.rows * config.cols
             if set(exc.over) != {"dsp"} or config.array_lut_multipliers == pes:
@@ -135,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                              "rows/cols; repeatable); the presets are built as they are")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
     parser.add_argument("--placer", choices=PLACERS, default="heap", help="nextpnr placer")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="MIN",
+                        help="stop nextpnr after MIN minutes per run; the row then records the stage "
+                             "reached and nextpnr's estimate after placement (default: no limit)")
     parser.add_argument("--work", type=Path, default=None, help="keep the build directories here")
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     parser.add_argument("--merge", action="store_true",
@@ -143,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also keep the rows of this results file (of another run) that this run "
                              "does not redo; repeatable")
     args = parser.parse_args(argv)
+    if args.time_limit is not None and not args.time_limit > 0:
+        parser.error(f"--time-limit must be a positive number of minutes, not {args.time_limit:g}")
+    time_limit = None if args.time_limit is None else args.time_limit * 60
 
     # the presets and the sweep sizes, smallest array first; a sweep size equal to the sweep
     # board's preset is built once and reported in both rows
@@ -184,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({**twin, "kind": kind})
             else:
                 rows.append(run_one(kind, board, config, work / kind, args.seed,
-                                    args.sweep_mhz if kind == "sweep" else None, args.placer))
+                                    args.sweep_mhz if kind == "sweep" else None, args.placer, time_limit))
             # written after every run: a long sweep that is stopped keeps what it measured
             merged = sorted([*kept.values(), *rows], key=_order)
             results = {"seed": args.seed, "placer": args.placer, "results": merged}

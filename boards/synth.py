@@ -61,7 +61,7 @@ from .boards import Board, BoardError, FitError, get_board, load_preset
 from .clocking import ClockReset, Ecp5Pll, Ice40Pll, PllError, ecp5_pll, ice40_pll
 
 __all__ = ["CORES", "PLACERS", "ArrayCore", "make_core", "BoardTop", "ClockPlan", "plan_clock", "check_fit",
-           "tool_path", "synth", "summary_table", "resolve_config"]
+           "tool_path", "synth", "summary_table", "resolve_config", "PlaceRouteTimeout", "nextpnr_progress"]
 
 #: Cores :func:`synth` can put on a board.
 CORES = ("soc", "array")
@@ -397,8 +397,59 @@ def _nextpnr_command(board: Board, env: Mapping[str, str]) -> list[str]:
             "--json", "top.json", f"--{_CONSTRAINTS[family].split('.')[1]}", _CONSTRAINTS[family]]
 
 
+class PlaceRouteTimeout(ToolError):
+    """nextpnr did not finish within :func:`synth`'s ``time_limit`` and was stopped. What it had
+    reached, from its log (:func:`nextpnr_progress`): ``stage`` ("packing", "placement" or
+    "routing"), ``placed_mhz`` (clock name -> nextpnr's Fmax estimate after placement, empty
+    before), ``arcs_total`` and ``arcs_left`` (routing; None before), ``seconds``."""
+
+    def __init__(self, message: str, *, stage: str, placed_mhz: dict[str, float],
+                 arcs_total: int | None, arcs_left: int | None, seconds: float) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.placed_mhz = placed_mhz
+        self.arcs_total = arcs_total
+        self.arcs_left = arcs_left
+        self.seconds = seconds
+
+
+_MAX_FREQUENCY = re.compile(r"^Info: Max frequency for clock '(?P<clock>[^']+)': (?P<mhz>[0-9.]+) MHz"
+                            r"(?: \((?:PASS|FAIL) at (?P<target>[0-9.]+) MHz\))?")
+_ROUTING_ARCS = re.compile(r"^Info: Routing (?P<arcs>\d+) arcs\.")
+#: router1's progress rows: "Info:  330000 |  67589  262410 |  305  695 |  240076|  10.09  2077.88|"
+_ROUTER_ROW = re.compile(r"^Info:\s+\d+\s*\|\s*\d+\s+\d+\s*\|\s*\d+\s+\d+\s*\|\s*(?P<left>\d+)\s*\|")
+
+
+def nextpnr_progress(log: str, target_mhz: float | None = None) -> dict[str, Any]:
+    """How far a nextpnr run got, from its log: ``stage`` ("packing", "placement", "routing"),
+    ``placed_mhz`` (clock -> the Fmax estimate printed after placement, before routing; the clock
+    constrained to ``target_mhz`` is called ``sync``, as in :func:`synth`'s report), ``arcs_total``
+    and ``arcs_left`` (the router's last progress row; None before routing)."""
+    lines = log.splitlines()
+    routing = next((i for i, line in enumerate(lines) if line.startswith("Info: Routing..")), None)
+    placing = any("placer" in line.lower() or "placement" in line.lower() for line in lines)
+    placed: dict[str, float] = {}
+    for line in lines[:routing]:
+        match = _MAX_FREQUENCY.match(line)
+        if match:
+            name = match.group("clock").removeprefix("$glbnet$")
+            target = match.group("target")
+            if (target_mhz is not None and target is not None
+                    and abs(float(target) - target_mhz) <= 1e-3 * target_mhz):
+                name = "sync"
+            placed[name] = float(match.group("mhz"))
+    arcs_total = arcs_left = None
+    for line in lines[routing:] if routing is not None else []:
+        if (match := _ROUTING_ARCS.match(line)) is not None:
+            arcs_total = arcs_left = int(match.group("arcs"))
+        elif (match := _ROUTER_ROW.match(line)) is not None:
+            arcs_left = int(match.group("left"))
+    return {"stage": "routing" if routing is not None else "placement" if placing else "packing",
+            "placed_mhz": placed, "arcs_total": arcs_total, "arcs_left": arcs_left}
+
+
 def _nextpnr(board: Board, build: Path, seed: int, placer: str, env: Mapping[str, str],
-             what: str) -> dict[str, Any]:
+             what: str, time_limit: float | None = None, target_mhz: float | None = None) -> dict[str, Any]:
     family = board.family
     command = [*_nextpnr_command(board, env),
                "--asc" if family == "ice40" else "--textcfg", _PLACED[family],
@@ -406,7 +457,26 @@ def _nextpnr(board: Board, build: Path, seed: int, placer: str, env: Mapping[str
                "--seed", str(seed), "--placer", placer, "--timing-allow-fail", "--quiet"]
     report = build / "nextpnr-report.json"
     report.unlink(missing_ok=True)
-    result = _run(command, build, env)
+    (build / "nextpnr.log").unlink(missing_ok=True)
+    try:
+        result = subprocess.run(command, cwd=build, env=dict(env), capture_output=True, text=True,
+                                check=False, timeout=time_limit)
+    except subprocess.TimeoutExpired:
+        log = build / "nextpnr.log"
+        progress = nextpnr_progress(log.read_text(errors="replace") if log.is_file() else "", target_mhz)
+        done = {"packing": "before placement", "placement": "while placing",
+                "routing": "while routing"}[progress["stage"]]
+        facts = []
+        if progress["arcs_total"] is not None:
+            facts.append(f"{progress['arcs_left']} of {progress['arcs_total']} arcs left to route")
+        if progress["placed_mhz"]:
+            facts.append("after placement nextpnr estimated " + ", ".join(
+                f"{mhz:.1f} MHz for {'the accelerator clock' if clock == 'sync' else clock}"
+                for clock, mhz in progress["placed_mhz"].items()))
+        raise PlaceRouteTimeout(
+            f"{_NEXTPNR[family]} did not finish within the time limit of {time_limit / 60:g} min "
+            f"and was stopped {done}" + (f" ({'; '.join(facts)})" if facts else "")
+            + f"; log in {log}", seconds=time_limit, **progress) from None
     output = result.stdout + result.stderr
     if (build / "nextpnr.log").is_file():
         output += (build / "nextpnr.log").read_text(errors="replace")
@@ -519,7 +589,7 @@ def resolve_config(board: str | Board, config: AcceleratorConfig | str | Path | 
 
 def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out_dir: str | Path, *,
           clock_mhz: float | None = None, seed: int = 1, core: str = "soc", baud: int | None = None,
-          placer: str = "heap") -> dict[str, Any]:
+          placer: str = "heap", time_limit: float | None = None) -> dict[str, Any]:
     """Synthesize, place and route ``config`` (an :class:`AcceleratorConfig`, a TOML file, or
     None for the board's preset) on ``board`` into ``out_dir`` (created); returns the report,
     also written to ``out_dir/report.json``.
@@ -528,11 +598,13 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     board's PLL; ``seed``: nextpnr's placement seed; ``core``: "soc" (the SoC: accelerator,
     memory of ``config.dram_bytes`` bytes, UART bridge) or "array" (:class:`ArrayCore`);
     ``baud``: the host link's rate (default: the board's), bits/s; ``placer``: nextpnr's placer,
-    one of :data:`PLACERS`.
+    one of :data:`PLACERS`; ``time_limit``: most seconds nextpnr may take (default: no limit),
+    past which it is stopped and :class:`PlaceRouteTimeout` says how far it got.
 
     Raises :class:`~systolic.boards.boards.BoardError` for an unknown board, a clock the PLL
     cannot make, a memory the board cannot hold or a design that does not fit the device, and
-    :class:`~systolic.sim.tools.ToolError` when a tool fails. Timing that is not met is not an
+    :class:`~systolic.sim.tools.ToolError` when a tool fails (:class:`PlaceRouteTimeout`, a
+    ToolError, when nextpnr runs past ``time_limit``). Timing that is not met is not an
     error: the report says so (``timing_met``)."""
     started = time.monotonic()
     board = get_board(board) if isinstance(board, str) else board
@@ -542,6 +614,9 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
         raise ValueError(f"seed must be a non-negative integer, not {seed!r}")
     if placer not in PLACERS:
         raise ValueError(f"placer must be one of {', '.join(repr(p) for p in PLACERS)}, not {placer!r}")
+    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, int | float)
+                                   or not time_limit > 0):
+        raise ValueError(f"time_limit must be a positive number of seconds or None, not {time_limit!r}")
     config = resolve_config(board, config)
     baud = board.baud if baud is None else baud
     if isinstance(baud, bool) or not isinstance(baud, int) or baud <= 0:
@@ -590,7 +665,7 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     usage = check_fit(board, cells, what=what, packed=packed)
 
     step = time.monotonic()
-    placed = _nextpnr(board, out, seed, placer, env, what)
+    placed = _nextpnr(board, out, seed, placer, env, what, time_limit, clock.hz / 1e6)
     seconds["nextpnr"] = time.monotonic() - step
 
     step = time.monotonic()

@@ -435,6 +435,9 @@ def _add_synth(sub: Any) -> None:
     p.add_argument("--placer", choices=PLACERS, default=PLACERS[0],
                    help="nextpnr's placer: heap (default), static (faster on large designs, "
                         "usually a lower Fmax) or sa")
+    p.add_argument("--time-limit", type=float, metavar="MIN",
+                   help="stop nextpnr after MIN minutes and say how far it got (stage, arcs left, "
+                        "its Fmax estimate after placement); default: no limit")
     p.add_argument("--baud", type=int, metavar="N", help="host link baud rate (default: the board's)")
     p.add_argument("--core", choices=CORES, default=CORES[0],
                    help="soc (default) or array: the MAC array alone with registered ports")
@@ -446,6 +449,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from systolic.boards.synth import resolve_config, summary_table, synth
     from systolic.sim.tools import ToolError
 
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise UsageError(f"--time-limit must be a positive number of minutes, not {args.time_limit:g}")
     board = get_board(args.board)
     config = resolve_config(board, args.config)
     if args.overrides:
@@ -454,7 +459,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         config = AcceleratorConfig.from_dict(values, source="--set")
     try:
         report = synth(board, config, args.out, clock_mhz=args.clock_mhz, seed=args.seed,
-                       core=args.core, baud=args.baud, placer=args.placer)
+                       core=args.core, baud=args.baud, placer=args.placer,
+                       time_limit=None if args.time_limit is None else args.time_limit * 60)
     except ToolError as exc:
         _report(exc)
         return 1

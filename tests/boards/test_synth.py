@@ -14,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from systolic.boards.soc import SoC
 from systolic.boards.synth import BoardTop, check_fit, make_core, plan_clock, synth, tool_path
 from systolic.compiler.cli import main
 from systolic.hw.config import AcceleratorConfig
-from systolic.sim.tools import ToolError
+from systolic.sim.tools import ToolError, tool_env
 
 SMALL = AcceleratorConfig(rows=2, cols=2)
 
@@ -301,6 +302,94 @@ def test_synth_argument_errors(tmp_path: Path) -> None:
         synth("icebreaker", SMALL, tmp_path, placer="fast")
     with pytest.raises(TypeError, match=r"^config must be an AcceleratorConfig, a TOML file or None, not 5$"):
         synth("icebreaker", 5, tmp_path)
+    for limit in (0, -1.5, True, "60"):
+        with pytest.raises(ValueError, match=rf"^time_limit must be a positive number of seconds or None, "
+                                             rf"not {re.escape(repr(limit))}$"):
+            synth("icebreaker", SMALL, tmp_path, time_limit=limit)
+
+
+# -- nextpnr's progress and the time limit ------------------------------------------------------------
+
+_PLACED_LOG = """Info: Device utilisation:
+Info: Creating initial analytic placement for 70335 cells, random placement wirelen = 8213627.
+Info: HeAP Placer Time: 1799.43s
+Info: Running simulated annealing placer for refinement.
+Info: SA placement time 472.68s
+
+Info: Max frequency for clock '$glbnet$clock_reset.lock_sync.por_clk': 40.24 MHz (FAIL at 100.00 MHz)
+Info: Max frequency for clock '$glbnet$clk25_0__io': 301.50 MHz (PASS at 25.00 MHz)
+
+Info: Routing globals...
+Info: Routing..
+Info: Setting up routing queue.
+Info: Routing 326245 arcs.
+Info:            |   (re-)routed arcs  |   delta    | remaining|       time spent     |
+Info:    IterCnt |  w/ripup   wo/ripup |  w/r  wo/r |      arcs| batch(sec) total(sec)|
+Info:       1000 |        0       1000 |    0  1000 |    325245|       0.31       0.31|
+Info:     330000 |    67589     262410 |  305   695 |    240076|      10.09    2077.88|
+"""
+
+
+def test_nextpnr_progress_reads_the_stage_estimate_and_arcs_left() -> None:
+    from systolic.boards.synth import nextpnr_progress
+
+    lines = _PLACED_LOG.splitlines()
+    assert nextpnr_progress(_PLACED_LOG, 100.0) == {
+        "stage": "routing", "placed_mhz": {"sync": 40.24, "clk25_0__io": 301.5},
+        "arcs_total": 326245, "arcs_left": 240076}
+    assert nextpnr_progress(_PLACED_LOG)["placed_mhz"] == {"clock_reset.lock_sync.por_clk": 40.24,
+                                                           "clk25_0__io": 301.5}
+    assert nextpnr_progress("\n".join(lines[:13]), 100.0) == {   # routing, no progress row yet
+        "stage": "routing", "placed_mhz": {"sync": 40.24, "clk25_0__io": 301.5},
+        "arcs_total": 326245, "arcs_left": 326245}
+    assert nextpnr_progress("\n".join(lines[:3]), 100.0) == {
+        "stage": "placement", "placed_mhz": {}, "arcs_total": None, "arcs_left": None}
+    assert nextpnr_progress(lines[0], 100.0) == {
+        "stage": "packing", "placed_mhz": {}, "arcs_total": None, "arcs_left": None}
+    # the Fmax after routing (a Warning when it fails) is not the placed estimate
+    routed = _PLACED_LOG + "Warning: Max frequency for clock 'x': 82.00 MHz (FAIL at 100.00 MHz)\n"
+    assert nextpnr_progress(routed, 100.0)["placed_mhz"]["sync"] == 40.24
+
+
+def _fake_nextpnr(tmp_path: Path, log: str) -> dict[str, str]:
+    """A tool environment whose nextpnr-ecp5 writes ``log`` to its --log file, then sleeps."""
+    script = tmp_path / "fake-nextpnr"
+    (tmp_path / "fake.log").write_text(log)
+    script.write_text(f"#!{sys.executable}\n"
+                      "import sys, time, pathlib\n"
+                      "log = sys.argv[sys.argv.index('--log') + 1]\n"
+                      f"source = pathlib.Path({str(tmp_path / 'fake.log')!r})\n"
+                      "pathlib.Path(log).write_text(source.read_text())\n"
+                      "time.sleep(120)\n")
+    script.chmod(0o755)
+    return {**tool_env(), "NEXTPNR_ECP5": str(script)}
+
+
+@pytest.mark.parametrize("cut, message", [
+    (None, r"nextpnr-ecp5 did not finish within the time limit of 0\.05 min and was stopped while "
+           r"routing \(240076 of 326245 arcs left to route; after placement nextpnr estimated 40\.2 MHz "
+           r"for the accelerator clock, 301\.5 MHz for clk25_0__io\); log in .*nextpnr\.log"),
+    (3, r"nextpnr-ecp5 did not finish within the time limit of 0\.05 min and was stopped while "
+        r"placing; log in .*nextpnr\.log"),
+])
+def test_nextpnr_past_the_time_limit_is_stopped_and_says_how_far_it_got(
+        cut: int | None, message: str, tmp_path: Path) -> None:
+    from systolic.boards.synth import PlaceRouteTimeout, _nextpnr
+
+    log = _PLACED_LOG if cut is None else "\n".join(_PLACED_LOG.splitlines()[:cut])
+    build = tmp_path / "build"
+    build.mkdir()
+    env = _fake_nextpnr(tmp_path, log)
+    with pytest.raises(PlaceRouteTimeout, match=rf"^{message}$") as caught:
+        _nextpnr(get_board("ulx3s-85f"), build, 1, "heap", env, "config", time_limit=3, target_mhz=100.0)
+    assert isinstance(caught.value, ToolError)
+    assert caught.value.seconds == 3
+    if cut is None:
+        assert (caught.value.stage, caught.value.placed_mhz["sync"], caught.value.arcs_left) == (
+            "routing", 40.24, 240076)
+    else:
+        stopped = caught.value
+        assert (stopped.stage, stopped.placed_mhz, stopped.arcs_total) == ("placement", {}, None)
 
 
 _CONFLICT = ("Warning: multiple conflicting drivers for top.\\core.load.rows.data [4]:\n"
@@ -444,3 +533,13 @@ def test_cli_synth_errors_are_one_line(argv: list[str], message: str, tmp_path: 
     err = capsys.readouterr().err
     assert status == 1
     assert re.fullmatch(rf"systolic: error: {message}\n", err), err
+
+
+@pytest.mark.parametrize("limit", ["0", "-2", "nan"])
+def test_cli_synth_time_limit_must_be_positive(limit: str, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture) -> None:
+    status = main(["synth", "--board", "ulx3s-85f", "--time-limit", limit, "--out", str(tmp_path)])
+    assert status == 2
+    assert capsys.readouterr().err == (f"systolic: error: --time-limit must be a positive number of minutes, "
+                                       f"not {float(limit):g}\n")
+    assert not any(tmp_path.iterdir())          # nothing was built
