@@ -11,21 +11,22 @@ For each size (default 4x4 and 8x8) and dataflow (default ws and os) this
    that nextpnr times starts and ends at a register and the clock and the global enable can use
    the global network: the Fmax nextpnr reports after routing.
 
-The configuration starts from the defaults, or from a board preset (``--preset ulx3s-85f``:
-its size, element types, ``array_lut_multipliers`` and ``array_bram_multipliers``, so that the
-PEs past the DSP budget multiply in logic or in block RAM), then ``--set FIELD=VALUE`` changes.
+The configuration starts from the defaults, or from a board preset or TOML file (``--preset
+examples/ulx3s-85f-16x16.toml``: its size, element types, ``array_lut_multipliers`` and
+``array_bram_multipliers``, so that the PEs past the DSP budget multiply in logic or in block
+RAM), then ``--set FIELD=VALUE`` changes.
 The wrapper also registers the reset (the array's domain is reset from a register, as behind a
 reset synchronizer), so that no path from a pin is timed.
 
 Writes ``bench/results/array_synth.json`` (results merged by size, dataflow and configuration
 hash) and prints a table: LUT4s, carry cells, FFs, DSP blocks, Fmax, the critical path's end
 points and the synthesis and place-and-route seconds. The target: >= 150 MHz for the 8x8 and
-smaller default arrays; the ULX3S 16x16 preset array aims at >= 115 MHz. Place and route takes
+smaller default arrays; the 16x16 ULX3S config's array aims at >= 115 MHz. Place and route takes
 minutes per design (the 16x16 one tens of minutes).
 
 Run from the repository root: ``python bench/array_synth.py [--sizes 4x4,8x8]
 [--dataflows ws,os] [--freq 150] [--seed 1]`` or, the ULX3S array,
-``python bench/array_synth.py --preset ulx3s-85f --freq 115``.
+``python bench/array_synth.py --preset examples/ulx3s-85f-16x16.toml --freq 115``.
 """
 
 import argparse
