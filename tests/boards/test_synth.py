@@ -352,11 +352,13 @@ def test_nextpnr_progress_reads_the_stage_estimate_and_arcs_left() -> None:
 
 
 def _fake_nextpnr(tmp_path: Path, log: str) -> dict[str, str]:
-    """A tool environment whose nextpnr-ecp5 writes ``log`` to its --log file, then sleeps."""
+    """A tool environment whose nextpnr-ecp5 writes its PID (``fake.pid``) and ``log`` (to its
+    --log file) in its working directory, then sleeps."""
     script = tmp_path / "fake-nextpnr"
     (tmp_path / "fake.log").write_text(log)
     script.write_text(f"#!{sys.executable}\n"
-                      "import sys, time, pathlib\n"
+                      "import os, sys, time, pathlib\n"
+                      "pathlib.Path('fake.pid').write_text(str(os.getpid()))\n"
                       "log = sys.argv[sys.argv.index('--log') + 1]\n"
                       f"source = pathlib.Path({str(tmp_path / 'fake.log')!r})\n"
                       "pathlib.Path(log).write_text(source.read_text())\n"
@@ -384,6 +386,8 @@ def test_nextpnr_past_the_time_limit_is_stopped_and_says_how_far_it_got(
         _nextpnr(get_board("ulx3s-85f"), build, 1, "heap", env, "config", time_limit=3, target_mhz=100.0)
     assert isinstance(caught.value, ToolError)
     assert caught.value.seconds == 3
+    with pytest.raises(ProcessLookupError):         # stopped and reaped, not left running
+        os.kill(int((build / "fake.pid").read_text()), 0)
     if cut is None:
         assert (caught.value.stage, caught.value.placed_mhz["sync"], caught.value.arcs_left) == (
             "routing", 40.24, 240076)
