@@ -90,15 +90,10 @@ def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: 
             report = synth(board, config, work / f"{board}-{config.rows}x{config.cols}", seed=seed,
                            clock_mhz=clock_mhz, placer=placer, time_limit=time_limit)
             return _row(kind, board, config, mhz, report, None, time.monotonic() - started)
-        except PlaceRouteTimeout as exc:     # not an Fmax: how far nextpnr got, in its own fields
-            row = _row(kind, board, config, mhz, None, f"not placed and routed in {exc.seconds / 60:g} min: "
-                       f"stopped in {exc.stage}", time.monotonic() - started)
+        except PlaceRouteTimeout as exc:     # not an Fmax: how far nextpnr got, also in fields
+            row = _row(kind, board, config, mhz, None, str(exc), time.monotonic() - started)
             row.update(stopped_in=exc.stage, placed_mhz=exc.placed_mhz.get("sync"),
                        arcs_total=exc.arcs_total, arcs_left=exc.arcs_left)
-            if row["placed_mhz"] is not None:
-                row["error"] += f", placed estimate {row['placed_mhz']:.1f} MHz"
-            if exc.arcs_total is not None:
-                row["error"] += f", {exc.arcs_left} of {exc.arcs_total} arcs left"
             return row
         except FitError as exc:
             pes = config.rows * config.cols

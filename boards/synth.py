@@ -267,8 +267,12 @@ def tool_path(name: str, env: Mapping[str, str] | None = None) -> str:
                     f"wheel (pip install {_WHEELS.get(name, 'yowasp')})")
 
 
-def _run(command: list[str], cwd: Path, env: Mapping[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(command, cwd=cwd, env=dict(env), capture_output=True, text=True, check=False)
+def _run(command: list[str], cwd: Path, env: Mapping[str, str],
+         timeout: float | None = None) -> subprocess.CompletedProcess:
+    """``command`` in ``cwd``, its output captured; past ``timeout`` seconds it is killed and
+    :class:`subprocess.TimeoutExpired` raised."""
+    return subprocess.run(command, cwd=cwd, env=dict(env), capture_output=True, text=True, check=False,
+                          timeout=timeout)
 
 
 def _tool_versions(family: str, yosys_log: Path) -> dict[str, str]:
@@ -459,8 +463,7 @@ def _nextpnr(board: Board, build: Path, seed: int, placer: str, env: Mapping[str
     report.unlink(missing_ok=True)
     (build / "nextpnr.log").unlink(missing_ok=True)
     try:
-        result = subprocess.run(command, cwd=build, env=dict(env), capture_output=True, text=True,
-                                check=False, timeout=time_limit)
+        result = _run(command, build, env, timeout=time_limit)
     except subprocess.TimeoutExpired:
         log = build / "nextpnr.log"
         progress = nextpnr_progress(log.read_text(errors="replace") if log.is_file() else "", target_mhz)
