@@ -1,0 +1,55 @@
+"""The command-line errors of ``bench/board_sweep.py``: each is one usage line naming the flag and
+the rule, given before anything is built."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+_SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "board_sweep.py"
+
+
+def _board_sweep():
+    spec = importlib.util.spec_from_file_location("board_sweep", _SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sizes", "4"], "--sizes takes comma-separated RxC sizes, not '4'"),
+    (["--sizes", "4x4,8by8"], "--sizes takes comma-separated RxC sizes, not '8by8'"),
+    (["--time-limit", "0"], "--time-limit must be a positive number of minutes, not 0"),
+    (["--time-limit", "-3"], "--time-limit must be a positive number of minutes, not -3"),
+    (["--set", "rows"], "--set expects field=value, not 'rows'"),
+    (["--set", "colums=8"], "--set: unknown field 'colums'; known fields are "),
+    (["--set", "dram_bytes=3"], "dram_bytes must be "),
+])
+def test_board_sweep_argument_errors(argv: list[str], message: str, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "sweep.json"
+    with pytest.raises(SystemExit) as exit_info:
+        _board_sweep().main(["--boards", "", "--sizes", "4x4", *argv, "--out", str(out)])
+    assert exit_info.value.code == 2
+    assert re.search(rf"^\S+: error: {re.escape(message)}", capsys.readouterr().err, re.M)
+    assert not out.exists()                     # nothing was run
+
+
+def test_board_sweep_set_changes_the_sweep_configs_after_their_size(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    sweep = _board_sweep()
+    built = []
+
+    def fake_run_one(kind, board, config, *args):
+        built.append(config)
+        return {"kind": kind, "board": board, "rows": config.rows, "cols": config.cols,
+                "lut_multipliers": config.array_lut_multipliers, "error": "not run"}
+
+    monkeypatch.setattr(sweep, "run_one", fake_run_one)
+    assert sweep.main(["--boards", "", "--sizes", "4x4,16x16", "--set", "array_lut_multipliers=7",
+                       "--set", "dram_bytes=65536", "--out", str(tmp_path / "sweep.json")]) == 0
+    assert [(c.rows, c.cols, c.array_lut_multipliers, c.dram_bytes) for c in built] == [
+        (4, 4, 7, 65536), (16, 16, 7, 65536)]
