@@ -84,6 +84,11 @@ _DOC = {
                          "LOAD/STORE (it keeps a unit's readiness off the token checks and the "
                          "dispatcher's queue for high clocks); false saves its flip-flops, about 700, "
                          "on small, slow FPGAs",
+    "fifo_block_ram_bits": "FIFOs storing at least this many bits (width x (depth - 1): the DMA "
+                           "engines', the units' and the SFU's; hw/fifo.py) keep them in block RAM "
+                           "(yosys attribute ram_style = block) instead of distributed RAM; 0: yosys "
+                           "chooses. For nearly full ECP5 devices, where distributed-RAM cells can keep "
+                           "nextpnr's analytic placer from a legal placement; synthesis only",
     "load_queue_depth": "instructions buffered in the load queue",
     "compute_queue_depth": "instructions buffered in the compute queue",
     "store_queue_depth": "instructions buffered in the store queue",
@@ -141,6 +146,7 @@ class AcceleratorConfig:
     gather_engine: str = "pipelined"
     scatter_engine: str = "pipelined"
     command_registers: bool = True
+    fifo_block_ram_bits: int = 0
     load_queue_depth: int = 8
     compute_queue_depth: int = 8
     store_queue_depth: int = 8
@@ -242,6 +248,10 @@ class AcceleratorConfig:
 
         if not 1 <= self.requant_row_words <= 64:
             raise ConfigError(f"requant_row_words must be between 1 and 64, not {self.requant_row_words!r}")
+
+        if not 0 <= self.fifo_block_ram_bits <= 1 << 20:
+            raise ConfigError(f"fifo_block_ram_bits must be 0 (yosys chooses) or between 1 and 2**20 "
+                              f"bits, not {self.fifo_block_ram_bits!r}")
 
         if not _is_pow2(self.dram_bytes) or not 1 << 12 <= self.dram_bytes <= 1 << 32:
             raise ConfigError(f"dram_bytes must be a power of two between 4096 and 2**32 (the 32-bit "

@@ -110,7 +110,8 @@ class Fetcher(wiring.Component):
         capacity = self.depth * beats_per_instr    # beats
         max_words = cfg.dram_bytes // INSTR_BYTES
 
-        # start empties the FIFO (its pointers and level; the stale entries are never read)
+        # start empties the FIFO (its pointers and level; the stale entries are never read). Never
+        # in block RAM (hw/fifo.py): its read data feed the instruction decoder.
         beats = fifo.SyncFIFOBuffered(width=8 * BB, depth=capacity)
         m.submodules.beats = ResetInserter(self.start)(beats)
 

@@ -57,11 +57,12 @@ and the requantize table; the consumer converts the bytes of a row into its memo
 from __future__ import annotations
 
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .axi import RESP_OKAY, AddressLayout, ReadDataLayout, ResponseLayout, WriteDataLayout
 from .config import AcceleratorConfig
+from .fifo import buffered_fifo
 from .interconnect import StreamRegister
 
 __all__ = ["LoadCommandLayout", "RowWriteLayout", "GatherPorts", "GatherReader", "residual_read_fields",
@@ -273,9 +274,8 @@ class GatherReader(GatherPorts):
         range_layout = _RangeLayout(RB, BBL)
         pos_shape = run_layout.members["pos"]
 
-        m.submodules.runs = runs = fifo.SyncFIFOBuffered(width=run_layout.size,
-                                                         depth=read_run_fifo_depth(cfg))
-        m.submodules.ranges = ranges = fifo.SyncFIFOBuffered(width=range_layout.size, depth=8)
+        m.submodules.runs = runs = buffered_fifo(cfg, width=run_layout.size, depth=read_run_fifo_depth(cfg))
+        m.submodules.ranges = ranges = buffered_fifo(cfg, width=range_layout.size, depth=8)
 
         cur = Signal(run_layout)          # the run the aligner works on
         cur_valid = Signal()
@@ -1092,10 +1092,10 @@ class ScatterWriter(ScatterPorts):
         # (a burst's beats wait here until it is closed, with room for the next one's and two
         # more, see `room`)
         beat_depth = max(2 * MB, MB + 4)
-        m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=beat_layout.size, depth=beat_depth)
+        m.submodules.beats = beats = buffered_fifo(cfg, width=beat_layout.size, depth=beat_depth)
         burst_depth = 8
-        m.submodules.bursts = bursts = fifo.SyncFIFOBuffered(width=burst_layout.size, depth=burst_depth)
-        m.submodules.lengths = lengths = fifo.SyncFIFOBuffered(width=8, depth=burst_depth)
+        m.submodules.bursts = bursts = buffered_fifo(cfg, width=burst_layout.size, depth=burst_depth)
+        m.submodules.lengths = lengths = buffered_fifo(cfg, width=8, depth=burst_depth)
 
         # -- write responses ----------------------------------------------------------------------
         outstanding = Signal(16)          # bursts sent on AW without a write response

@@ -52,11 +52,11 @@ from typing import Any
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.hdl import Shape, Value
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from .accumulator import acc_elem_shape
 from .config import AcceleratorConfig
+from .fifo import buffered_fifo
 from .isa import HEADER_LAYOUT, LAYOUTS, Activation, Opcode, OutType, PoolMode
 from .requant_table import REQUANT_ENTRY
 
@@ -426,7 +426,7 @@ class SpecialFunctionUnit(SFUPorts):
 
         rows = self._fifo_rows
         elem_width = Shape.cast(acc_elem_shape(cfg)).width
-        m.submodules.output_fifo = fifo = SyncFIFOBuffered(width=cfg.cols * elem_width, depth=rows)
+        m.submodules.output_fifo = fifo = buffered_fifo(cfg, width=cfg.cols * elem_width, depth=rows)
         pending = Signal(range(rows + 1))   # output rows owed: in the pipeline or the FIFO
         room = Signal(init=1)               # pending < rows, registered
         accepted = self.i.valid & self.i.ready

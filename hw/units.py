@@ -26,7 +26,7 @@ combinations give unspecified output.
 from __future__ import annotations
 
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .accumulator import acc_array_write_layout, acc_dma_write_layout, acc_row_layout, write_latency
@@ -41,6 +41,7 @@ from .dma import (
     residual_read_fields,
 )
 from .dma_serial import SerialGatherReader, SerialScatterWriter
+from .fifo import buffered_fifo
 from .interconnect import HalfRateRegister, StreamRegister
 from .isa import LAYOUTS, Memory, Opcode, OutType, PoolMode
 from .requant_table import requant_row_layout, requant_write_layout
@@ -160,7 +161,7 @@ class LoadUnit(wiring.Component):
 
         # per command in flight, in order: where its rows go and the LOAD's program counter
         info_layout = data.StructLayout({"dst": Memory, "widen": 1, "residual": 1, "pc": 32})
-        m.submodules.inflight = inflight = fifo.SyncFIFOBuffered(width=info_layout.size, depth=self.depth)
+        m.submodules.inflight = inflight = buffered_fifo(cfg, width=info_layout.size, depth=self.depth)
 
         load = _view(Opcode.LOAD, self.cmd.payload.word)
         command = Signal(LoadCommandLayout())
@@ -362,11 +363,10 @@ class ComputeUnit(wiring.Component):
                                              "n": small_c, "row_macs": _row_macs_bits(cfg)})
         write_layout = data.StructLayout({"acc_addr": cfg.acc_addr_bits, "m": rows_bits if ws else small_r,
                                           "accumulate": 1})
-        m.submodules.feeds = feeds = fifo.SyncFIFOBuffered(width=feed_layout.size, depth=self.depth)
-        m.submodules.writes = writes = fifo.SyncFIFOBuffered(width=write_layout.size, depth=self.depth)
+        m.submodules.feeds = feeds = buffered_fifo(cfg, width=feed_layout.size, depth=self.depth)
+        m.submodules.writes = writes = buffered_fifo(cfg, width=write_layout.size, depth=self.depth)
         if ws:
-            m.submodules.preloads = preloads = fifo.SyncFIFOBuffered(width=preload_layout.size,
-                                                                     depth=self.depth)
+            m.submodules.preloads = preloads = buffered_fifo(cfg, width=preload_layout.size, depth=self.depth)
 
         # -- accept: one descriptor per consumer ----------------------------------------------
         feed = Signal(feed_layout)
@@ -409,7 +409,7 @@ class ComputeUnit(wiring.Component):
             # written, no later than the memory's response (read_latency >= 2); as many entries
             # as the read_latency + 1 responses a decoupled scratchpad port owes at most, so a
             # full queue never holds up a request
-            meta = fifo.SyncFIFOBuffered(width=meta_layout.size, depth=read_latency(cfg) + 1)
+            meta = buffered_fifo(cfg, width=meta_layout.size, depth=read_latency(cfg) + 1)
             m.submodules[f"{name}_meta"] = meta
             m.d.comb += [
                 port.req.valid.eq(fifo_.r_rdy & meta.w_rdy),
@@ -480,7 +480,7 @@ class ComputeUnit(wiring.Component):
             a_row = Signal(16)
             b_row = Signal(16)
             # buffered, as in reader()
-            ameta = fifo.SyncFIFOBuffered(width=ameta_layout.size, depth=read_latency(cfg) + 1)
+            ameta = buffered_fifo(cfg, width=ameta_layout.size, depth=read_latency(cfg) + 1)
             m.submodules.ameta = ameta
             # A and B are requested row by row, neither running ahead of the other
             both = Signal()
@@ -747,8 +747,8 @@ class StoreUnit(wiring.Component):
         # buffered (a register, not a distributed RAM's read, starts the response handshake),
         # an entry readable two cycles after it is written, no later than the response.
         meta_layout = data.StructLayout({"first": 1, "last": 1, "pad": 1})
-        m.submodules.meta = meta = fifo.SyncFIFOBuffered(width=meta_layout.size, depth=read_latency(cfg) + 1)
-        m.submodules.requests = requests = fifo.SyncFIFOBuffered(width=row_bits + meta_layout.size, depth=4)
+        m.submodules.meta = meta = buffered_fifo(cfg, width=meta_layout.size, depth=read_latency(cfg) + 1)
+        m.submodules.requests = requests = buffered_fifo(cfg, width=row_bits + meta_layout.size, depth=4)
         walking = Signal()
         last_pixel = Signal()
         step = Signal()

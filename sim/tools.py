@@ -221,9 +221,10 @@ def design_hash(verilog: str, *extra: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def _check_top(verilog: str, top: str) -> None:
-    if not re.search(rf"^\s*module\s+{re.escape(top)}\b", verilog, re.MULTILINE):
-        raise ToolError(f"top module {top!r} is not defined in the given Verilog")
+def _check_top(verilog: str, top: str, *, rtlil: bool = False) -> None:
+    name = rf"\\{re.escape(top)}(?!\S)" if rtlil else rf"{re.escape(top)}\b"
+    if not re.search(rf"^\s*module\s+{name}", verilog, re.MULTILINE):
+        raise ToolError(f"top module {top!r} is not defined in the given {'RTLIL' if rtlil else 'Verilog'}")
 
 
 def verilator_lint(verilog: str, top: str, *, waivers: Sequence[str] = VERILATOR_WAIVERS) -> None:
@@ -248,9 +249,12 @@ def verilator_lint(verilog: str, top: str, *, waivers: Sequence[str] = VERILATOR
 # -- synthesis ------------------------------------------------------------------------------------
 
 def yosys_synth(verilog: str, top: str, family: str, *, netlist: str | Path | None = None,
-                flags: Sequence[str] = ()) -> dict[str, Any]:
+                flags: Sequence[str] = (), rtlil: bool = False) -> dict[str, Any]:
     """Synthesize ``verilog`` for ``family`` ('ice40': ``synth_ice40 -dsp``, 'ecp5':
-    ``synth_ecp5``) with yowasp yosys, top module ``top``, extra synthesis ``flags``.
+    ``synth_ecp5``) with yowasp yosys, top module ``top``, extra synthesis ``flags``. With
+    ``rtlil`` the text is RTLIL (Amaranth's ``rtlil.convert``, as :mod:`systolic.boards.synth`
+    synthesizes it: memory attributes such as the read-collision marks of
+    :mod:`systolic.hw.rtlil` reach yosys only this way).
 
     Returns ``{"luts", "carry", "ffs", "dsps", "brams", "cells"}``: cell counts (LUT4s, carry
     cells, flip-flops, DSP blocks, block RAMs; ``"lutrams"`` too for ECP5) and every cell type's
@@ -261,13 +265,13 @@ def yosys_synth(verilog: str, top: str, family: str, *, netlist: str | Path | No
     if family not in SYNTH_FAMILIES:
         raise ValueError(f"family must be one of {', '.join(repr(f) for f in SYNTH_FAMILIES)}, "
                          f"not {family!r}")
-    _check_top(verilog, top)
+    _check_top(verilog, top, rtlil=rtlil)
     synth = f"{SYNTH_FAMILIES[family]} -top {top} {' '.join(flags)}".strip()
     try:
-        stat = _run_yosys(verilog, [synth], netlist, top)
+        stat = _run_yosys(verilog, [synth], netlist, top, rtlil=rtlil)
         mapper = "abc9"
     except YosysSilentExit:
-        stat = _run_yosys(verilog, classic_abc_commands(family, synth), netlist, top)
+        stat = _run_yosys(verilog, classic_abc_commands(family, synth), netlist, top, rtlil=rtlil)
         mapper = "abc"
     summary = _cell_summary(stat, top, family)
     summary["lut_mapper"] = mapper
@@ -311,14 +315,15 @@ def raise_yosys_failure(result: subprocess.CompletedProcess[str], what: str) -> 
     raise ToolError(f"{what} failed:\n" + "\n".join(errors))
 
 
-def _run_yosys(verilog: str, commands: list[str], netlist: str | Path | None, top: str
-               ) -> dict[str, Any]:
+def _run_yosys(verilog: str, commands: list[str], netlist: str | Path | None, top: str, *,
+               rtlil: bool = False) -> dict[str, Any]:
     """Run a yosys script (``commands`` after reading the design) and return ``stat -json``."""
     # yowasp tools run in a WebAssembly sandbox that sees the working directory but not every
     # absolute path (/tmp is not mapped), so all file names given to yosys are relative.
     with tempfile.TemporaryDirectory(prefix="systolic-synth-") as tmp:
-        Path(tmp, "design.v").write_text(verilog)
-        script = ["read_verilog -sv design.v", *commands, "tee -q -o stat.json stat -json"]
+        Path(tmp, "design.il" if rtlil else "design.v").write_text(verilog)
+        read = "read_rtlil design.il" if rtlil else "read_verilog -sv design.v"
+        script = [read, *commands, "tee -q -o stat.json stat -json"]
         if netlist is not None:
             script.append("write_json netlist.json")
         Path(tmp, "synth.ys").write_text("\n".join(script) + "\n")

@@ -150,11 +150,11 @@ def test_synth_falls_back_to_classic_abc(family: str, monkeypatch: pytest.Monkey
     run = tools._run_yosys
     scripts: list[list[str]] = []
 
-    def abc9_exits_silently(verilog: str, commands: list[str], netlist: Any, top: str) -> Any:
+    def abc9_exits_silently(verilog: str, commands: list[str], netlist: Any, top: str, **options: Any) -> Any:
         scripts.append(commands)
         if len(commands) == 1:
             raise tools.YosysSilentExit("yosys exited with status 1 and no ERROR line")
-        return run(verilog, commands, netlist, top)
+        return run(verilog, commands, netlist, top, **options)
 
     monkeypatch.setattr(tools, "_run_yosys", abc9_exits_silently)
     counter = tools.yosys_synth(tools.to_verilog(Counter(), "counter"), "counter", family)
@@ -190,6 +190,19 @@ def test_synth_writes_a_netlist(tmp_path: Path) -> None:
     netlist = tmp_path / "counter.json"
     tools.yosys_synth(tools.to_verilog(Counter(), "counter"), "counter", "ecp5", netlist=netlist)
     assert '"counter"' in netlist.read_text()
+
+
+def test_synth_reads_rtlil() -> None:
+    from amaranth.back import rtlil
+
+    counter = Counter()
+    text = rtlil.convert(counter, name="counter")
+    assert tools.yosys_synth(text, "counter", "ecp5", rtlil=True)["ffs"] == \
+        tools.yosys_synth(tools.to_verilog(Counter(), "counter"), "counter", "ecp5")["ffs"]
+    with pytest.raises(tools.ToolError, match=r"^top module 'count' is not defined in the given RTLIL$"):
+        tools.yosys_synth(text, "count", "ecp5", rtlil=True)
+    with pytest.raises(tools.ToolError, match=r"^top module 'counter' is not defined in the given Verilog$"):
+        tools.yosys_synth(text, "counter", "ecp5")
 
 
 def test_synth_errors() -> None:

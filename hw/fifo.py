@@ -1,0 +1,59 @@
+"""The accelerator's FIFOs: Amaranth's ``SyncFIFOBuffered``, with their storage in block RAM when
+the config asks for it.
+
+yosys puts a small FIFO's storage in distributed RAM on ECP5 (TRELLIS_DPR16X4: a RAM cell and two
+LUT4 cells per 16 entries of 4 bits). On a nearly full device those cells crowd the slices that
+can hold them, and nextpnr's analytic placer can fail to legalize the placement (seen on the
+OrangeCrab, docs/boards.md). :func:`buffered_fifo` makes every FIFO that stores at least
+``config.fifo_block_ram_bits`` bits (``width * (depth - 1)``: the last entry is the output
+register) carry the yosys attribute ``ram_style = "block"``, so that its storage becomes block
+RAM (ECP5 DP16KD, iCE40 EBR), and :data:`~systolic.hw.rtlil.UNDEFINED_COLLISION`: a FIFO never
+reads the row it writes in the same cycle (it reads only when not empty and writes only when not
+full, and its write and read pointers meet only then), so the block RAM needs no logic for that
+case. Simulation is unchanged: the attributes matter to yosys only.
+
+A block RAM's read data come late in the cycle (ECP5 DP16KD: 4.3 ns clock to output), so only
+FIFOs whose read data go (nearly) straight into a register use :func:`buffered_fifo`: the DMA
+engines', the units' and the SFU's. The fetcher's beat FIFO, whose read data feed the
+instruction decoder, does not (in block RAM it made the OrangeCrab's critical path).
+"""
+
+from __future__ import annotations
+
+from amaranth import Module
+from amaranth.lib import fifo
+
+from .config import AcceleratorConfig
+from .rtlil import UNDEFINED_COLLISION
+
+__all__ = ["RAM_STYLE", "BlockRamFIFO", "buffered_fifo", "fifo_storage_bits"]
+
+#: yosys' memory attribute (name, value) that restricts a memory to block RAM. (``ram_block``
+#: does not: yosys 0.70 still maps a 32-entry memory carrying it to distributed RAM.)
+RAM_STYLE = ("ram_style", "block")
+
+
+def fifo_storage_bits(width: int, depth: int) -> int:
+    """Bits a ``SyncFIFOBuffered`` of ``width`` and ``depth`` keeps in its memory: ``depth - 1``
+    entries (its last entry is the output register; a depth of 1 is that register alone)."""
+    return width * max(0, depth - 1)
+
+
+class BlockRamFIFO(fifo.SyncFIFOBuffered):
+    """A ``SyncFIFOBuffered`` whose storage is marked for block RAM. Same ports and timing as its
+    base class."""
+
+    def elaborate(self, platform) -> Module:
+        m = super().elaborate(platform)
+        if fifo_storage_bits(self.width, self.depth):
+            m.submodules.storage.attrs.update({RAM_STYLE[0]: RAM_STYLE[1], UNDEFINED_COLLISION: 1})
+        return m
+
+
+def buffered_fifo(config: AcceleratorConfig, *, width: int, depth: int) -> fifo.SyncFIFOBuffered:
+    """A ``SyncFIFOBuffered`` of ``width`` bits and ``depth`` entries; a :class:`BlockRamFIFO`
+    when ``config.fifo_block_ram_bits`` is not 0 and the FIFO stores at least that many bits
+    (:func:`fifo_storage_bits`)."""
+    bits = fifo_storage_bits(width, depth)
+    block = config.fifo_block_ram_bits != 0 and bits >= config.fifo_block_ram_bits
+    return (BlockRamFIFO if block else fifo.SyncFIFOBuffered)(width=width, depth=depth)

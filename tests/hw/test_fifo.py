@@ -1,0 +1,147 @@
+# amaranth: UnusedElaboratable=no
+"""The accelerator's FIFOs (``hw/fifo.py``): a :class:`BlockRamFIFO` moves the same items in the
+same cycles as Amaranth's ``SyncFIFOBuffered`` under random traffic, at full and extreme
+occupancy; :func:`buffered_fifo` picks it by the bits it stores and ``fifo_block_ram_bits``; its
+storage carries the attributes, its read port gets an undefined collision result, and yosys maps
+it to block RAM (ECP5 DP16KD, iCE40 EBR) where the plain FIFO becomes distributed RAM; the
+fetcher's FIFO never does."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+from amaranth.back import rtlil
+from amaranth.lib import fifo
+from systolic.hw.config import AcceleratorConfig
+from systolic.hw.dma import GatherReader, read_run_fifo_depth
+from systolic.hw.fifo import RAM_STYLE, BlockRamFIFO, buffered_fifo, fifo_storage_bits
+from systolic.hw.rtlil import UNDEFINED_COLLISION, undefined_read_collisions
+from systolic.sim.tools import yosys_synth
+
+from .test_scratchpad import collect, drive, simulate
+
+_STYLE = f'attribute \\{RAM_STYLE[0]} "{RAM_STYLE[1]}"'
+SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
+
+
+def _traffic(kind: type, depth: int, items: list[int], *, gap: float, stall: float, seed: int
+             ) -> tuple[list[int], list[tuple[int, int]]]:
+    dut = kind(width=16, depth=depth)
+    result: dict[str, object] = {}
+
+    async def producer(ctx):
+        result["in"] = await drive(ctx, dut.w_stream, items, rng=random.Random(seed), gap=gap)
+
+    async def consumer(ctx):
+        result["out"] = await collect(ctx, dut.r_stream, len(items), rng=random.Random(seed + 1),
+                                      stall=stall)
+
+    simulate(dut, producer, consumer)
+    return result["in"], result["out"]
+
+
+@pytest.mark.parametrize("depth", [2, 3, 8, 33])
+def test_block_ram_fifo_moves_the_same_items_in_the_same_cycles(depth: int) -> None:
+    rng = random.Random(SEED + depth)
+    items = [rng.choice([0, 0xFFFF, 0x8000, 1, rng.randrange(1 << 16)]) for _ in range(300)]
+    # (gap, stall): empty most of the time, full most of the time, and mixed
+    for gap, stall in ((0.0, 0.0), (0.7, 0.0), (0.0, 0.9), (0.4, 0.5)):
+        plain = _traffic(fifo.SyncFIFOBuffered, depth, items, gap=gap, stall=stall, seed=SEED)
+        block = _traffic(BlockRamFIFO, depth, items, gap=gap, stall=stall, seed=SEED)
+        assert [value for _, value in block[1]] == items, (gap, stall)
+        assert block == plain, (gap, stall)
+
+
+def test_buffered_fifo_picks_block_ram_by_stored_bits() -> None:
+    assert [fifo_storage_bits(48, d) for d in (0, 1, 2, 64)] == [0, 0, 48, 48 * 63]
+    assert type(buffered_fifo(AcceleratorConfig(), width=64, depth=4096)) is fifo.SyncFIFOBuffered
+    config = AcceleratorConfig(fifo_block_ram_bits=512)
+    assert type(buffered_fifo(config, width=8, depth=64)) is fifo.SyncFIFOBuffered      # 504 bits
+    chosen = buffered_fifo(config, width=8, depth=65)                                    # 512 bits
+    assert type(chosen) is BlockRamFIFO and (chosen.width, chosen.depth) == (8, 65)
+    assert type(buffered_fifo(config.replace(fifo_block_ram_bits=1), width=1, depth=2)) is BlockRamFIFO
+    # a FIFO of one entry keeps it in its output register: nothing to put in block RAM
+    assert type(buffered_fifo(config.replace(fifo_block_ram_bits=1), width=64, depth=1)) is \
+        fifo.SyncFIFOBuffered
+
+
+def _memories(text: str) -> list[tuple[list[str], str]]:
+    """(attribute lines, memory line) of every memory in an RTLIL text."""
+    found, attributes = [], []
+    for line in text.splitlines():
+        words = line.split()
+        if words[:1] == ["attribute"]:
+            if words[1:2] != ["\\src"]:
+                attributes.append(line.strip())
+        elif words[:1] == ["memory"]:
+            found.append((attributes, line.strip()))
+            attributes = []
+        elif words:
+            attributes = []
+    return found
+
+
+def _rtlil(dut: fifo.SyncFIFOBuffered) -> str:
+    return rtlil.convert(dut, ports=[dut.w_data, dut.w_en, dut.w_rdy, dut.r_data, dut.r_en, dut.r_rdy],
+                         name="top")
+
+
+def test_block_ram_fifo_storage_carries_the_attributes() -> None:
+    (attributes, memory), = _memories(_rtlil(BlockRamFIFO(width=48, depth=64)))
+    assert memory.endswith("memory width 48 size 63 \\storage")
+    assert _STYLE in attributes
+    assert f"attribute \\{UNDEFINED_COLLISION} 1" in attributes
+    assert undefined_read_collisions(_rtlil(BlockRamFIFO(width=48, depth=64)))[1] == 1
+    (attributes, _), = _memories(_rtlil(fifo.SyncFIFOBuffered(width=48, depth=64)))
+    assert attributes == []
+    # a FIFO of one entry is a register: nothing to mark
+    assert _memories(_rtlil(BlockRamFIFO(width=48, depth=1))) == []
+
+
+def test_the_config_reaches_the_dma_engines_fifos() -> None:
+    config = AcceleratorConfig(rows=4, cols=4, dma_data_bits=32)
+    depth = read_run_fifo_depth(config)
+
+    def marked(c: AcceleratorConfig) -> list[str]:
+        text = rtlil.convert(GatherReader(c))
+        return [memory for attributes, memory in _memories(text) if _STYLE in attributes]
+
+    runs, = [m for _, m in _memories(rtlil.convert(GatherReader(config))) if f"size {depth - 1} " in m]
+    run_bits = int(runs.split()[2]) * (depth - 1)
+    assert marked(config) == []
+    # the run FIFO only, then the range FIFO (8 entries) too
+    assert [m.split()[-3:] for m in marked(config.replace(fifo_block_ram_bits=run_bits))] == \
+        [["size", str(depth - 1), "\\storage"]]
+    assert marked(config.replace(fifo_block_ram_bits=run_bits + 1)) == []
+    assert len(marked(config.replace(fifo_block_ram_bits=1))) == 2
+
+
+def test_the_fetchers_fifo_never_goes_to_block_ram() -> None:
+    # its read data feed the instruction decoder: a block RAM's late output would make the path
+    from systolic.hw.controller import Fetcher
+
+    text = rtlil.convert(Fetcher(AcceleratorConfig(fifo_block_ram_bits=1)))
+    assert _memories(text) and not any(_STYLE in attributes for attributes, _ in _memories(text))
+
+
+def _synth(dut: fifo.SyncFIFOBuffered, family: str) -> dict:
+    return yosys_synth(undefined_read_collisions(_rtlil(dut))[0], "top", family, rtlil=True)
+
+
+@pytest.mark.parametrize(("width", "depth"), [(48, 64), (36, 32), (8, 8)])
+def test_yosys_maps_the_block_ram_fifo_to_block_ram_on_ecp5(width: int, depth: int) -> None:
+    marked = _synth(BlockRamFIFO(width=width, depth=depth), "ecp5")
+    plain = _synth(fifo.SyncFIFOBuffered(width=width, depth=depth), "ecp5")
+    assert marked["cells"].get("DP16KD", 0) >= 1 and marked["lutrams"] == 0
+    assert plain["cells"].get("DP16KD", 0) == 0 and plain["lutrams"] > 0
+
+
+def test_the_block_ram_fifo_needs_no_collision_logic_on_ice40() -> None:
+    # iCE40 has no distributed RAM: both become EBR, the marked one without the logic that
+    # gives a same-cycle read of the row being written its defined result
+    marked = _synth(BlockRamFIFO(width=48, depth=64), "ice40")
+    plain = _synth(fifo.SyncFIFOBuffered(width=48, depth=64), "ice40")
+    assert marked["cells"].get("SB_RAM40_4K", 0) >= 1
+    assert marked["luts"] < plain["luts"] and marked["ffs"] < plain["ffs"]
