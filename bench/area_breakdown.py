@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment
+from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment, parse_size
 from systolic.hw.generate import TOP_NAME, top_verilog
 from systolic.sim.tools import CELL_KINDS, SYNTH_FAMILIES, ToolError, tool_env, yosys_synth
 
@@ -173,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="JSON results file")
     args = parser.parse_args(argv)
 
-    rows, cols = (int(v) for v in args.size.lower().split("x"))
     changes: dict[str, Any] = {}
     try:
+        rows, cols = parse_size(args.size)
         changes.update(parse_assignment(item) for item in args.set)
     except ConfigError as exc:
         parser.error(str(exc))

@@ -44,7 +44,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth_boards.ulx3s import ULX3S_85F_Platform
 from systolic.hw.array import SystolicArray
-from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment
+from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment, parse_size
 from systolic.sim.tools import ToolError, to_verilog, tool_env, yosys_synth
 
 __all__ = ["RegisteredPorts", "measure", "main"]
@@ -211,17 +211,22 @@ def main(argv: list[str] | None = None) -> int:
     sizes = args.sizes or (f"{base['rows']}x{base['cols']}" if "rows" in base else "4x4,8x8")
     dataflows = args.dataflows or base.get("dataflow", "ws,os")
 
+    configs = []                  # every size and dataflow checked before anything is built
+    try:
+        for size in sizes.split(","):
+            rows, cols = parse_size(size, flag="--sizes")
+            for dataflow in dataflows.split(","):
+                values = {**base, "rows": rows, "cols": cols, "dataflow": dataflow}
+                configs.append(AcceleratorConfig.from_dict(values, source="array_synth"))
+    except ConfigError as exc:
+        parser.error(str(exc))
+
     rows_out = []
-    for size in sizes.split(","):
-        rows, sep, cols = size.lower().partition("x")
-        if not (sep and rows.isdigit() and cols.isdigit()):
-            parser.error(f"--sizes takes RxC sizes, not {size!r}")
-        for dataflow in dataflows.split(","):
-            values = {**base, "rows": int(rows), "cols": int(cols), "dataflow": dataflow}
-            config = AcceleratorConfig.from_dict(values, source="array_synth")
-            print(f"{rows}x{cols} {dataflow}: synthesis, place and route ...", file=sys.stderr, flush=True)
-            rows_out.append(measure(config, freq=args.freq, seed=args.seed))
-            _merge(args.out, rows_out[-1:])
+    for config in configs:
+        print(f"{config.rows}x{config.cols} {config.dataflow}: synthesis, place and route ...",
+              file=sys.stderr, flush=True)
+        rows_out.append(measure(config, freq=args.freq, seed=args.seed))
+        _merge(args.out, rows_out[-1:])
 
     header = f"{'array':>7} {'flow':>4} {'LUTmul':>6} {'RAMmul':>6} {'LUT4':>6} {'CCU2C':>6} {'FF':>6} " \
              f"{'DSP':>4} {'BRAM':>4} {'Fmax MHz':>9} {'target':>6} {'syn s':>6} {'P&R s':>6}  critical path"

@@ -38,7 +38,7 @@ from typing import Any
 
 from systolic.boards.boards import BOARDS, BoardError, FitError, get_board, load_preset
 from systolic.boards.synth import PLACERS, PlaceRouteTimeout, synth
-from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment
+from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment, parse_size
 
 __all__ = ["run_one", "main"]
 
@@ -169,11 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         parser.error(str(exc))
     for size in filter(None, args.sizes.split(",")):
-        r, sep, c = size.lower().partition("x")
-        if not (sep and r.isdigit() and c.isdigit()):
-            parser.error(f"--sizes takes comma-separated RxC sizes, not {size!r}")
         try:
-            config = AcceleratorConfig.from_dict({**base, "rows": int(r), "cols": int(c),
+            r, c = parse_size(size, flag="--sizes")
+            config = AcceleratorConfig.from_dict({**base, "rows": r, "cols": c,
                                                   "array_lut_multipliers": 0, **changes}, source="--set")
         except ConfigError as exc:
             parser.error(str(exc))

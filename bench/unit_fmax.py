@@ -62,7 +62,7 @@ from amaranth import (
 from amaranth.back import verilog as amaranth_verilog
 from amaranth.lib import wiring
 from amaranth.lib.wiring import Flow
-from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment
+from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment, parse_size
 from systolic.sim.tools import ToolError, to_verilog, tool_env, yosys_synth
 
 __all__ = ["UNITS", "DEVICES", "Harness", "FamilyPlatform", "measure", "main"]
@@ -292,10 +292,11 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Accele
             parser.error(f"--preset must be a TOML file or one of {known}, not {args.preset!r}")
         values.update(tomllib.loads(path.read_text()))
     if args.size:
-        rows, sep, cols = args.size.lower().partition("x")
-        if not (sep and rows.isdigit() and cols.isdigit()):
-            parser.error(f"--size takes RxC, not {args.size!r}")
-        values.update(rows=int(rows), cols=int(cols))
+        try:
+            rows, cols = parse_size(args.size)
+        except ConfigError as exc:
+            parser.error(str(exc))
+        values.update(rows=rows, cols=cols)
     try:
         values.update(parse_assignment(item) for item in args.set)
     except ConfigError as exc:

@@ -561,6 +561,16 @@ def parse_assignment(text: str, *, flag: str = "--set") -> tuple[str, Any]:
                           f"(write e.g. 16, true, \"os\" or [\"relu\"])") from None
 
 
+def parse_size(text: str, *, flag: str = "--size") -> tuple[int, int]:
+    """``(rows, cols)`` from a command line's ``RxC`` array size (given after ``flag``), such as
+    ``8x8`` or ``16X4``. Whether the size is a legal config is :class:`AcceleratorConfig`'s check.
+    Raises :class:`ConfigError` when ``text`` is not of that form."""
+    rows, sep, cols = text.strip().lower().partition("x")
+    if not (sep and rows.isdigit() and cols.isdigit()):
+        raise ConfigError(f"{flag} takes an array size RxC (rows x cols, e.g. 8x8), not {text!r}")
+    return int(rows), int(cols)
+
+
 def field_docs() -> dict[str, str]:
     return dict(_DOC)
 

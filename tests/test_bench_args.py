@@ -1,5 +1,6 @@
-"""The command-line errors of ``bench/board_sweep.py``: each is one usage line naming the flag and
-the rule, given before anything is built."""
+"""The command-line errors of the bench scripts (``bench/board_sweep.py``, and the array size of
+``array_synth.py``, ``area_breakdown.py`` and ``unit_fmax.py``): each is one usage line naming
+the flag and the rule, given before anything is built."""
 
 from __future__ import annotations
 
@@ -9,19 +10,23 @@ from pathlib import Path
 
 import pytest
 
-_SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "board_sweep.py"
+_BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
-def _board_sweep():
-    spec = importlib.util.spec_from_file_location("board_sweep", _SCRIPT)
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, _BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+def _board_sweep():
+    return _script("board_sweep")
+
+
 @pytest.mark.parametrize("argv, message", [
-    (["--sizes", "4"], "--sizes takes comma-separated RxC sizes, not '4'"),
-    (["--sizes", "4x4,8by8"], "--sizes takes comma-separated RxC sizes, not '8by8'"),
+    (["--sizes", "4"], "--sizes takes an array size RxC (rows x cols, e.g. 8x8), not '4'"),
+    (["--sizes", "4x4,8by8"], "--sizes takes an array size RxC (rows x cols, e.g. 8x8), not '8by8'"),
     (["--time-limit", "0"], "--time-limit must be a positive number of minutes, not 0"),
     (["--time-limit", "-3"], "--time-limit must be a positive number of minutes, not -3"),
     (["--set", "rows"], "--set expects field=value, not 'rows'"),
@@ -53,3 +58,23 @@ def test_board_sweep_set_changes_the_sweep_configs_after_their_size(monkeypatch:
                        "--set", "dram_bytes=65536", "--out", str(tmp_path / "sweep.json")]) == 0
     assert [(c.rows, c.cols, c.array_lut_multipliers, c.dram_bytes) for c in built] == [
         (4, 4, 7, 65536), (16, 16, 7, 65536)]
+
+
+_SIZE = "takes an array size RxC (rows x cols, e.g. 8x8), not "
+
+
+@pytest.mark.parametrize("script, argv, message", [
+    # the first size is valid: nothing is built before every size has been checked
+    ("array_synth", ["--sizes", "4x4,x8"], f"--sizes {_SIZE}'x8'"),
+    ("array_synth", ["--sizes", "4x4,5x4"], "rows must be a power of two between 2 and 64, not 5"),
+    ("area_breakdown", ["--size", "8by8"], f"--size {_SIZE}'8by8'"),
+    ("unit_fmax", ["--unit", "sfu", "--size", "16"], f"--size {_SIZE}'16'"),
+])
+def test_array_size_errors(script: str, argv: list[str], message: str, tmp_path: Path,
+                           capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "results.json"
+    with pytest.raises(SystemExit) as exit_info:
+        _script(script).main([*argv, "--out", str(out)])
+    assert exit_info.value.code == 2
+    assert re.search(rf"^\S+: error: {re.escape(message)}", capsys.readouterr().err, re.M)
+    assert not out.exists()
