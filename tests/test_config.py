@@ -15,6 +15,7 @@ from systolic.hw.config import (
     ConfigError,
     field_docs,
     parse_assignment,
+    parse_size,
 )
 
 
@@ -251,6 +252,15 @@ def test_parse_assignment_errors(text: str, message: str) -> None:
         parse_assignment(text)
     with pytest.raises(ConfigError, match=re.escape(message.replace("--set", "--option"))):
         parse_assignment(text, flag="--option")
+
+
+def test_parse_size() -> None:
+    assert parse_size("8x8") == (8, 8)
+    assert parse_size(" 16X4 ") == (16, 4)
+    for text in ("8", "8x", "x8", "8by8", "8x8x8", "-4x4", ""):
+        with pytest.raises(ConfigError, match=_exact(
+                f"--sizes takes an array size RxC (rows x cols, e.g. 8x8), not {text!r}")):
+            parse_size(text, flag="--sizes")
 
 
 def test_toml_round_trip(tmp_path) -> None:
