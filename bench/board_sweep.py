@@ -93,7 +93,8 @@ def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: 
         except PlaceRouteTimeout as exc:     # not an Fmax: how far nextpnr got, also in fields
             row = _row(kind, board, config, mhz, None, str(exc), time.monotonic() - started)
             row.update(stopped_in=exc.stage, placed_mhz=exc.placed_mhz.get("sync"),
-                       arcs_total=exc.arcs_total, arcs_left=exc.arcs_left)
+                       arcs_total=exc.arcs_total, arcs_left=exc.arcs_left,
+                       heap_stalled=exc.heap_stalled)
             return row
         except FitError as exc:
             pes = config.rows * config.cols

@@ -405,11 +405,14 @@ class PlaceRouteTimeout(ToolError):
     """nextpnr did not finish within :func:`synth`'s ``time_limit`` and was stopped. What it had
     reached, from its log (:func:`nextpnr_progress`): ``stage`` ("packing", "placement" or
     "routing"), ``placed_mhz`` (clock name -> nextpnr's Fmax estimate after placement, empty
-    before), ``arcs_total`` and ``arcs_left`` (routing; None before), ``seconds``."""
+    before), ``arcs_total`` and ``arcs_left`` (routing; None before), ``heap_stalled`` (the
+    analytic placer was still in its first iteration), ``seconds``."""
 
     def __init__(self, message: str, *, stage: str, placed_mhz: dict[str, float],
-                 arcs_total: int | None, arcs_left: int | None, seconds: float) -> None:
+                 arcs_total: int | None, arcs_left: int | None, seconds: float,
+                 heap_stalled: bool = False) -> None:
         super().__init__(message)
+        self.heap_stalled = heap_stalled
         self.stage = stage
         self.placed_mhz = placed_mhz
         self.arcs_total = arcs_total
@@ -424,11 +427,17 @@ _ROUTING_ARCS = re.compile(r"^Info: Routing (?P<arcs>\d+) arcs\.")
 _ROUTER_ROW = re.compile(r"^Info:\s+\d+\s*\|\s*\d+\s+\d+\s*\|\s*\d+\s+\d+\s*\|\s*(?P<left>\d+)\s*\|")
 
 
+_HEAP_ITERATION = re.compile(r"^Info:\s+at iteration #\d+, type ALL:")
+_RAMW = re.compile(r"^Info:\s+TRELLIS_RAMW:\s+(?P<used>\d+)/")
+
+
 def nextpnr_progress(log: str, target_mhz: float | None = None) -> dict[str, Any]:
     """How far a nextpnr run got, from its log: ``stage`` ("packing", "placement", "routing"),
     ``placed_mhz`` (clock -> the Fmax estimate printed after placement, before routing; the clock
     constrained to ``target_mhz`` is called ``sync``, as in :func:`synth`'s report), ``arcs_total``
-    and ``arcs_left`` (the router's last progress row; None before routing)."""
+    and ``arcs_left`` (the router's last progress row; None before routing), ``heap_stalled``:
+    the analytic placer (HeAP) had started and not finished its first iteration, whose strict
+    legalisation is where it stalls on nearly full ECP5 devices (docs/boards.md)."""
     lines = log.splitlines()
     routing = next((i for i, line in enumerate(lines) if line.startswith("Info: Routing..")), None)
     placing = any("placer" in line.lower() or "placement" in line.lower() for line in lines)
@@ -448,8 +457,12 @@ def nextpnr_progress(log: str, target_mhz: float | None = None) -> dict[str, Any
             arcs_total = arcs_left = int(match.group("arcs"))
         elif (match := _ROUTER_ROW.match(line)) is not None:
             arcs_left = int(match.group("left"))
+    heap_started = any(line.startswith("Info: Running main analytical placer") for line in lines)
+    heap_stalled = (heap_started and routing is None and not any(map(_HEAP_ITERATION.match, lines))
+                    and not any(line.startswith("Info: HeAP Placer Time") for line in lines))
     return {"stage": "routing" if routing is not None else "placement" if placing else "packing",
-            "placed_mhz": placed, "arcs_total": arcs_total, "arcs_left": arcs_left}
+            "placed_mhz": placed, "arcs_total": arcs_total, "arcs_left": arcs_left,
+            "heap_stalled": heap_stalled}
 
 
 def _nextpnr(board: Board, build: Path, seed: int, placer: str, env: Mapping[str, str],
@@ -466,10 +479,19 @@ def _nextpnr(board: Board, build: Path, seed: int, placer: str, env: Mapping[str
         result = _run(command, build, env, timeout=time_limit)
     except subprocess.TimeoutExpired:
         log = build / "nextpnr.log"
-        progress = nextpnr_progress(log.read_text(errors="replace") if log.is_file() else "", target_mhz)
+        log_text = log.read_text(errors="replace") if log.is_file() else ""
+        progress = nextpnr_progress(log_text, target_mhz)
         done = {"packing": "before placement", "placement": "while placing",
                 "routing": "while routing"}[progress["stage"]]
         facts = []
+        if progress["heap_stalled"]:
+            ramw = [int(m.group("used")) for m in map(_RAMW.match, log_text.splitlines()) if m]
+            cells = f" ({ramw[0]} cells)" if ramw else ""
+            facts.append("the analytic placer had not finished its first iteration, its strict "
+                         + (f"legalisation, which on a nearly full ECP5 with distributed RAM{cells} may "
+                            "never end: put FIFOs in block RAM (config fifo_block_ram_bits, e.g. 512) "
+                            "or try --placer static" if family == "ecp5" else
+                            "legalisation: try --placer static"))
         if progress["arcs_total"] is not None:
             facts.append(f"{progress['arcs_left']} of {progress['arcs_total']} arcs left to route")
         if progress["placed_mhz"]:

@@ -336,19 +336,50 @@ def test_nextpnr_progress_reads_the_stage_estimate_and_arcs_left() -> None:
     lines = _PLACED_LOG.splitlines()
     assert nextpnr_progress(_PLACED_LOG, 100.0) == {
         "stage": "routing", "placed_mhz": {"sync": 40.24, "clk25_0__io": 301.5},
-        "arcs_total": 326245, "arcs_left": 240076}
+        "arcs_total": 326245, "arcs_left": 240076, "heap_stalled": False}
     assert nextpnr_progress(_PLACED_LOG)["placed_mhz"] == {"clock_reset.lock_sync.por_clk": 40.24,
                                                            "clk25_0__io": 301.5}
     assert nextpnr_progress("\n".join(lines[:13]), 100.0) == {   # routing, no progress row yet
         "stage": "routing", "placed_mhz": {"sync": 40.24, "clk25_0__io": 301.5},
-        "arcs_total": 326245, "arcs_left": 326245}
+        "arcs_total": 326245, "arcs_left": 326245, "heap_stalled": False}
     assert nextpnr_progress("\n".join(lines[:3]), 100.0) == {
-        "stage": "placement", "placed_mhz": {}, "arcs_total": None, "arcs_left": None}
+        "stage": "placement", "placed_mhz": {}, "arcs_total": None, "arcs_left": None,
+        "heap_stalled": False}
     assert nextpnr_progress(lines[0], 100.0) == {
-        "stage": "packing", "placed_mhz": {}, "arcs_total": None, "arcs_left": None}
+        "stage": "packing", "placed_mhz": {}, "arcs_total": None, "arcs_left": None,
+        "heap_stalled": False}
     # the Fmax after routing (a Warning when it fails) is not the placed estimate
     routed = _PLACED_LOG + "Warning: Max frequency for clock 'x': 82.00 MHz (FAIL at 100.00 MHz)\n"
     assert nextpnr_progress(routed, 100.0)["placed_mhz"]["sync"] == 40.24
+
+
+# the OrangeCrab preset before fifo_block_ram_bits: the analytic placer's first iteration (its
+# strict legalisation) did not end in 41 minutes
+_STALLED_LOG = """Info: Device utilisation:
+Info: \t          TRELLIS_FF:   16569/  24288    68%
+Info: \t        TRELLIS_COMB:   18403/  24288    75%
+Info: \t        TRELLIS_RAMW:     175/   3036     5%
+
+Info: Placed 6 cells based on constraints.
+Info: Creating initial analytic placement for 22005 cells, random placement wirelen = 1295021.
+Info:     at initial placer iter 0, wirelen = 4910
+Info:     at initial placer iter 3, wirelen = 4129
+Info: Running main analytical placer, max placement attempts per cell = 155038440.
+"""
+
+
+def test_nextpnr_progress_sees_the_analytic_placer_stall() -> None:
+    from systolic.boards.synth import nextpnr_progress
+
+    assert nextpnr_progress(_STALLED_LOG)["heap_stalled"] is True
+    assert nextpnr_progress(_STALLED_LOG)["stage"] == "placement"
+    # once an iteration has been reported, or the placer has finished, it is not stalled
+    one = _STALLED_LOG + ("Info:     at iteration #1, type ALL: wirelen solved = 4428, spread = 351042, "
+                          "legal = 437701; time = 12.33s\n")
+    assert nextpnr_progress(one)["heap_stalled"] is False
+    assert nextpnr_progress(_STALLED_LOG + "Info: HeAP Placer Time: 190.11s\n")["heap_stalled"] is False
+    # before the analytic placer starts (the initial placement) it is not stalled either
+    assert nextpnr_progress(_STALLED_LOG.rsplit("Info: Running", 1)[0])["heap_stalled"] is False
 
 
 def _fake_nextpnr(tmp_path: Path, log: str) -> dict[str, str]:
@@ -373,12 +404,18 @@ def _fake_nextpnr(tmp_path: Path, log: str) -> dict[str, str]:
            r"for the accelerator clock, 301\.5 MHz for clk25_0__io\); log in .*nextpnr\.log"),
     (3, r"nextpnr-ecp5 did not finish within the time limit of 0\.05 min and was stopped while "
         r"placing; log in .*nextpnr\.log"),
+    ("stalled", r"nextpnr-ecp5 did not finish within the time limit of 0\.05 min and was stopped while "
+                r"placing \(the analytic placer had not finished its first iteration, its strict "
+                r"legalisation, which on a nearly full ECP5 with distributed RAM \(175 cells\) may never "
+                r"end: put FIFOs in block RAM \(config fifo_block_ram_bits, e\.g\. 512\) or try "
+                r"--placer static\); log in .*nextpnr\.log"),
 ])
 def test_nextpnr_past_the_time_limit_is_stopped_and_says_how_far_it_got(
-        cut: int | None, message: str, tmp_path: Path) -> None:
+        cut: int | str | None, message: str, tmp_path: Path) -> None:
     from systolic.boards.synth import PlaceRouteTimeout, _nextpnr
 
-    log = _PLACED_LOG if cut is None else "\n".join(_PLACED_LOG.splitlines()[:cut])
+    log = (_PLACED_LOG if cut is None else _STALLED_LOG if cut == "stalled"
+           else "\n".join(_PLACED_LOG.splitlines()[:cut]))
     build = tmp_path / "build"
     build.mkdir()
     env = _fake_nextpnr(tmp_path, log)
@@ -394,6 +431,7 @@ def test_nextpnr_past_the_time_limit_is_stopped_and_says_how_far_it_got(
     else:
         stopped = caught.value
         assert (stopped.stage, stopped.placed_mhz, stopped.arcs_total) == ("placement", {}, None)
+    assert caught.value.heap_stalled == (cut == "stalled")
 
 
 _CONFLICT = ("Warning: multiple conflicting drivers for top.\\core.load.rows.data [4]:\n"
