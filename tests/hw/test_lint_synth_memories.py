@@ -94,6 +94,20 @@ _MIN_BRAMS = {
 @pytest.mark.parametrize("block", ["Scratchpad", "Accumulator", "RequantTable"])
 def test_memories_map_to_block_ram(block: str, family: str) -> None:
     result = synth(BLOCKS[block](MEMORIES), block, family)
+    _check_block_ram(block, family, result)
+
+
+@pytest.mark.parametrize("family", ["ice40", "ecp5"])
+@pytest.mark.parametrize("block", ["Scratchpad", "Accumulator"])
+def test_memories_without_their_registers_map_to_block_ram(block: str, family: str) -> None:
+    """memory_registers = false (read latency 2, for small, slow FPGAs): the same block RAMs, and
+    fewer flip-flops than with the registers."""
+    result = synth(BLOCKS[block](MEMORIES.replace(memory_registers=False)), block, family)
+    _check_block_ram(block, family, result)
+    assert result["ffs"] < synth(BLOCKS[block](MEMORIES), block, family)["ffs"], result
+
+
+def _check_block_ram(block: str, family: str, result: dict[str, Any]) -> None:
     assert result["brams"] == _MIN_BRAMS[block, family], result
     assert result.get("lutrams", 0) == 0, result
     # the rows live in block RAM: the flip-flops are pipeline, response and bypass registers, a
