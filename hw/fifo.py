@@ -12,10 +12,14 @@ reads the row it writes in the same cycle (it reads only when not empty and writ
 full, and its write and read pointers meet only then), so the block RAM needs no logic for that
 case. Simulation is unchanged: the attributes matter to yosys only.
 
-A block RAM's read data come late in the cycle (ECP5 DP16KD: 4.3 ns clock to output), so only
-FIFOs whose read data go (nearly) straight into a register use :func:`buffered_fifo`: the DMA
-engines', the units' and the SFU's. The fetcher's beat FIFO, whose read data feed the
-instruction decoder, does not (in block RAM it made the OrangeCrab's critical path).
+A block RAM's read data come late in the cycle (ECP5 DP16KD: 4.3 ns clock to output). The DMA
+engines', the units' and the SFU's FIFOs use :func:`buffered_fifo`; the fetcher's beat FIFO,
+whose read data feed the instruction decoder, does not (in block RAM it made the OrangeCrab's
+critical path). The three that the OrangeCrab preset's 512 bits move (the LOAD engine's runs,
+whose read data go into a register; the STORE engine's beats, onto the AXI W channel; the SFU's
+output rows, through one multiplexer into a stream register) were measured there; a lower
+threshold moves small FIFOs whose timing in block RAM has not been measured (``yosys.log`` of
+``systolic synth`` lists each memory's mapping).
 """
 
 from __future__ import annotations
