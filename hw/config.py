@@ -88,7 +88,8 @@ _DOC = {
                            "engines', the units' and the SFU's; hw/fifo.py) keep them in block RAM "
                            "(yosys attribute ram_style = block) instead of distributed RAM; 0: yosys "
                            "chooses. For nearly full ECP5 devices, where distributed-RAM cells can keep "
-                           "nextpnr's analytic placer from a legal placement; synthesis only",
+                           "nextpnr's analytic placer from a legal placement; synthesis only (not part "
+                           "of the config hash)",
     "load_queue_depth": "instructions buffered in the load queue",
     "compute_queue_depth": "instructions buffered in the compute queue",
     "store_queue_depth": "instructions buffered in the store queue",
@@ -112,6 +113,11 @@ _DOC = {
                     "2**counter_bits): 32 halves their logic on small FPGAs",
     "clock_mhz": "target clock frequency, MHz",
 }
+
+
+#: Fields that only steer synthesis (attributes for yosys): the gateware's behaviour, and so the
+#: programs it runs, do not depend on them, and :attr:`AcceleratorConfig.hash` leaves them out.
+SYNTHESIS_ONLY = frozenset({"fifo_block_ram_bits"})
 
 
 @dataclass(frozen=True)
@@ -457,9 +463,11 @@ class AcceleratorConfig:
 
     @property
     def hash(self) -> int:
-        """64-bit identity of the config, stored in program headers (first 8 bytes of SHA-256
-        over the canonical JSON of every field)."""
-        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """64-bit identity of the config, stored in program headers and in the CSRs (first 8
+        bytes of SHA-256 over the canonical JSON of every field but :data:`SYNTHESIS_ONLY`'s,
+        which change no behaviour: a program runs the same on configs that differ only there)."""
+        fields = {k: v for k, v in self.to_dict().items() if k not in SYNTHESIS_ONLY}
+        text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
     @property
