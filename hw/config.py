@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["AcceleratorConfig", "ConfigError", "ACTIVATIONS", "POOLINGS", "DATAFLOWS", "DMA_ENGINES",
-           "BRAM_TABLE_ENTRIES", "field_docs", "int_range", "parse_assignment", "quarter_square_span"]
+           "BRAM_TABLE_ENTRIES", "SYNTHESIS_ONLY", "field_docs", "int_range", "parse_assignment",
+           "parse_size", "quarter_square_span"]
 
 DATAFLOWS = ("ws", "os")
 DMA_ENGINES = ("pipelined", "serial")
