@@ -428,7 +428,6 @@ _ROUTER_ROW = re.compile(r"^Info:\s+\d+\s*\|\s*\d+\s+\d+\s*\|\s*\d+\s+\d+\s*\|\s
 
 
 _HEAP_ITERATION = re.compile(r"^Info:\s+at iteration #\d+, type ALL:")
-_RAMW = re.compile(r"^Info:\s+TRELLIS_RAMW:\s+(?P<used>\d+)/")
 
 
 def nextpnr_progress(log: str, target_mhz: float | None = None) -> dict[str, Any]:
@@ -485,7 +484,8 @@ def _nextpnr(board: Board, build: Path, seed: int, placer: str, env: Mapping[str
                 "routing": "while routing"}[progress["stage"]]
         facts = []
         if progress["heap_stalled"]:
-            ramw = [int(m.group("used")) for m in map(_RAMW.match, log_text.splitlines()) if m]
+            ramw = [int(m.group("used")) for m in map(_UTILISATION.match, log_text.splitlines())
+                    if m and m.group("bel") == "TRELLIS_RAMW"]
             cells = f" ({ramw[0]} cells)" if ramw else ""
             facts.append("the analytic placer had not finished its first iteration, its strict "
                          + (f"legalisation, which on a nearly full ECP5 with distributed RAM{cells} may "
