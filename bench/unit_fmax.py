@@ -100,6 +100,8 @@ UNITS: dict[str, Callable[[AcceleratorConfig], wiring.Component]] = {
     "requant_table": _build("hw.requant_table", "RequantTable"),
     "accumulator": _build("hw.accumulator", "Accumulator"),
     "compute_unit": _build("hw.units", "ComputeUnit"),
+    # the compute unit, scratchpad, accumulator and array together (hw/compute_core.py)
+    "compute_core": _build("hw.compute_core", "ComputeCore"),
     "fetcher": _build("hw.controller", "Fetcher"),
     "dispatcher": _build("hw.controller", "Dispatcher"),       # + its three instruction queues
     "sequencer": _build("hw.controller", "Sequencer", takes_config=False),

@@ -101,6 +101,9 @@ class SoC(wiring.Component):
                  firmware_ram: str | None = None):
         if not isinstance(config, AcceleratorConfig):
             raise TypeError(f"config must be an AcceleratorConfig, not {config!r}")
+        if config.compute_clock_mhz:
+            raise ValueError(f"the SoC runs on one clock: its config must have compute_clock_mhz = 0, "
+                             f"not {config.compute_clock_mhz:g}")
         check_memory(memory, memory_bytes, config.dma_data_bits)
         self.config = config
         self.divisor = check_divisor(baud_divisor(clk_hz, baud))

@@ -646,6 +646,11 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     baud = board.baud if baud is None else baud
     if isinstance(baud, bool) or not isinstance(baud, int) or baud <= 0:
         raise ValueError(f"baud must be a positive integer (bits/s), not {baud!r}")
+    if core == "soc" and config.compute_clock_mhz:
+        raise BoardError(f"cannot build the SoC of a config with a compute clock of its own "
+                         f"(compute_clock_mhz = {config.compute_clock_mhz:g}) for {board.name}: the "
+                         f"board top makes one clock so far; set compute_clock_mhz = 0, or measure the "
+                         f"array alone with core 'array'")
     if core == "soc" and config.dram_bytes > board.max_memory_bytes:
         raise BoardError(f"config does not fit {board.name} ({board.device.name}): needs "
                          f"{config.dram_bytes} bytes of SoC memory (dram_bytes), the board has "

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["AcceleratorConfig", "ConfigError", "ACTIVATIONS", "POOLINGS", "DATAFLOWS", "DMA_ENGINES",
-           "BRAM_TABLE_ENTRIES", "SYNTHESIS_ONLY", "field_docs", "int_range", "parse_assignment",
-           "parse_size", "quarter_square_span"]
+           "BRAM_TABLE_ENTRIES", "SYNTHESIS_ONLY", "HASHED_UNLESS_DEFAULT", "field_docs", "int_range",
+           "parse_assignment", "parse_size", "quarter_square_span"]
 
 DATAFLOWS = ("ws", "os")
 DMA_ENGINES = ("pipelined", "serial")
@@ -113,12 +113,22 @@ _DOC = {
     "counter_bits": "width of each performance counter, bits (16 to 64; a counter wraps modulo "
                     "2**counter_bits): 32 halves their logic on small FPGAs",
     "clock_mhz": "target clock frequency, MHz",
+    "compute_clock_mhz": "0: one clock. Otherwise the compute core (compute unit, scratchpad, "
+                         "accumulator, array) runs on a clock of its own at this frequency (MHz, "
+                         "between clock_mhz / 4 and 4 x clock_mhz; port compute_clk), joined to the "
+                         "rest by clock-domain crossings, so that the array can run faster than the "
+                         "control and DMA logic; needs control = 'hardware' (docs/arch-system.md)",
 }
 
 
 #: Fields that only steer synthesis (attributes for yosys): the gateware's behaviour, and so the
 #: programs it runs, do not depend on them, and :attr:`AcceleratorConfig.hash` leaves them out.
 SYNTHESIS_ONLY = frozenset({"fifo_block_ram_bits"})
+
+#: Fields added after configs had been hashed, with the value that means the behaviour of before:
+#: :attr:`AcceleratorConfig.hash` leaves such a field out while it has that value, so that every
+#: config written before the field keeps its hash (and so its gateware's CSR constant).
+HASHED_UNLESS_DEFAULT = {"compute_clock_mhz": 0.0}
 
 
 @dataclass(frozen=True)
@@ -166,6 +176,7 @@ class AcceleratorConfig:
     control: str = "hardware"
     counter_bits: int = 64
     clock_mhz: float = 100.0
+    compute_clock_mhz: float = 0.0
 
     # -- validation -------------------------------------------------------------------------------
 
@@ -308,10 +319,23 @@ class AcceleratorConfig:
             raise ConfigError(f"counter_bits must be between 16 and 64, not {self.counter_bits!r}")
         if not 1.0 <= self.clock_mhz <= 1000.0:
             raise ConfigError(f"clock_mhz must be between 1 and 1000, not {self.clock_mhz!r}")
+        highest = min(4 * self.clock_mhz, 1000.0)
+        if self.compute_clock_mhz and not self.clock_mhz / 4 <= self.compute_clock_mhz <= highest:
+            raise ConfigError(f"compute_clock_mhz must be 0 (one clock) or between clock_mhz / 4 and "
+                              f"4 x clock_mhz ({self.clock_mhz / 4:g} to {highest:g}), "
+                              f"not {self.compute_clock_mhz!r}")
+        if self.compute_clock_mhz and self.control != "hardware":
+            raise ConfigError(f"compute_clock_mhz needs control = 'hardware' (the firmware control "
+                              f"drives the compute core directly), not control = {self.control!r}")
         if self.control == "firmware":
             from .fw_engine import check_firmware_config  # it reads the fields checked above
 
             check_firmware_config(self)
+
+    @property
+    def array_clock_mhz(self) -> float:
+        """The clock the array runs on, MHz: ``compute_clock_mhz`` when set, else ``clock_mhz``."""
+        return self.compute_clock_mhz or self.clock_mhz
 
     # -- element types --------------------------------------------------------------------------
 
@@ -466,8 +490,10 @@ class AcceleratorConfig:
     def hash(self) -> int:
         """64-bit identity of the config, stored in program headers and in the CSRs (first 8
         bytes of SHA-256 over the canonical JSON of every field but :data:`SYNTHESIS_ONLY`'s,
-        which change no behaviour: a program runs the same on configs that differ only there)."""
-        fields = {k: v for k, v in self.to_dict().items() if k not in SYNTHESIS_ONLY}
+        which change no behaviour: a program runs the same on configs that differ only there,
+        and those of :data:`HASHED_UNLESS_DEFAULT` at their default)."""
+        fields = {k: v for k, v in self.to_dict().items()
+                  if k not in SYNTHESIS_ONLY and HASHED_UNLESS_DEFAULT.get(k, object()) != v}
         text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
@@ -542,7 +568,7 @@ class AcceleratorConfig:
                                 f"int{self.acc_bits}), {self.acc_addr_bits}-bit row address",
             "requant table": f"{self.requant_table_rows} rows x {self.cols} channels",
             "DMA beat": f"{self.dma_bytes} B, bursts up to {self.dma_max_burst * self.dma_bytes} B",
-            "peak GOPS": f"{2 * self.rows * self.cols * self.clock_mhz / 1000:.2f}",
+            "peak GOPS": f"{2 * self.rows * self.cols * self.array_clock_mhz / 1000:.2f}",
         }
         for key, value in derived.items():
             out.append(f"  {key:<{width}} : {value}")

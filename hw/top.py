@@ -10,7 +10,10 @@ Ports of the generated Verilog module (``systolic_top``):
 * ``s_axil_*`` — AXI4-Lite subordinate: ``awvalid awready awaddr wvalid wready wdata wstrb
   bvalid bready bresp arvalid arready araddr rvalid rready rdata rresp``; registers in
   :mod:`systolic.hw.csr`;
-* ``irq`` — high while STATUS.done is set.
+* ``irq`` — high while STATUS.done is set;
+* ``compute_clk`` — only with ``config.compute_clock_mhz``: the compute core's clock (the compute
+  unit, scratchpad, accumulator and array run on it, behind the crossings of :mod:`systolic.hw.cdc`;
+  docs/arch-system.md, "Two clocks"). Its reset is made inside from ``rst`` and the soft reset.
 
 Inside (docs/architecture.md has the block diagram): CSRs, the instruction fetcher and dispatcher,
 three queue sequencers joined by four token channels, the load, compute and store units, the
@@ -20,7 +23,9 @@ AXI read channels between instruction fetch, LOADs and residual reads.
 
 from __future__ import annotations
 
-from amaranth import Module, Signal, Value
+from types import SimpleNamespace
+
+from amaranth import ClockDomain, ClockSignal, DomainRenamer, Module, ResetSignal, Signal, Value
 from amaranth.hdl import ResetInserter
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
@@ -28,6 +33,8 @@ from amaranth.lib.wiring import In, Out
 from .accumulator import Accumulator
 from .array import SystolicArray
 from .axi import BURST_INCR
+from .cdc import CountCrossing, DrainedGate, EventCrossing, ResetCrossing, StreamCrossing
+from .compute_core import ComputeCore, connect_compute_datapath
 from .config import AcceleratorConfig
 from .controller import Dispatcher, Fetcher, InstructionLayout, Sequencer, TokenChannel
 from .csr import COUNTERS, CSR_ADDR_BITS, CSRBank
@@ -38,11 +45,12 @@ from .requant_table import RequantTable
 from .scratchpad import Scratchpad
 from .units import ComputeCheck, ComputeUnit, LoadUnit, StoreUnit
 
-__all__ = ["Accelerator", "top_ports", "counter_increment_bits"]
+__all__ = ["Accelerator", "top_ports", "counter_increment_bits", "COMPUTE_COUNTERS", "COMPUTE_COUNT_BITS"]
 
 
 def top_ports(config: AcceleratorConfig) -> dict[str, tuple[str, int]]:
-    """Every port of ``systolic_top`` but the clock and reset: name -> (direction, width)."""
+    """Every port of ``systolic_top`` but the clock and reset: name -> (direction, width).
+    ``compute_clk`` (the compute core's clock) only with ``config.compute_clock_mhz``."""
     w = config.dma_data_bits
     ports = {}
     for name, direction, width in (
@@ -65,15 +73,35 @@ def top_ports(config: AcceleratorConfig) -> dict[str, tuple[str, int]]:
     ):
         ports[f"s_axil_{name}"] = (direction, width)
     ports["irq"] = ("out", 1)
+    if config.compute_clock_mhz:
+        ports["compute_clk"] = ("in", 1)
     return ports
 
 
 def counter_increment_bits(config: AcceleratorConfig) -> dict[str, int]:
     """Width of each performance counter's increment per cycle (bits), for the CSR bank: the
-    MACs of one input row of the array, the bus bytes of one beat, 1 for the others."""
-    return {"macs": (config.rows * config.cols).bit_length(),
+    MACs of one input row of the array, the bus bytes of one beat, 1 for the others. With a
+    compute clock of its own, the compute core's three counters grow by what it counted since
+    its last snapshot (:class:`~systolic.hw.cdc.CountCrossing`, :data:`COMPUTE_COUNT_BITS`)."""
+    bits = {"macs": (config.rows * config.cols).bit_length(),
             "dram_read_bytes": config.dma_bytes.bit_length(),
             "dram_write_bytes": config.dma_bytes.bit_length()}
+    if config.compute_clock_mhz:
+        bits.update({name: COMPUTE_COUNT_BITS for name in COMPUTE_COUNTERS})
+    return bits
+
+
+#: The performance counters the compute core counts (in its own clock's cycles when it has one).
+COMPUTE_COUNTERS = ("compute_busy", "array_active", "macs")
+#: Width of what the compute core's counters carry across per snapshot, bits: a snapshot every
+#: few cycles of either clock, at most a row's MACs a compute cycle.
+COMPUTE_COUNT_BITS = 24
+#: Entries of the crossings into the compute core: instructions, scratchpad rows (several per
+#: LOAD, one every cycle or two), accumulator rows and read requests; and of the accumulator's
+#: read responses back.
+_CROSSING_DEPTH = {"cmd": 4, "spad_write": 8, "acc_write": 4, "acc_read_req": 4, "acc_read_resp": 8}
+#: Cycles of its own clock the compute core stays in reset after a (soft) reset request.
+_COMPUTE_RESET_CYCLES = 4
 
 
 class Accelerator(wiring.Component):
@@ -131,12 +159,13 @@ class Accelerator(wiring.Component):
         if cfg.control == "firmware":
             self._elaborate_firmware(m, core, csr, start)
         else:
-            self._elaborate_hardware(m, core, csr, start, unit_reset)
+            self._elaborate_hardware(m, core, csr, start, unit_reset, core_reset)
         return m
 
     def _elaborate_hardware(self, m: Module, core: Module, csr: CSRBank, start: Signal,
-                            unit_reset: Signal) -> None:
+                            unit_reset: Signal, core_reset: Signal) -> None:
         cfg = self.config
+        dual = bool(cfg.compute_clock_mhz)
         # -- blocks -----------------------------------------------------------------------------
         core.submodules.fetcher = fetcher = Fetcher(cfg)
         core.submodules.dispatcher = dispatcher = Dispatcher(cfg)
@@ -145,12 +174,18 @@ class Accelerator(wiring.Component):
             core.submodules[f"seq_{q.name.lower()}"] = seq
         # the load unit keeps up to 4 LOADs in flight (the serial reader takes one at a time: 1)
         load = LoadUnit(cfg, depth=1 if cfg.gather_engine == "serial" else 4)
-        compute = self._compute_unit()
+        if dual:
+            # the compute core on its own clock, behind clock-domain crossings; `compute`,
+            # `spad` and `acc` stand for its sync-side ports
+            compute, spad, acc, start = self._compute_core_crossings(m, load, start, core_reset)
+        else:
+            compute = self._compute_unit()
         store = StoreUnit(cfg)
         # outside the core's reset: theirs includes the soft reset, so no logic lies between
         # its register and the units' flip-flops
         m.submodules.load = ResetInserter(unit_reset)(load)
-        core.submodules.compute = compute
+        if not dual:
+            core.submodules.compute = compute
         m.submodules.store = ResetInserter(unit_reset)(store)
         # a LOAD or STORE reaches its unit through a register (reset with the unit: start drops
         # one a halted program left), so that the unit's readiness for it does not run back
@@ -162,10 +197,12 @@ class Accelerator(wiring.Component):
                         Queue.STORE: HalfRateRegister(InstructionLayout())}
         for q, register in commands.items():
             m.submodules[f"cmd_{q.name.lower()}"] = ResetInserter(unit_reset)(register)
-        core.submodules.spad = spad = Scratchpad(cfg)
-        core.submodules.acc = acc = Accumulator(cfg)
+        if not dual:
+            core.submodules.spad = spad = Scratchpad(cfg)
+            core.submodules.acc = acc = Accumulator(cfg)
         core.submodules.table = table = RequantTable(cfg)
-        core.submodules.array = array = SystolicArray(cfg)
+        if not dual:
+            core.submodules.array = array = SystolicArray(cfg)
         # fetch and the GatherReader (LOADs and residual reads), with every burst both may have
         # in flight
         core.submodules.reads = reads = ReadArbiter(
@@ -195,6 +232,8 @@ class Accelerator(wiring.Component):
             else:
                 wiring.connect(core, sequencer=seq.unit_cmd, unit=unit.cmd)
             completed = unit.completed | check.completed if q is Queue.COMPUTE else unit.completed
+            if dual and q is Queue.LOAD:
+                completed = compute.load_completed     # once its rows are in the compute core
             core.d.comb += [seq.unit_completed.eq(completed), seq.halt.eq(dispatcher.halt)]
         core.d.comb += check.unit_completed.eq(compute.completed)
 
@@ -223,8 +262,9 @@ class Accelerator(wiring.Component):
                 ]
 
         idle = Signal()
+        load_busy = load.busy | compute.load_draining if dual else load.busy
         core.d.comb += idle.eq(sequencers[0].idle & sequencers[1].idle & sequencers[2].idle &
-                               ~load.busy & ~compute.busy & ~store.busy)
+                               ~load_busy & ~compute.busy & ~store.busy)
         core.d.comb += dispatcher.idle.eq(idle)
         # the load unit's error wins when several report one, then the store unit's
         for unit in (check, store, load):
@@ -233,15 +273,19 @@ class Accelerator(wiring.Component):
                                 dispatcher.unit_error_pc.eq(unit.error_pc)]
 
         running = self._status(core, csr, start, dispatcher.done, dispatcher.error, dispatcher.error_pc,
-                               fetcher.beats.payload.pc)
+                               fetcher.beats.payload.pc, settled=compute.settled if dual else None)
         core.d.comb += [load.dram_base.eq(csr.dram_base), store.dram_base.eq(csr.dram_base)]
 
         # -- datapath ---------------------------------------------------------------------------
         wiring.connect(core, load=load.spad_write, spad=spad.write)
         wiring.connect(core, load=load.acc_write, acc=acc.dma_write)
         wiring.connect(core, load=load.table_write, table=table.write)
-        self._compute_datapath(core, compute, spad, acc, array)
-        wiring.connect(core, store=store.read_acc, acc=acc.read)
+        if dual:
+            wiring.connect(core, store=store.read_acc.req, acc=acc.read_req)
+            wiring.connect(core, acc=acc.read_resp, store=store.read_acc.resp)
+        else:
+            self._compute_datapath(core, compute, spad, acc, array)
+            wiring.connect(core, store=store.read_acc, acc=acc.read)
         wiring.connect(core, store=store.read_table, table=table.read)
         if cfg.sfu_residual:
             wiring.connect(core, store=store.residual, load=load.residual)
@@ -282,8 +326,8 @@ class Accelerator(wiring.Component):
         w_fire = w_slice.o.valid & w_slice.o.ready
         increments = {
             "cycles": running & ~dispatcher.done,
-            "load_busy": load.busy,
-            "compute_busy": compute.busy,
+            "load_busy": load_busy,
+            "compute_busy": compute.busy_count if dual else compute.busy,
             "store_busy": store.busy,
             "array_active": compute.array_active,
             "macs": compute.macs,
@@ -366,9 +410,10 @@ class Accelerator(wiring.Component):
         self._count(core, csr, increments)
 
     def _status(self, core: Module, csr: CSRBank, start: Signal, program_done: Value, error: Value,
-                error_pc: Value, pc: Value) -> Signal:
+                error_pc: Value, pc: Value, *, settled: Value | None = None) -> Signal:
         """STATUS, ERROR_PC, PC and irq from the control's ``program_done`` and error; returns
-        ``running`` (from start until the program is done)."""
+        ``running`` (from start until the program is done). ``settled``: high once counts
+        arriving from another clock domain are all in (with the CSR bank's own ``settled``)."""
         running = Signal()
         with core.If(start):
             core.d.sync += running.eq(1)
@@ -377,7 +422,7 @@ class Accelerator(wiring.Component):
         # the host sees done once the counters hold every count (a few cycles after the program)
         done = Signal()
         core.d.comb += [
-            done.eq(program_done & csr.settled),
+            done.eq(program_done & csr.settled & (1 if settled is None else settled)),
             csr.busy.eq((running | program_done) & ~done),
             csr.done.eq(done),
             csr.error.eq(error),
@@ -387,11 +432,99 @@ class Accelerator(wiring.Component):
         ]
         return running
 
+    def _compute_core_crossings(self, m: Module, load: LoadUnit, start: Signal, core_reset: Signal
+                                ) -> tuple[SimpleNamespace, SimpleNamespace, SimpleNamespace, Signal]:
+        """``config.compute_clock_mhz``: the compute core (:class:`ComputeCore`) in the domain
+        ``compute`` (clock: the port ``compute_clk``) and the crossings between it and the rest
+        (docs/arch-system.md, "Two clocks"). Returns the sync-side stand-ins for the compute
+        unit, the scratchpad and the accumulator, and the start pulse the rest must use (held
+        while the compute core is being reset)."""
+        cfg = self.config
+        # -- the domain and its reset: a (soft) reset, and the first cycle after the top's reset,
+        # hold the compute core in reset for a few of its cycles; the sync side of every
+        # crossing is held in reset until that is over (`resetting`)
+        m.domains.compute = ClockDomain("compute")
+        m.submodules.compute_reset = reset = ResetCrossing(i_domain="sync", o_domain="compute",
+                                                           cycles=_COMPUTE_RESET_CYCLES)
+        boot = Signal(init=1)
+        m.d.sync += boot.eq(0)
+        m.d.comb += [reset.request.eq(core_reset | boot),
+                     ClockSignal("compute").eq(self.compute_clk), ResetSignal("compute").eq(reset.reset)]
+        # boot covers the cycle between the top's reset and busy: no cycle out of reset in which
+        # a crossing's sync side could take a count the compute side has not reset yet
+        resetting = Signal()
+        m.d.comb += resetting.eq(reset.busy | boot)
+        # a start while the compute core is being reset waits for it
+        start_held = Signal()
+        go = Signal()
+        m.d.comb += go.eq((start | start_held) & ~resetting)
+        m.d.sync += start_held.eq((start | start_held) & resetting)
+
+        m.submodules.compute_core = core = DomainRenamer("compute")(
+            ComputeCore(cfg, depth=self._compute_unit_depth()))
+        x = Module()
+        m.submodules.crossings = ResetInserter({"sync": core_reset | resetting})(x)
+
+        def crossing(name: str, shape, *, into_core: bool = True) -> StreamCrossing:
+            w, r = ("sync", "compute") if into_core else ("compute", "sync")
+            x.submodules[name] = block = StreamCrossing(shape, depth=_CROSSING_DEPTH[name], w_domain=w,
+                                                       r_domain=r)
+            return block
+
+        cmd = crossing("cmd", InstructionLayout())
+        spad_write = crossing("spad_write", core.spad_write.payload.shape())
+        acc_write = crossing("acc_write", core.acc_write.payload.shape())
+        acc_read_req = crossing("acc_read_req", core.acc_read.req.payload.shape())
+        acc_read_resp = crossing("acc_read_resp", core.acc_read.resp.payload.shape(), into_core=False)
+        wiring.connect(m, cmd=cmd.o, core=core.cmd)
+        wiring.connect(m, spad_write=spad_write.o, core=core.spad_write)
+        wiring.connect(m, acc_write=acc_write.o, core=core.acc_write)
+        wiring.connect(m, acc_read_req=acc_read_req.o, core=core.acc_read.req)
+        wiring.connect(m, core=core.acc_read.resp, acc_read_resp=acc_read_resp.i)
+
+        # -- completions out of the core, and the COMPUTEs in flight as the sync side sees them
+        x.submodules.completions = completions = EventCrossing(i_domain="compute", o_domain="sync")
+        m.d.comb += completions.i.eq(core.completed)
+        in_flight = Signal(range(16))
+        sent = cmd.i.valid & cmd.i.ready
+        x.d.sync += in_flight.eq(in_flight + sent - completions.o)
+
+        # -- the core's performance counts; they are all in once two snapshots have arrived
+        # after the last completion (a snapshot taken after it: hw/cdc.py CountCrossing)
+        x.submodules.counts = counts = CountCrossing(
+            {"compute_busy": 1, "array_active": 1, "macs": len(core.macs)},
+            total_bits=COMPUTE_COUNT_BITS, i_domain="compute", o_domain="sync")
+        m.d.comb += [counts.i_compute_busy.eq(core.busy), counts.i_array_active.eq(core.array_active),
+                     counts.i_macs.eq(core.macs)]
+        rounds = Signal(2, init=2)
+        with x.If(completions.o):
+            x.d.sync += rounds.eq(0)
+        with x.Elif(counts.round & (rounds != 2)):
+            x.d.sync += rounds.eq(rounds + 1)
+
+        # -- a LOAD completes once the core has taken its last row (the load unit's completion
+        # waits until both row crossings have drained as far as they had been sent)
+        x.submodules.load_gate = gate = DrainedGate(2, depth=8)
+        m.d.comb += [gate.i.eq(load.completed),
+                     gate.sent_0.eq(spad_write.sent), gate.drained_0.eq(spad_write.drained),
+                     gate.sent_1.eq(acc_write.sent), gate.drained_1.eq(acc_write.drained)]
+
+        compute = SimpleNamespace(
+            cmd=cmd.i, completed=completions.o, busy=(in_flight != 0) | completions.pending,
+            busy_count=counts.o_compute_busy, array_active=counts.o_array_active, macs=counts.o_macs,
+            settled=(rounds == 2), load_completed=gate.o, load_draining=gate.pending)
+        spad = SimpleNamespace(write=spad_write.i)
+        acc = SimpleNamespace(dma_write=acc_write.i, read_req=acc_read_req.i, read_resp=acc_read_resp.o)
+        return compute, spad, acc, go
+
+    def _compute_unit_depth(self) -> int:
+        return 4 if self.config.compute_queue_depth > 1 else 3
+
     def _compute_unit(self) -> ComputeUnit:
         """The compute unit, up to 4 COMPUTEs in flight (3 with a compute queue of one
         instruction: smaller descriptor FIFOs; a SyncFIFOBuffered of 2 would have zero-width
         pointers)."""
-        return ComputeUnit(self.config, depth=4 if self.config.compute_queue_depth > 1 else 3)
+        return ComputeUnit(self.config, depth=self._compute_unit_depth())
 
     @staticmethod
     def _count(core: Module, csr: CSRBank, increments: dict[str, Value]) -> None:
@@ -403,10 +536,4 @@ class Accelerator(wiring.Component):
     def _compute_datapath(self, core: Module, compute: ComputeUnit, spad: Scratchpad, acc: Accumulator,
                           array: SystolicArray) -> None:
         """Scratchpad -> compute unit -> array -> compute unit -> accumulator."""
-        wiring.connect(core, compute=compute.read_a, spad=spad.read_a)
-        wiring.connect(core, compute=compute.read_b, spad=spad.read_b)
-        if self.config.dataflow == "ws":
-            wiring.connect(core, compute=compute.weights, array=array.weights)
-        wiring.connect(core, compute=compute.inputs, array=array.inputs)
-        wiring.connect(core, array=array.outputs, compute=compute.outputs)
-        wiring.connect(core, compute=compute.acc_write, acc=acc.array_write)
+        connect_compute_datapath(core, self.config, compute, spad, acc, array)

@@ -49,7 +49,8 @@ from .scratchpad import read_latency, read_port_signature, spad_row_layout, spad
 from .sfu import SFU_REGS, SpecialFunctionUnit
 from .sfu_serial import SerialSpecialFunctionUnit
 
-__all__ = ["LoadUnit", "ComputeUnit", "ComputeCheck", "StoreUnit", "residual_read_signature"]
+__all__ = ["LoadUnit", "ComputeUnit", "ComputeCheck", "StoreUnit", "residual_read_signature",
+           "CROSSING_READ_SLACK"]
 
 _ADDR = 32
 
@@ -312,6 +313,12 @@ class LoadUnit(wiring.Component):
         m.d.sync += loads.eq(loads + (self.cmd.valid & self.cmd.ready) - self.completed)
         m.d.comb += self.busy.eq(loads != 0)
         return m
+
+
+#: Accumulator reads a STORE may have in flight beyond the accumulator's own read latency when the
+#: compute core runs on a clock of its own (``config.compute_clock_mhz``): the request and the
+#: response each cross an asynchronous FIFO, a few cycles of each clock.
+CROSSING_READ_SLACK = 8
 
 
 # -- compute ----------------------------------------------------------------------------------
@@ -747,7 +754,11 @@ class StoreUnit(wiring.Component):
         # buffered (a register, not a distributed RAM's read, starts the response handshake),
         # an entry readable two cycles after it is written, no later than the response.
         meta_layout = data.StructLayout({"first": 1, "last": 1, "pad": 1})
-        m.submodules.meta = meta = buffered_fifo(cfg, width=meta_layout.size, depth=read_latency(cfg) + 1)
+        # With a compute clock of its own the accumulator sits behind two clock-domain crossings,
+        # whose latency the queue covers as well.
+        slack = CROSSING_READ_SLACK if cfg.compute_clock_mhz else 0
+        m.submodules.meta = meta = buffered_fifo(cfg, width=meta_layout.size,
+                                                 depth=read_latency(cfg) + 1 + slack)
         m.submodules.requests = requests = buffered_fifo(cfg, width=row_bits + meta_layout.size, depth=4)
         walking = Signal()
         last_pixel = Signal()

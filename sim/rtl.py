@@ -52,7 +52,8 @@ __all__ = [
     "RTLRunner", "RTLJob", "RTLRunResult", "RTLError", "RTLTimeoutError", "RTLDeviceError",
     "MEMORY_MODELS", "DEFAULT_DRAM_BYTES", "MAX_DRAM_BYTES", "HDL_DIR", "SIM_TOP", "ACCELERATOR_TOP",
     "JOB_ENV", "CLOCK_PERIOD_NS", "SIM_BUILD_ARGS",
-    "hdl_source", "write_memh", "read_memh", "accelerator_verilog", "sim_top_verilog", "build_sim_top",
+    "hdl_source", "write_memh", "read_memh", "accelerator_verilog", "compute_clock_wrapper",
+    "sim_top_verilog", "build_sim_top",
 ]
 
 #: DRAM models of :class:`RTLRunner` (see the module docstring).
@@ -162,6 +163,8 @@ def hdl_source(name: str) -> str:
 
 def accelerator_verilog(config: AcceleratorConfig) -> str:
     """Verilog of the accelerator (``systolic.hw.top.Accelerator``) as module ``systolic_top``.
+    With ``config.compute_clock_mhz`` the accelerator is ``systolic_core`` and ``systolic_top``
+    wraps it with its compute clock (:func:`compute_clock_wrapper`).
 
     Cached in ``build_cache_dir("verilog", ...)`` per config hash and a hash of the hw/ sources
     (the packaged firmware of ``control = "firmware"`` included) and the Amaranth version,
@@ -179,11 +182,55 @@ def accelerator_verilog(config: AcceleratorConfig) -> str:
     path = tools.build_cache_dir("verilog", key) / f"{ACCELERATOR_TOP}.v"
     if path.is_file():
         return path.read_text()
-    text = tools.to_verilog(top.Accelerator(config), ACCELERATOR_TOP)
+    if config.compute_clock_mhz:
+        text = (tools.to_verilog(top.Accelerator(config), _COMPUTE_CLOCK_CORE)
+                + compute_clock_wrapper(config))
+    else:
+        text = tools.to_verilog(top.Accelerator(config), ACCELERATOR_TOP)
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     partial.write_text(text)
     partial.replace(path)
     return text
+
+
+_COMPUTE_CLOCK_CORE = "systolic_core"
+
+
+def compute_clock_wrapper(config: AcceleratorConfig) -> str:
+    """Verilog of a ``systolic_top`` for simulation that makes the compute clock of a
+    ``config.compute_clock_mhz`` accelerator (module ``systolic_core``) itself: a period of
+    ``CLOCK_PERIOD_NS * clock_mhz / compute_clock_mhz`` (to the picosecond), its first rising
+    edge 1.37 ns in, so that its edges fall between those of ``clk`` for most ratios. Its other
+    ports are ``systolic_core``'s, so ``sim_top.sv`` instantiates either alike."""
+    from systolic.hw.top import top_ports
+
+    if not config.compute_clock_mhz:
+        raise ValueError(f"config {config.hash_hex} has one clock (compute_clock_mhz = 0): "
+                         f"its systolic_top needs no wrapper")
+    half_ps = max(1, round(CLOCK_PERIOD_NS * 1000 * config.clock_mhz / config.compute_clock_mhz / 2))
+    ports = {name: spec for name, spec in top_ports(config).items() if name != "compute_clk"}
+    lines = [f"module {ACCELERATOR_TOP} (", "    input wire clk,", "    input wire rst,"]
+    for n, (name, (direction, width)) in enumerate(ports.items()):
+        kind = "input wire" if direction == "in" else "output wire"
+        vector = f" [{width - 1}:0]" if width > 1 else ""
+        lines.append(f"    {kind}{vector} {name}{',' if n < len(ports) - 1 else ''}")
+    lines += [
+        ");",
+        f"    // the compute clock: half period {half_ps} ps",
+        "    reg compute_clk = 1'b0;",
+        "    initial begin",
+        "        #1.37;",
+        f"        forever begin compute_clk = 1'b1; #({half_ps / 1000:.3f}); compute_clk = 1'b0; "
+        f"#({half_ps / 1000:.3f}); end",
+        "    end",
+        f"    {_COMPUTE_CLOCK_CORE} core (",
+        "        .clk(clk), .rst(rst), .compute_clk(compute_clk),",
+    ]
+    names = list(ports)
+    for n, name in enumerate(names):
+        lines.append(f"        .{name}({name}){',' if n < len(names) - 1 else ''}")
+    lines += ["    );", "endmodule", ""]
+    return "\n".join(lines)
 
 
 def sim_top_verilog(accelerator: str) -> str:

@@ -60,6 +60,9 @@ class ToolError(RuntimeError):
 #: * CASEINCOMPLETE: a ``Switch`` that leaves values unmatched (an enum with unused codes, a queue
 #:   number) becomes a ``case`` without ``default``; every signal it drives has a value assigned
 #:   before the ``case`` in the same process, so nothing is latched.
+#: * SYNCASYNCNET: Amaranth's ``AsyncFIFO`` (the crossings of a config with ``compute_clock_mhz``,
+#:   hw/cdc.py) resets its read side asynchronously from the write side's reset (an
+#:   ``AsyncFFSynchronizer``), so that reset, elsewhere synchronous, is also an asynchronous one.
 VERILATOR_WAIVERS: tuple[str, ...] = (
     "-Wno-DECLFILENAME",
     "-Wno-UNUSEDSIGNAL",
@@ -67,6 +70,7 @@ VERILATOR_WAIVERS: tuple[str, ...] = (
     "-Wno-WIDTHEXPAND",
     "-Wno-WIDTHTRUNC",
     "-Wno-CASEINCOMPLETE",
+    "-Wno-SYNCASYNCNET",
 )
 
 #: Extra waivers for simulation builds (not lint): the cocotb harness is not -Wall clean.

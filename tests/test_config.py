@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from systolic.hw.config import (
     ACTIVATIONS,
+    HASHED_UNLESS_DEFAULT,
     POOLINGS,
     SYNTHESIS_ONLY,
     AcceleratorConfig,
@@ -351,11 +352,46 @@ def test_toml_missing_file(tmp_path) -> None:
 def test_hash_is_sha256_of_canonical_json() -> None:
     config = AcceleratorConfig(rows=16, sfu_pooling=["max"])
     fields = {name: value for name, value in config.to_dict().items() if name not in SYNTHESIS_ONLY}
+    # a field added later is left out at the value that means the behaviour of before
+    assert fields.pop("compute_clock_mhz") == HASHED_UNLESS_DEFAULT["compute_clock_mhz"] == 0.0
     text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(text.encode()).digest()
     # The program header stores the hash as little-endian u64: its bytes are the digest's first 8.
     assert config.hash.to_bytes(8, "little") == digest[:8]
     assert config.hash_hex == f"{config.hash:016x}" and len(config.hash_hex) == 16
+
+
+def test_hash_includes_a_later_field_once_it_is_set() -> None:
+    config = AcceleratorConfig(rows=16, sfu_pooling=["max"], compute_clock_mhz=150.0)
+    fields = {name: value for name, value in config.to_dict().items() if name not in SYNTHESIS_ONLY}
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    assert config.hash.to_bytes(8, "little") == hashlib.sha256(text.encode()).digest()[:8]
+    assert config.hash != AcceleratorConfig(rows=16, sfu_pooling=["max"]).hash
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"compute_clock_mhz": 24.0}, "compute_clock_mhz must be 0 (one clock) or between clock_mhz / 4 and "
+                                  "4 x clock_mhz (25 to 400), not 24.0"),
+    ({"compute_clock_mhz": 401.0}, "compute_clock_mhz must be 0 (one clock) or between clock_mhz / 4 and "
+                                   "4 x clock_mhz (25 to 400), not 401.0"),
+    ({"clock_mhz": 300.0, "compute_clock_mhz": 1001.0},
+     "compute_clock_mhz must be 0 (one clock) or between clock_mhz / 4 and 4 x clock_mhz (75 to 1000), "
+     "not 1001.0"),
+])
+def test_compute_clock_range(values, message) -> None:
+    with pytest.raises(ConfigError, match=_exact(message)):
+        AcceleratorConfig(**values)
+
+
+def test_compute_clock_needs_hardware_control() -> None:
+    with pytest.raises(ConfigError, match=_exact(
+            "compute_clock_mhz needs control = 'hardware' (the firmware control drives the compute "
+            "core directly), not control = 'firmware'")):
+        AcceleratorConfig(rows=2, cols=2, control="firmware", dma_data_bits=32, load_queue_depth=4,
+                          compute_queue_depth=4, store_queue_depth=4, token_depth=4,
+                          requant_table_rows=16, compute_clock_mhz=50.0)
+    config = AcceleratorConfig(clock_mhz=75.0, compute_clock_mhz=100.0)
+    assert config.array_clock_mhz == 100.0 and AcceleratorConfig().array_clock_mhz == 100.0
 
 
 def test_hash_stable_for_equal_configs() -> None:
@@ -376,7 +412,8 @@ _OTHER_VALUE = {
     "command_registers": False, "fifo_block_ram_bits": 512, "memory_registers": False, "load_queue_depth": 4,
     "compute_queue_depth": 16, "store_queue_depth": 2,
     "token_depth": 4, "sfu_activations": ("relu",), "sfu_pooling": ("avg",), "sfu_residual": False,
-    "counter_bits": 32, "clock_mhz": 50.0, "requant_row_words": 3, "sfu_row_cycles": 2,
+    "counter_bits": 32, "clock_mhz": 50.0, "compute_clock_mhz": 150.0, "requant_row_words": 3,
+    "sfu_row_cycles": 2,
     "sfu_engine": "serial", "control": "firmware",
 }
 # Changes that need a companion change to stay valid.

@@ -788,6 +788,8 @@ def test_baud_divisor_rounds_and_checks():
      r"with clk_hz=12000000 \(divisor 2\)$"),
     (dict(timeout_bits=19), ValueError,
      r"^timeout_bits must be at least 20 bit times \(two characters\), not 19$"),
+    (dict(config=_config(32).replace(compute_clock_mhz=50.0)), ValueError,
+     r"^the SoC runs on one clock: its config must have compute_clock_mhz = 0, not 50$"),
 ])
 def test_soc_parameter_errors(kwargs, error, message):
     arguments = dict(config=_config(32), memory_bytes=4096, memory="bram", clk_hz=12_000_000,

@@ -568,6 +568,10 @@ def test_cli_synth_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixtur
      r"the board has 262144 \(bram\)"),
     (["--board", "icebreaker", "--set", "rows=3"],
      r"rows must be a power of two between 2 and 64, not 3"),
+    (["--board", "ulx3s-85f", "--set", "compute_clock_mhz=100"],
+     r"cannot build the SoC of a config with a compute clock of its own \(compute_clock_mhz = 100\) for "
+     r"ulx3s-85f: the board top makes one clock so far; set compute_clock_mhz = 0, or measure the array "
+     r"alone with core 'array'"),
 ])
 def test_cli_synth_errors_are_one_line(argv: list[str], message: str, tmp_path: Path,
                                        capsys: pytest.CaptureFixture) -> None:

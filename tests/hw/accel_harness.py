@@ -140,6 +140,19 @@ def run_accelerator(config: AcceleratorConfig, program: Program, dram: np.ndarra
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
+    if config.compute_clock_mhz:
+        # the compute core's clock, at the configured ratio to the 100 MHz one, its edges offset
+        half = 5e-9 * config.clock_mhz / config.compute_clock_mhz
+
+        async def compute_clock(ctx: Any) -> None:
+            await ctx.delay(half * 0.37)
+            while True:
+                ctx.set(dut.compute_clk, 1)
+                await ctx.delay(half)
+                ctx.set(dut.compute_clk, 0)
+                await ctx.delay(half)
+
+        sim.add_testbench(compute_clock, background=True)
     axi.add_to(sim, axi_view(dut), read=True, write=True)
     sim.add_testbench(testbench)
     sim.run()

@@ -1,5 +1,5 @@
 """The whole accelerator's Verilog passes Verilator's lint with the project's allow-list, for
-both dataflows."""
+both dataflows and with a compute clock of its own."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from systolic.sim.tools import verilator_lint
     AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=4096, accumulator_bytes=2048, requant_table_rows=8),
     AcceleratorConfig(rows=4, cols=8, dataflow="os", scratchpad_bytes=4096, accumulator_bytes=4096,
                       dma_data_bits=128, dma_max_burst=8, sfu_pooling=("max",), sfu_residual=False),
-], ids=["ws-4x4", "os-4x8"])
+    AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=4096, accumulator_bytes=2048, requant_table_rows=8,
+                      clock_mhz=75.0, compute_clock_mhz=100.0),
+], ids=["ws-4x4", "os-4x8", "ws-4x4-compute-clock"])
 def test_top_lint_is_clean(config):
     verilator_lint(top_verilog(config), TOP_NAME)

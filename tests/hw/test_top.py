@@ -12,7 +12,7 @@ from systolic.hw.controller import ERR_FLAGS, ERR_ILLEGAL, ERR_NO_FINISH, ERR_SL
 from systolic.hw.generate import TOP_NAME, top_verilog
 from systolic.hw.isa import FIELDS, INSTR_BYTES, Instruction, Opcode, Program, encode
 from systolic.sim.golden import ExecutionError, run_golden
-from systolic.sim.programs import conv_case, gemm_case, pool_case, residual_case
+from systolic.sim.programs import conv_case, gemm_case, pool_case, residual_case, tile_load
 from systolic.sim.tools import verilator_lint
 
 from tests.hw.accel_harness import run_accelerator
@@ -378,3 +378,62 @@ def test_shallow_queues(depths):
     rtl, _ = _check_against_golden(conv_case(config, 5, 6, 3, 5, 3, 3, stride=2, pad=1, act="relu", seed=8),
                                    stall=0.2, latency=(0, 3), seed=5)
     assert rtl.counters["stall_dispatch"] > 0
+
+
+# -- a compute clock of its own (config.compute_clock_mhz) ---------------------------------------
+
+@pytest.mark.parametrize("compute_mhz", [150.0, 25.0, 100.0], ids=["faster", "quarter", "same"])
+def test_compute_clock_of_its_own(compute_mhz):
+    """The compute core behind clock-domain crossings, its clock faster, a quarter and as fast as the
+    rest (edges offset): the same DRAM image and MAC count as the golden model, for a GEMM with
+    a requantized, activated STORE, a residual, and a bias LOADed into the accumulator that a
+    COMPUTE accumulates onto."""
+    config = AcceleratorConfig(**SMALL, compute_clock_mhz=compute_mhz)
+    _check_against_golden(gemm_case(config, 9, 7, 6, seed=5, act="relu"))
+    _check_against_golden(residual_case(config, 9, 5, 3, seed=6))
+    _check_bias_then_accumulate(config)
+
+
+def _check_bias_then_accumulate(config):
+    """LOADs of inputs, weights and an int32 bias tile into the accumulator (extremes
+    included), a COMPUTE that accumulates onto the bias, a raw STORE: the accumulator's DMA
+    writes must reach it before the COMPUTE's beats (a LOAD completes only once its rows are
+    in), and the STORE must read the sums. Compared with the golden model's whole image."""
+    rng = np.random.default_rng(3)
+    m, k, n = 6, 4, 4
+    a = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    a[0] = -128
+    b = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    b[:, 0] = -128
+    bias = rng.integers(-2**31, 2**31, (m, n)).astype("<i4")
+    bias[1] = [2**31 - 1, -2**31, 0, -1]
+    dram = np.zeros(0x2000, np.uint8)
+    dram[0x000:0x000 + a.size] = a.view(np.uint8).ravel()
+    dram[0x100:0x100 + b.size] = b.view(np.uint8).ravel()
+    dram[0x200:0x200 + bias.nbytes] = bias.view(np.uint8).ravel()
+    program = Program((
+        tile_load("spad", 0, 0x000, m, k, row_bytes=k, elem_bytes=1),
+        tile_load("spad", 8, 0x100, k, n, row_bytes=n, elem_bytes=1, push_next=1),
+        tile_load("acc", 2, 0x200, m, n, row_bytes=4 * n, elem_bytes=4, push_next=1),
+        Instruction("SYNC", queue="compute", pop_prev=1),
+        Instruction("COMPUTE", a_addr=0, b_addr=8, acc_addr=2, m=m, k=k, n=n, preload=1, accumulate=1,
+                    pop_prev=1, push_next=1),
+        Instruction("STORE", acc_addr=2, n=n, in_h=m, in_w=1, out_h=m, out_w=1, out_type="raw",
+                    dram_addr=0x400, pitch_y=4 * n, pitch_c=4, pop_prev=1),
+        Instruction("FINISH"),
+    ), config.hash)
+    words = program.words()
+    dram[0x1000:0x1000 + len(words)] = np.frombuffer(words, np.uint8)
+    golden = run_golden(config, program, dram)
+    expected = (bias.astype(np.int64) + a.astype(np.int64) @ b.astype(np.int64))
+    expected = ((expected + 2**31) % 2**32 - 2**31).astype("<i4")
+    np.testing.assert_array_equal(golden.dram[0x400:0x400 + expected.nbytes].view("<i4").reshape(m, n),
+                                  expected)
+    rtl = run_accelerator(config, program, dram, prog_addr=0x1000)
+    assert rtl.done and rtl.error == 0, (rtl.status, rtl.error_pc)
+    assert np.array_equal(rtl.dram, golden.dram)
+    assert rtl.counters["macs"] == golden.macs == m * k * n
+
+
+def test_bias_then_accumulate_on_one_clock():
+    _check_bias_then_accumulate(WS)

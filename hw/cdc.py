@@ -1,0 +1,295 @@
+"""Clock-domain crossings between the accelerator's control clock and a compute clock.
+
+Three blocks, each safe for any ratio of the two clocks (neither needs to be faster, and the
+clocks need not be related):
+
+* :class:`StreamCrossing` — a stream through an asynchronous FIFO (Amaranth's ``AsyncFIFO``:
+  Gray-coded pointers, two-register synchronizers). Its write side also counts the items whose
+  read the other side has reported (``drained``), so that a producer can tell when items it
+  sent have been taken (a LOAD completes once its rows are written).
+* :class:`DrainedGate` — events of the write side (a LOAD's last row sent) held back until every
+  item sent up to them through one or more :class:`StreamCrossing` has been taken on the other
+  side.
+* :class:`EventCrossing` — events (at most one per cycle of the source domain) carried as a
+  Gray-coded count and given out one per cycle of the destination domain, none lost however
+  close together they come.
+* :class:`CountCrossing` — counters incremented in one domain (by up to a row's MACs a cycle)
+  and read in the other: running totals whose snapshot crosses under a request / acknowledge
+  handshake (the snapshot register holds still while it is read), given out as the increment
+  since the last snapshot, one snapshot every few cycles.
+* :class:`ResetCrossing` — a reset request of one cycle in the source domain held, as the
+  destination domain's reset, until the destination has been in reset for ``cycles`` of its
+  own cycles and the source has seen that (a request/acknowledge handshake); ``busy`` is high
+  meanwhile.
+
+Units: counts are items or events; ``depth`` in entries.
+"""
+
+from amaranth import Cat, Module, Mux, Shape, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.cdc import FFSynchronizer
+from amaranth.lib.fifo import AsyncFIFO, SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["StreamCrossing", "DrainedGate", "EventCrossing", "CountCrossing", "ResetCrossing", "COUNT_BITS"]
+
+#: Width of the counters that carry events and drained items across: a difference between two
+#: counts (events in flight, items sent and not yet reported) must stay below 2**(COUNT_BITS - 1).
+COUNT_BITS = 8
+
+
+def _gray(value):
+    """The Gray code of ``value`` taken modulo ``2**COUNT_BITS``."""
+    value = value[:COUNT_BITS]
+    return value ^ (value >> 1)
+
+
+def _binary(gray: Signal) -> list:
+    """Bits of the binary value of the Gray code ``gray``, low bit first."""
+    bits = [gray[-1]]
+    for n in reversed(range(len(gray) - 1)):
+        bits.insert(0, bits[0] ^ gray[n])
+    return bits
+
+
+class StreamCrossing(wiring.Component):
+    """A stream of ``shape`` from domain ``w_domain`` (``i``) to ``r_domain`` (``o``) through an
+    asynchronous FIFO of ``depth`` entries (a power of two, at least 2).
+
+    ``drained`` (in ``w_domain``): how many items the read side has taken, modulo
+    ``2**COUNT_BITS``, as far as the write side has learnt: it lags the read by a few cycles of
+    both domains and never runs ahead of it. ``sent`` (in ``w_domain``): items taken from ``i``,
+    modulo ``2**COUNT_BITS``. An item sent when ``sent`` read ``n`` has been taken by the read side
+    once ``(drained - n - 1) % 2**COUNT_BITS < 2**(COUNT_BITS - 1)``.
+    """
+
+    def __init__(self, shape, *, depth: int, w_domain: str = "sync", r_domain: str):
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 2 or depth & (depth - 1):
+            raise ValueError(f"depth must be a power of two of at least 2, not {depth!r}")
+        if depth >= 2 ** (COUNT_BITS - 1):
+            raise ValueError(f"depth must be below 2**(COUNT_BITS - 1) = {2 ** (COUNT_BITS - 1)}, "
+                             f"not {depth}")
+        if w_domain == r_domain:
+            raise ValueError(f"w_domain and r_domain must differ, both are {w_domain!r}")
+        self.shape = shape
+        self.depth = depth
+        self.w_domain = w_domain
+        self.r_domain = r_domain
+        super().__init__({
+            "i": In(stream.Signature(shape)),
+            "o": Out(stream.Signature(shape)),
+            "sent": Out(COUNT_BITS),
+            "drained": Out(COUNT_BITS),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        width = Shape.cast(self.shape).width
+        m.submodules.fifo = fifo = AsyncFIFO(width=width, depth=self.depth, exact_depth=True,
+                                             w_domain=self.w_domain, r_domain=self.r_domain)
+        m.d.comb += [
+            fifo.w_data.eq(self.i.payload), fifo.w_en.eq(self.i.valid), self.i.ready.eq(fifo.w_rdy),
+            self.o.payload.eq(fifo.r_data), self.o.valid.eq(fifo.r_rdy), fifo.r_en.eq(self.o.ready),
+        ]
+        with m.If(self.i.valid & self.i.ready):
+            m.d[self.w_domain] += self.sent.eq(self.sent + 1)
+        # items taken, counted in the read domain and sent back as a Gray code. The count
+        # restarts from 0 with the FIFO's read-domain reset (which follows the write side's), as
+        # the FIFO's own pointers do; r_rst is a register, still high in the first cycle the
+        # FIFO may be read again, so that cycle's read counts.
+        taken = Signal(COUNT_BITS)
+        taken_gray = Signal(COUNT_BITS)
+        taken_next = Mux(fifo.r_rst, 0, taken) + (self.o.valid & self.o.ready)
+        m.d[self.r_domain] += [taken.eq(taken_next), taken_gray.eq(_gray(taken_next))]
+        synced = Signal(COUNT_BITS)
+        m.submodules.drained_cdc = FFSynchronizer(taken_gray, synced, o_domain=self.w_domain)
+        m.d[self.w_domain] += self.drained.eq(Cat(*_binary(synced)))
+        return m
+
+
+class DrainedGate(wiring.Component):
+    """Events (``i``, one cycle each) given out on ``o`` (a register, in order, at most one per
+    cycle) only once every item the ``crossings`` (:class:`StreamCrossing` write sides, their
+    ``sent`` and ``drained`` inputs here) had been sent by the event's cycle has been taken
+    on their read side. Up to ``depth`` events may wait; ``pending`` is high while one does
+    (or is being given out). All in one domain, the crossings' write domain."""
+
+    def __init__(self, crossings: int, *, depth: int = 8):
+        if isinstance(crossings, bool) or not isinstance(crossings, int) or crossings < 1:
+            raise ValueError(f"crossings must be a positive integer, not {crossings!r}")
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be a positive integer, not {depth!r}")
+        self.crossings = crossings
+        self.depth = depth
+        members = {"i": In(1), "o": Out(1), "pending": Out(1)}
+        for n in range(crossings):
+            members[f"sent_{n}"] = In(COUNT_BITS)
+            members[f"drained_{n}"] = In(COUNT_BITS)
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.targets = targets = SyncFIFOBuffered(width=COUNT_BITS * self.crossings,
+                                                          depth=self.depth)
+        m.d.comb += [targets.w_en.eq(self.i),
+                     targets.w_data.eq(Cat(*(getattr(self, f"sent_{n}") for n in range(self.crossings))))]
+        half = 1 << (COUNT_BITS - 1)
+        reached = []
+        for n in range(self.crossings):
+            target = targets.r_data[n * COUNT_BITS:(n + 1) * COUNT_BITS]
+            # drained has come as far as target (modulo the count's range)
+            reached.append((getattr(self, f"drained_{n}") - target)[:COUNT_BITS] < half)
+        ready = Signal()
+        m.d.comb += [ready.eq(targets.r_rdy & Cat(*reached).all()), targets.r_en.eq(ready)]
+        m.d.sync += self.o.eq(ready)
+        m.d.comb += self.pending.eq(targets.r_rdy | self.o)
+        return m
+
+
+class EventCrossing(wiring.Component):
+    """Events from ``i_domain`` (``i`` high for one cycle per event, in any number of
+    consecutive cycles) to ``o_domain`` (``o`` high for one cycle per event, at most one per
+    cycle, in order). At most ``2**(COUNT_BITS - 1) - 1`` events may be in flight (raised on
+    ``i`` and not yet given out on ``o``); ``pending`` (in ``o_domain``) is high while events
+    have arrived and not been given out."""
+
+    i: In(1)
+    o: Out(1)
+    pending: Out(1)
+
+    def __init__(self, *, i_domain: str = "sync", o_domain: str):
+        if i_domain == o_domain:
+            raise ValueError(f"i_domain and o_domain must differ, both are {i_domain!r}")
+        self.i_domain = i_domain
+        self.o_domain = o_domain
+        super().__init__()
+
+    def elaborate(self, platform):
+        m = Module()
+        count = Signal(COUNT_BITS)
+        count_gray = Signal(COUNT_BITS)
+        with m.If(self.i):
+            m.d[self.i_domain] += [count.eq(count + 1), count_gray.eq(_gray(count + 1))]
+        synced = Signal(COUNT_BITS)
+        m.submodules.count_cdc = FFSynchronizer(count_gray, synced, o_domain=self.o_domain)
+        arrived = Signal(COUNT_BITS)
+        given = Signal(COUNT_BITS)
+        m.d[self.o_domain] += arrived.eq(Cat(*_binary(synced)))
+        m.d.comb += [self.pending.eq(arrived != given), self.o.eq(self.pending)]
+        with m.If(self.o):
+            m.d[self.o_domain] += given.eq(given + 1)
+        return m
+
+
+class CountCrossing(wiring.Component):
+    """Per-cycle increments in ``i_domain`` (input ``i_<name>`` for each ``name`` of
+    ``increment_bits``, of that many bits) summed and carried to ``o_domain``, where ``o_<name>``
+    (``total_bits`` wide) is the sum of the increments since the last snapshot in the cycle a
+    snapshot arrives, 0 otherwise, and ``round`` is high in that cycle.
+
+    Snapshots follow each other as fast as the handshake allows (about two synchronizer delays
+    each way). A snapshot taken after an event in ``i_domain`` holds every increment up to it:
+    the second snapshot to arrive after the event has crossed (as another signal of the same
+    two-register kind) was taken after it. The increments between two snapshots must sum to
+    less than ``2**total_bits``."""
+
+    def __init__(self, increment_bits: dict[str, int], *, total_bits: int = 24, i_domain: str,
+                 o_domain: str = "sync"):
+        if i_domain == o_domain:
+            raise ValueError(f"i_domain and o_domain must differ, both are {i_domain!r}")
+        if not increment_bits:
+            raise ValueError("increment_bits must name at least one counter")
+        for name, bits in increment_bits.items():
+            if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= total_bits:
+                raise ValueError(f"increment_bits[{name!r}] must be between 1 and total_bits "
+                                 f"({total_bits}), not {bits!r}")
+        self.increment_bits = dict(increment_bits)
+        self.total_bits = total_bits
+        self.i_domain = i_domain
+        self.o_domain = o_domain
+        members = {"round": Out(1)}
+        for name, bits in increment_bits.items():
+            members[f"i_{name}"] = In(bits)
+            members[f"o_{name}"] = Out(total_bits)
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        req, ack = Signal(), Signal()           # toggles: req in i_domain, ack in o_domain
+        req_o, ack_i = Signal(), Signal()
+        m.submodules.req_cdc = FFSynchronizer(req, req_o, o_domain=self.o_domain)
+        m.submodules.ack_cdc = FFSynchronizer(ack, ack_i, o_domain=self.i_domain)
+        take = ack_i == req                     # i_domain: the last snapshot has been read
+        arrived = req_o != ack                  # o_domain: a snapshot waits to be read
+        m.d.comb += self.round.eq(arrived)
+        with m.If(take):
+            m.d[self.i_domain] += req.eq(~req)
+        with m.If(arrived):
+            m.d[self.o_domain] += ack.eq(~ack)
+        for name in self.increment_bits:
+            total = Signal(self.total_bits, name=f"total_{name}")
+            snapshot = Signal(self.total_bits, name=f"snapshot_{name}")
+            previous = Signal(self.total_bits, name=f"previous_{name}")
+            total_next = (total + getattr(self, f"i_{name}"))[:self.total_bits]
+            m.d[self.i_domain] += total.eq(total_next)
+            with m.If(take):
+                m.d[self.i_domain] += snapshot.eq(total_next)
+            with m.If(arrived):
+                m.d.comb += getattr(self, f"o_{name}").eq((snapshot - previous)[:self.total_bits])
+                m.d[self.o_domain] += previous.eq(snapshot)
+        return m
+
+
+class ResetCrossing(wiring.Component):
+    """A reset requested in ``i_domain`` (``request`` high for a cycle) and applied in
+    ``o_domain``: ``reset`` (a register of ``o_domain``, to drive that domain's reset) is high
+    from when the request arrives for at least ``cycles`` cycles of ``o_domain``, and also for
+    ``cycles`` cycles from power-on. ``busy`` (in ``i_domain``) is high from the request until
+    ``reset`` has dropped and the source has seen that (a request / acknowledge handshake over
+    two synchronizers). A request while ``busy`` is high is covered by the reset in progress.
+
+    ``reset`` and the registers behind it are never reset themselves (they start as after a
+    request, so the destination domain starts in reset)."""
+
+    request: In(1)
+    busy: Out(1)
+    reset: Out(1)
+
+    def __init__(self, *, i_domain: str = "sync", o_domain: str, cycles: int = 4):
+        if i_domain == o_domain:
+            raise ValueError(f"i_domain and o_domain must differ, both are {i_domain!r}")
+        if isinstance(cycles, bool) or not isinstance(cycles, int) or cycles < 1:
+            raise ValueError(f"cycles must be a positive integer, not {cycles!r}")
+        self.i_domain = i_domain
+        self.o_domain = o_domain
+        self.cycles = cycles
+        super().__init__()
+
+    def elaborate(self, platform):
+        m = Module()
+        # i_domain: the request is held until the destination acknowledges it, and busy lasts
+        # until the acknowledgement has dropped too
+        req = Signal()
+        ack_i = Signal()
+        with m.If(self.request & ~self.busy):
+            m.d[self.i_domain] += req.eq(1)
+        with m.Elif(ack_i):
+            m.d[self.i_domain] += req.eq(0)
+        m.d.comb += self.busy.eq(req | ack_i)
+        # o_domain: in reset while the request is seen and until `cycles` cycles of reset have
+        # passed; acknowledged once they have, and the acknowledgement drops the cycle after
+        # the reset does (so busy outlasts the reset)
+        req_o = Signal()
+        m.submodules.req_cdc = FFSynchronizer(req, req_o, o_domain=self.o_domain)
+        held = Signal(range(self.cycles + 1), reset_less=True)
+        ack_o = Signal(reset_less=True)
+        reset = Signal(init=1, reset_less=True)
+        enough = held == self.cycles
+        m.d[self.o_domain] += [
+            held.eq(Mux(reset, Mux(enough, held, held + 1), 0)),
+            reset.eq(req_o | (reset & ~enough)),
+            ack_o.eq(reset & enough),
+        ]
+        m.d.comb += self.reset.eq(reset)
+        m.submodules.ack_cdc = FFSynchronizer(ack_o, ack_i, o_domain=self.i_domain)
+        return m

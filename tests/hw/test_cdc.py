@@ -1,0 +1,316 @@
+# amaranth: UnusedElaboratable=no
+"""hw/cdc.py: the crossings between two clock domains, simulated with unrelated clock periods
+(either side faster, and a ratio that never lines the edges up)."""
+
+import random
+
+import pytest
+from amaranth import ClockDomain, Module
+from amaranth.sim import Simulator
+from systolic.hw.cdc import (
+    COUNT_BITS,
+    CountCrossing,
+    DrainedGate,
+    EventCrossing,
+    ResetCrossing,
+    StreamCrossing,
+)
+
+#: (write / source period, read / destination period), ns
+PERIODS = [(10, 7), (7, 10), (10, 23), (23, 10), (10, 10)]
+
+
+def _simulate(dut, periods, *testbenches):
+    m = Module()
+    m.domains.sync = ClockDomain()
+    m.domains.fast = ClockDomain()
+    m.submodules.dut = dut
+    sim = Simulator(m)
+    sim.add_clock(periods[0] * 1e-9, domain="sync")
+    # a phase offset, so that the edges of equal periods do not coincide either
+    sim.add_clock(periods[1] * 1e-9, domain="fast", phase=periods[1] * 0.37e-9)
+    for bench, background in testbenches:
+        sim.add_testbench(bench, background=background)
+    sim.run()          # until the foreground testbenches are done
+
+
+@pytest.mark.parametrize("periods", PERIODS)
+def test_stream_crossing_in_order_under_random_traffic(periods):
+    rng = random.Random(sum(periods))
+    dut = StreamCrossing(16, depth=4, w_domain="sync", r_domain="fast")
+    items = [0, 0xFFFF] + [rng.randrange(1 << 16) for _ in range(300)] + [0xFFFF, 0]
+    received, checks = [], []
+    done = []
+
+    async def writer(ctx):
+        sent = 0
+        for item in items:
+            while rng.random() < 0.3:
+                ctx.set(dut.i.valid, 0)
+                await ctx.tick("sync")
+            ctx.set(dut.i.valid, 1)
+            ctx.set(dut.i.payload, item)
+            await ctx.tick("sync").until(dut.i.ready)
+            sent += 1
+            # the write side's counts: every item sent, never more drained than sent
+            assert ctx.get(dut.sent) == sent % (1 << COUNT_BITS)
+            checks.append((sent - ctx.get(dut.drained)) % (1 << COUNT_BITS))
+        ctx.set(dut.i.valid, 0)
+        # every item is reported drained a few cycles after the last read
+        for _ in range(40):
+            await ctx.tick("sync")
+        assert ctx.get(dut.drained) == len(items) % (1 << COUNT_BITS)
+        done.append(True)
+
+    async def reader(ctx):
+        while len(received) < len(items):
+            ctx.set(dut.o.ready, int(rng.random() < 0.7))
+            _, _, valid, ready, payload = await ctx.tick("fast").sample(
+                dut.o.valid, dut.o.ready, dut.o.payload)
+            if valid and ready:
+                received.append(payload)
+        ctx.set(dut.o.ready, 0)
+
+    _simulate(dut, periods, (writer, False), (reader, True))
+    assert done
+    assert received == items
+    # drained never ran ahead of sent (the difference would wrap to a large number) and the
+    # FIFO's depth bounds what is in flight besides the synchronizers' lag
+    assert max(checks) <= 4 + 2
+
+
+def test_stream_crossing_depth_rule():
+    with pytest.raises(ValueError, match=r"^depth must be a power of two of at least 2, not 3$"):
+        StreamCrossing(8, depth=3, r_domain="fast")
+    with pytest.raises(ValueError, match=r"^depth must be below 2\*\*\(COUNT_BITS - 1\) = 128, not 128$"):
+        StreamCrossing(8, depth=128, r_domain="fast")
+    with pytest.raises(ValueError, match=r"^w_domain and r_domain must differ, both are 'sync'$"):
+        StreamCrossing(8, depth=4, r_domain="sync")
+
+
+@pytest.mark.parametrize("periods", PERIODS)
+def test_event_crossing_gives_every_event_once(periods):
+    rng = random.Random(7 * sum(periods))
+    dut = EventCrossing(i_domain="sync", o_domain="fast")
+    # bursts of back-to-back events (up to 40 in flight, the counter's bound is 127), gaps
+    pattern = []
+    for _ in range(30):
+        pattern += [1] * rng.randrange(1, 40) + [0] * rng.randrange(0, 60)
+    total = sum(pattern)
+    got = []
+
+    async def source(ctx):
+        for bit in pattern:
+            ctx.set(dut.i, bit)
+            await ctx.tick("sync")
+        ctx.set(dut.i, 0)
+        for _ in range(100):          # the last events cross
+            await ctx.tick("sync")
+
+    async def sink(ctx):
+        while True:
+            _, _, o = await ctx.tick("fast").sample(dut.o)
+            got.append(o)
+
+    _simulate(dut, periods, (source, False), (sink, True))
+    assert sum(got) == total
+    assert got[-1] == 0
+
+
+@pytest.mark.parametrize("periods", PERIODS)
+@pytest.mark.parametrize("cycles", [1, 4])
+def test_reset_crossing_holds_the_destination_in_reset(periods, cycles):
+    dut = ResetCrossing(i_domain="sync", o_domain="fast", cycles=cycles)
+    trace = []          # (reset, busy) at each destination edge
+    results = {}
+
+    async def destination(ctx):
+        while True:
+            _, _, reset = await ctx.tick("fast").sample(dut.reset)
+            trace.append(reset)
+
+    async def source(ctx):
+        # power-on: the destination starts in reset for `cycles` cycles, then leaves it
+        for _ in range(10 * cycles + 20):
+            await ctx.tick("sync")
+        results["power_on"] = list(trace)
+        assert ctx.get(dut.busy) == 0
+        for request in range(3):
+            start = len(trace)
+            ctx.set(dut.request, 1)
+            await ctx.tick("sync")
+            ctx.set(dut.request, 0)
+            busy_cycles = 0
+            while ctx.get(dut.busy):
+                # a second request while busy is covered by the one in progress
+                ctx.set(dut.request, int(request == 1 and busy_cycles == 1))
+                await ctx.tick("sync")
+                ctx.set(dut.request, 0)
+                busy_cycles += 1
+            # busy has dropped: the destination has left its reset
+            assert ctx.get(dut.reset) == 0
+            for _ in range(5):
+                await ctx.tick("sync")
+            results[request] = trace[start:]
+
+    _simulate(dut, periods, (source, False), (destination, True))
+    power_on = results["power_on"]
+    assert power_on[:cycles] == [1] * cycles and power_on[-1] == 0
+    for request in range(3):
+        window = results[request]
+        high = [n for n, r in enumerate(window) if r]
+        # one reset of at least `cycles` destination cycles, then none
+        assert len(high) >= cycles
+        assert high == list(range(high[0], high[-1] + 1))
+        assert window[-1] == 0
+
+
+@pytest.mark.parametrize("periods", PERIODS)
+def test_count_crossing_totals_and_settling(periods):
+    """Random increments (including the largest, every cycle) in the source domain; an event
+    crosses with the last one. The destination's sums equal the source's, and by the second
+    snapshot after the event has crossed they hold every increment."""
+    rng = random.Random(11 * sum(periods))
+    counts = CountCrossing({"macs": 9, "busy": 1}, total_bits=16, i_domain="sync", o_domain="fast")
+    event = EventCrossing(i_domain="sync", o_domain="fast")
+    top = Module()
+    top.submodules.counts = counts
+    top.submodules.event = event
+    sent = {"macs": 0, "busy": 0}
+    seen = {"macs": 0, "busy": 0}
+    at_settle = []
+
+    async def source(ctx):
+        for phase in range(6):
+            for _ in range(rng.randrange(20, 200)):
+                macs = 511 if phase == 2 else rng.choice([0, 0, 1, 256, 511, rng.randrange(512)])
+                busy = rng.randrange(2)
+                ctx.set(counts.i_macs, macs)
+                ctx.set(counts.i_busy, busy)
+                await ctx.tick("sync")
+                sent["macs"] += macs
+                sent["busy"] += busy
+            # the event is raised in the cycle of the last increment of the phase
+            ctx.set(counts.i_macs, 5)
+            ctx.set(counts.i_busy, 0)
+            ctx.set(event.i, 1)
+            await ctx.tick("sync")
+            sent["macs"] += 5
+            ctx.set(counts.i_macs, 0)
+            ctx.set(event.i, 0)
+            expected = dict(sent)
+            settle = len(at_settle)
+            while len(at_settle) == settle:
+                await ctx.tick("sync")
+            assert at_settle[-1] == expected
+
+    async def sink(ctx):
+        since = 2
+        while True:
+            _, _, rnd, macs, busy, ev = await ctx.tick("fast").sample(
+                counts.round, counts.o_macs, counts.o_busy, event.o)
+            seen["macs"] += macs
+            seen["busy"] += busy
+            assert rnd or (macs == 0 and busy == 0)
+            if ev:
+                since = 0
+            elif rnd and since < 2:
+                since += 1
+                if since == 2:
+                    at_settle.append(dict(seen))
+
+    _simulate(top, periods, (source, False), (sink, True))
+    assert len(at_settle) == 6
+
+
+def test_count_crossing_rules():
+    with pytest.raises(ValueError, match=r"^increment_bits\['macs'\] must be between 1 and total_bits "
+                                         r"\(8\), not 9$"):
+        CountCrossing({"macs": 9}, total_bits=8, i_domain="fast")
+    with pytest.raises(ValueError, match=r"^increment_bits must name at least one counter$"):
+        CountCrossing({}, i_domain="fast")
+
+
+@pytest.mark.parametrize("periods", PERIODS)
+def test_drained_gate_waits_for_the_items_sent_before_each_event(periods):
+    """Two crossings, their readers held back: an event is given out only after the reader
+    side has taken every item sent before it, on both crossings; events stay in order."""
+    top = Module()
+    top.submodules.a = a = StreamCrossing(8, depth=4, w_domain="sync", r_domain="fast")
+    top.submodules.b = b = StreamCrossing(8, depth=4, w_domain="sync", r_domain="fast")
+    top.submodules.gate = gate = DrainedGate(2, depth=8)
+    top.d.comb += [gate.sent_0.eq(a.sent), gate.drained_0.eq(a.drained),
+                   gate.sent_1.eq(b.sent), gate.drained_1.eq(b.drained)]
+    taken = {"a": 0, "b": 0}
+    allow = {"a": 0, "b": 0}          # how many items each reader may take so far
+    released = []                     # (taken a, taken b) when each event came out
+
+    async def reader(ctx, port, name):
+        while True:
+            ctx.set(port.o.ready, int(taken[name] < allow[name]))
+            _, _, valid, ready = await ctx.tick("fast").sample(port.o.valid, port.o.ready)
+            if valid and ready:
+                taken[name] += 1
+
+    async def writer(ctx):
+        async def send(port, count):
+            for value in range(count):
+                ctx.set(port.i.valid, 1)
+                ctx.set(port.i.payload, value)
+                await ctx.tick("sync").until(port.i.ready)
+            ctx.set(port.i.valid, 0)
+
+        async def event():
+            ctx.set(gate.i, 1)
+            await ctx.tick("sync")
+            ctx.set(gate.i, 0)
+
+        async def watch(cycles):
+            for _ in range(cycles):
+                _, _, o = await ctx.tick("sync").sample(gate.o)
+                if o:
+                    released.append((taken["a"], taken["b"]))
+
+        await send(a, 3)
+        await event()                        # event 1: after 3 items of a
+        await send(b, 2)
+        await event()                        # event 2: after 3 of a and 2 of b
+        await watch(60)
+        assert released == []                # nothing taken yet: both wait
+        allow["a"] = 2
+        await watch(60)
+        assert released == []
+        allow["a"] = 3
+        await watch(60)
+        assert released == [(3, 0)]          # event 1 needs nothing of b
+        allow["b"] = 1
+        await watch(60)
+        assert released == [(3, 0)]
+        allow["b"] = 2
+        await watch(60)
+        assert released == [(3, 0), (3, 2)]
+        assert ctx.get(gate.pending) == 0
+
+    def bench(port, name):
+        async def run(ctx):
+            await reader(ctx, port, name)
+        return run
+
+    _simulate(top, periods, (writer, False), (bench(a, "a"), True), (bench(b, "b"), True))
+    assert len(released) == 2
+
+
+def test_drained_gate_rules():
+    with pytest.raises(ValueError, match=r"^crossings must be a positive integer, not 0$"):
+        DrainedGate(0)
+    with pytest.raises(ValueError, match=r"^depth must be a positive integer, not 0$"):
+        DrainedGate(1, depth=0)
+
+
+def test_crossing_rules():
+    with pytest.raises(ValueError, match=r"^i_domain and o_domain must differ, both are 'sync'$"):
+        EventCrossing(o_domain="sync")
+    with pytest.raises(ValueError, match=r"^cycles must be a positive integer, not 0$"):
+        ResetCrossing(o_domain="fast", cycles=0)
+    with pytest.raises(ValueError, match=r"^i_domain and o_domain must differ, both are 'fast'$"):
+        ResetCrossing(i_domain="fast", o_domain="fast")
