@@ -462,11 +462,18 @@ class Accelerator(wiring.Component):
 
         m.submodules.compute_core = core = DomainRenamer("compute")(
             ComputeCore(cfg, depth=self._compute_unit_depth()))
+        # the crossings' clk side runs in the domain `crossing`: clk, its reset the top's reset,
+        # the soft reset and `resetting` together, a domain reset of its own so that the
+        # asynchronous FIFOs see it (they reset their other side from their write side's reset
+        # signal, which a ResetInserter would not reach)
+        m.domains.crossing = ClockDomain("crossing")
+        m.d.comb += [ClockSignal("crossing").eq(ClockSignal("sync")),
+                     ResetSignal("crossing").eq(ResetSignal("sync") | core_reset | resetting)]
         x = Module()
-        m.submodules.crossings = ResetInserter({"sync": core_reset | resetting})(x)
+        m.submodules.crossings = x
 
         def crossing(name: str, shape, *, into_core: bool = True) -> StreamCrossing:
-            w, r = ("sync", "compute") if into_core else ("compute", "sync")
+            w, r = ("crossing", "compute") if into_core else ("compute", "crossing")
             x.submodules[name] = block = StreamCrossing(shape, depth=_CROSSING_DEPTH[name], w_domain=w,
                                                        r_domain=r)
             return block
@@ -483,28 +490,28 @@ class Accelerator(wiring.Component):
         wiring.connect(m, core=core.acc_read.resp, acc_read_resp=acc_read_resp.i)
 
         # -- completions out of the core, and the COMPUTEs in flight as the sync side sees them
-        x.submodules.completions = completions = EventCrossing(i_domain="compute", o_domain="sync")
+        x.submodules.completions = completions = EventCrossing(i_domain="compute", o_domain="crossing")
         m.d.comb += completions.i.eq(core.completed)
         in_flight = Signal(range(16))
         sent = cmd.i.valid & cmd.i.ready
-        x.d.sync += in_flight.eq(in_flight + sent - completions.o)
+        x.d.crossing += in_flight.eq(in_flight + sent - completions.o)
 
         # -- the core's performance counts; they are all in once two snapshots have arrived
         # after the last completion (a snapshot taken after it: hw/cdc.py CountCrossing)
         x.submodules.counts = counts = CountCrossing(
             {"compute_busy": 1, "array_active": 1, "macs": len(core.macs)},
-            total_bits=COMPUTE_COUNT_BITS, i_domain="compute", o_domain="sync")
+            total_bits=COMPUTE_COUNT_BITS, i_domain="compute", o_domain="crossing")
         m.d.comb += [counts.i_compute_busy.eq(core.busy), counts.i_array_active.eq(core.array_active),
                      counts.i_macs.eq(core.macs)]
         rounds = Signal(2, init=2)
         with x.If(completions.o):
-            x.d.sync += rounds.eq(0)
+            x.d.crossing += rounds.eq(0)
         with x.Elif(counts.round & (rounds != 2)):
-            x.d.sync += rounds.eq(rounds + 1)
+            x.d.crossing += rounds.eq(rounds + 1)
 
         # -- a LOAD completes once the core has taken its last row (the load unit's completion
         # waits until both row crossings have drained as far as they had been sent)
-        x.submodules.load_gate = gate = DrainedGate(2, depth=8)
+        x.submodules.load_gate = gate = DomainRenamer("crossing")(DrainedGate(2, depth=8))
         m.d.comb += [gate.i.eq(load.completed),
                      gate.sent_0.eq(spad_write.sent), gate.drained_0.eq(spad_write.drained),
                      gate.sent_1.eq(acc_write.sent), gate.drained_1.eq(acc_write.drained)]

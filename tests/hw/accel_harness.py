@@ -16,7 +16,7 @@ from systolic.hw.top import Accelerator
 
 from tests.hw.axi_model import AXIMemory
 
-__all__ = ["AccelRun", "run_accelerator", "lite_read", "lite_write", "axi_view", "REG"]
+__all__ = ["AccelRun", "run_accelerator", "add_compute_clock", "lite_read", "lite_write", "axi_view", "REG"]
 
 REG = {r.name: r.offset for r in REGISTERS}
 
@@ -96,6 +96,25 @@ async def start_and_wait(ctx: Any, dut: Accelerator, prog_addr: int, prog_len: i
     return status
 
 
+def add_compute_clock(sim: Simulator, dut: Accelerator) -> None:
+    """With ``compute_clock_mhz``: drive ``dut.compute_clk`` at the configured ratio to the
+    10 ns clock of ``sim.add_clock(1e-8)``, its edges offset from that clock's."""
+    config = dut.config
+    if not config.compute_clock_mhz:
+        return
+    half = 5e-9 * config.clock_mhz / config.compute_clock_mhz
+
+    async def compute_clock(ctx: Any) -> None:
+        await ctx.delay(half * 0.37)
+        while True:
+            ctx.set(dut.compute_clk, 1)
+            await ctx.delay(half)
+            ctx.set(dut.compute_clk, 0)
+            await ctx.delay(half)
+
+    sim.add_testbench(compute_clock, background=True)
+
+
 class AccelRun(SimpleNamespace):
     """dram (final image), status, error, error_pc, done, counters (dict), high_words (each
     counter's high register), cycles_waited."""
@@ -140,19 +159,7 @@ def run_accelerator(config: AcceleratorConfig, program: Program, dram: np.ndarra
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    if config.compute_clock_mhz:
-        # the compute core's clock, at the configured ratio to the 100 MHz one, its edges offset
-        half = 5e-9 * config.clock_mhz / config.compute_clock_mhz
-
-        async def compute_clock(ctx: Any) -> None:
-            await ctx.delay(half * 0.37)
-            while True:
-                ctx.set(dut.compute_clk, 1)
-                await ctx.delay(half)
-                ctx.set(dut.compute_clk, 0)
-                await ctx.delay(half)
-
-        sim.add_testbench(compute_clock, background=True)
+    add_compute_clock(sim, dut)
     axi.add_to(sim, axi_view(dut), read=True, write=True)
     sim.add_testbench(testbench)
     sim.run()

@@ -197,7 +197,7 @@ def test_reusing_the_stationary_weights_needs_a_preload_in_this_program():
         run_golden(WS, reuse, reuse_dram)
     runs = [(legal_dram, 0, len(legal.instructions)), (reuse_dram, 0, len(reuse.instructions)),
             (legal_dram, 0, len(legal.instructions))]
-    (_, status0, _), (_, status1, pc1), (_, status2, _) = _run_back_to_back(WS, runs)
+    (_, status0, _, _), (_, status1, pc1, _), (_, status2, _, _) = _run_back_to_back(WS, runs)
     assert status0 == status2 == 0b10, (status0, status2)
     assert (status1 >> 4, status1 & 0b11, pc1) == (ERR_ILLEGAL, 0b10, 0)
     assert golden.macs == (40 + 2 + 3) * 2 * 2
@@ -253,15 +253,17 @@ def test_the_instruction_words_are_those_of_the_isa():
 
 
 def _run_back_to_back(config, runs, *, stall=0.0, latency=(0, 0), seed=0, error_at=None,
-                      max_cycles=50_000):
+                      max_cycles=50_000, soft_reset_after=None):
     """Runs programs one after the other on one accelerator, without a soft reset: for each
     ``(dram image, prog_addr, prog_len)`` the image is written into the memory (back door), then
     prog_addr and prog_len, then start. ``error_at``: per run, the beat addresses that answer
-    SLVERR. Returns (final image, status, error_pc) per run."""
+    SLVERR. ``soft_reset_after``: the first program is soft-reset that many cycles after its
+    start (its entry is (None, STATUS after the reset, None, None)). Returns (final image, status,
+    error_pc, counters {macs, instructions}: their low words) per run."""
     from amaranth.sim import Simulator
     from systolic.hw.top import Accelerator
 
-    from tests.hw.accel_harness import REG, axi_view, lite_read, start_and_wait
+    from tests.hw.accel_harness import REG, add_compute_clock, axi_view, lite_read, lite_write, start_and_wait
     from tests.hw.axi_model import AXIMemory
 
     dut = Accelerator(config)
@@ -274,12 +276,28 @@ def _run_back_to_back(config, runs, *, stall=0.0, latency=(0, 0), seed=0, error_
         for run, (image, prog_addr, prog_len) in enumerate(runs):
             axi.error_at = error_at[run] if error_at else set()
             memory[:] = bytes(np.asarray(image, np.uint8)) + bytes(size - len(image))
+            if soft_reset_after is not None and run == 0:
+                # start the first program, then soft-reset it part way through
+                await lite_write(ctx, dut, REG["prog_addr"], prog_addr)
+                await lite_write(ctx, dut, REG["prog_len"], prog_len)
+                await lite_write(ctx, dut, REG["dram_base"], 0)
+                await lite_write(ctx, dut, REG["ctrl"], 1)
+                for _ in range(soft_reset_after):
+                    await ctx.tick()
+                await lite_write(ctx, dut, REG["ctrl"], 2)
+                status, _ = await lite_read(ctx, dut, REG["status"])
+                results.append((None, status, None, None))
+                continue
             status = await start_and_wait(ctx, dut, prog_addr, prog_len, max_cycles)
             error_pc, _ = await lite_read(ctx, dut, REG["error_pc"])
-            results.append((np.frombuffer(bytes(memory), np.uint8).copy(), status, error_pc))
+            counters = {}
+            for name in ("macs", "instructions"):
+                counters[name], _ = await lite_read(ctx, dut, REG[f"{name}_lo"])
+            results.append((np.frombuffer(bytes(memory), np.uint8).copy(), status, error_pc, counters))
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
+    add_compute_clock(sim, dut)
     axi.add_to(sim, axi_view(dut), read=True, write=True)
     sim.add_testbench(testbench)
     sim.run()
@@ -297,7 +315,7 @@ def test_back_to_back_programs_without_reset(order):
     assert len(cases[0].program.instructions) != len(cases[1].program.instructions)
     runs = [(case.dram, case.program_addr, len(case.program.instructions)) for case in cases]
     results = _run_back_to_back(WS, runs, stall=0.3, latency=(0, 5), seed=3)
-    for case, (dram, status, error_pc) in zip(cases, results, strict=True):
+    for case, (dram, status, error_pc, _) in zip(cases, results, strict=True):
         assert status == 0b10, (status, error_pc)        # done, no error
         golden = run_golden(case.config, case.program, case.dram)
         assert np.array_equal(dram, golden.dram)
@@ -314,7 +332,7 @@ def test_a_program_after_an_error_and_a_longer_prog_len(config):
     case = gemm_case(config, 5, 6, 3, seed=4)
     runs = [(np.frombuffer(bytes(raw), np.uint8), 0, len(bad.instructions)),
             (case.dram, case.program_addr, len(case.program.instructions))]
-    (_, status0, pc0), (dram, status1, _) = _run_back_to_back(config, runs)
+    (_, status0, pc0, _), (dram, status1, _, _) = _run_back_to_back(config, runs)
     assert (status0 >> 4, status0 & 0b11, pc0) == (ERR_ILLEGAL, 0b10, 1)
     assert status1 == 0b10
     assert np.array_equal(dram, run_golden(case.config, case.program, case.dram).dram)
@@ -331,7 +349,7 @@ def test_a_program_after_a_unit_error_starts_clean(config):
     case = gemm_case(config, 4, 4, 4, seed=9)
     runs = [(failing_dram, 0, len(failing.instructions)),
             (case.dram, case.program_addr, len(case.program.instructions))]
-    (_, status0, pc0), (dram, status1, _) = _run_back_to_back(config, runs, error_at=[{1024}, set()])
+    (_, status0, pc0, _), (dram, status1, _, _) = _run_back_to_back(config, runs, error_at=[{1024}, set()])
     assert (status0 >> 4, status0 & 0b11, pc0) == (ERR_SLVERR, 0b10, 1)
     assert status1 == 0b10
     assert np.array_equal(dram, run_golden(case.config, case.program, case.dram).dram)
@@ -350,7 +368,7 @@ def test_each_program_starts_with_the_initial_config_registers():
     dram[case.program_addr:case.program_addr + len(words)] = words
     runs = [(case.dram, case.program_addr, len(case.program.instructions)),
             (dram, case.program_addr, len(program.instructions))]
-    (_, status0, _), (after, status1, _) = _run_back_to_back(WS, runs)
+    (_, status0, _, _), (after, status1, _, _) = _run_back_to_back(WS, runs)
     assert status0 == status1 == 0b10
     golden = run_golden(WS, program, dram).dram
     assert not np.array_equal(golden, run_golden(WS, case.program, dram).dram)   # zp_out matters
@@ -437,3 +455,55 @@ def _check_bias_then_accumulate(config):
 
 def test_bias_then_accumulate_on_one_clock():
     _check_bias_then_accumulate(WS)
+
+
+def _long_compute_program(config):
+    """LOADs of 120 input rows and a weight tile, then four COMPUTEs of 120 rows each into the
+    same accumulator rows (about 480 compute-clock cycles of work after ~150 cycles of LOADs),
+    a STORE and FINISH."""
+    m, k, n = 120, 4, 4
+    rng = np.random.default_rng(8)
+    dram = np.zeros(0x2000, np.uint8)
+    dram[:m * k] = rng.integers(0, 256, m * k, dtype=np.uint8)
+    dram[0x400:0x400 + k * n] = rng.integers(0, 256, k * n, dtype=np.uint8)
+    computes = [Instruction("COMPUTE", a_addr=0, b_addr=m, acc_addr=0, m=m, k=k, n=n, preload=int(i == 0),
+                            accumulate=int(i > 0), pop_prev=int(i == 0), push_next=int(i == 3))
+                for i in range(4)]
+    program = Program((
+        tile_load("spad", 0, 0x000, m, k, row_bytes=k, elem_bytes=1),
+        tile_load("spad", m, 0x400, k, n, row_bytes=n, elem_bytes=1, push_next=1),
+        *computes,
+        Instruction("STORE", acc_addr=0, n=n, in_h=m, in_w=1, out_h=m, out_w=1, out_type="raw",
+                    dram_addr=0x800, pitch_y=4 * n, pitch_c=4, pop_prev=1),
+        Instruction("FINISH"),
+    ), config.hash)
+    words = program.words()
+    dram[0x1C00:0x1C00 + len(words)] = np.frombuffer(words, np.uint8)
+    return program, dram, 0x1C00
+
+
+@pytest.mark.parametrize("compute_mhz, after", [(150.0, 300), (40.0, 800), (0.0, 400)],
+                         ids=["faster", "slower", "one-clock"])
+def test_soft_reset_during_computes(compute_mhz, after):
+    """A program soft-reset while its COMPUTEs run, ``after`` cycles after its start (its LOADs,
+    throttled by the compute clock, are done by then: no AXI transaction is in flight, which a
+    soft reset does not wait for), then another program: it leaves the golden model's image, and
+    the counters hold only its own counts (no count, completion or item from before the reset
+    crossed into it)."""
+    config = AcceleratorConfig(**SMALL, compute_clock_mhz=compute_mhz)
+    program, image, prog_addr = _long_compute_program(config)
+    second = gemm_case(config, 5, 9, 7, seed=2, act="relu")
+    runs = [(image, prog_addr, len(program.instructions)),
+            (second.dram, second.program_addr, len(second.program.instructions))]
+    (_, status0, _, _), (dram, status1, _, counters) = _run_back_to_back(config, runs,
+                                                                          soft_reset_after=after)
+    assert status0 & 3 == 0                # idle after the soft reset: neither busy nor done
+    assert status1 & 2 and (status1 >> 4) & 0xF == 0, status1
+    golden = run_golden(config, second.program, second.dram)
+    assert np.array_equal(dram[:golden.dram.size], golden.dram) and not dram[golden.dram.size:].any()
+    assert counters == {"macs": golden.macs, "instructions": len(second.program.instructions)}
+    # the first program alone runs to the golden model's result (a guard for the program)
+    first = run_accelerator(config, program, image, prog_addr=prog_addr)
+    assert first.done and first.error == 0
+    assert np.array_equal(first.dram, run_golden(config, program, image).dram)
+    assert first.counters["cycles"] > after + 100          # the reset met it running
