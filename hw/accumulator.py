@@ -248,16 +248,31 @@ class Accumulator(wiring.Component):
         use_older = Signal()  # ... `older`
         use_bank = Signal(ACC_BANKS)   # ... the row in this bank's data register
         older = Signal(row_layout)
-        ahead = [(add_valid, add_addr), *((valid, addr) for valid, addr, _ in results)]
-        match = [valid & (addr == decide_addr) for valid, addr in ahead]
-        chosen = results[-1][2]
-        for j in reversed(range(len(results) - 1)):     # the newest match wins
-            chosen = Mux(match[j + 1], results[j][2], chosen)
+        # The address comparisons are made a cycle earlier still (t+2), between the beat then a
+        # stage before `decide` and what will be ahead of it in t+3 (every stage and result moves
+        # on by one each cycle), into registers: `match` (newest first) and `pick`, the one-hot
+        # choice among the older results (the newest match wins). So in t+3 only registers
+        # select, on the 32 x cols bits of `older` and of the add's operand.
+        stage_fields = [(self.array_write.valid, self.array_write.payload.addr,
+                         self.array_write.payload.accumulate),
+                        *((valid, addr, accumulate) for valid, addr, _, accumulate in stages)]
+        _, early_addr, _ = stage_fields[add_stage - 1]      # decide's beat, a cycle before
+        early_ahead = [stage_fields[add_stage][:2], stage_fields[add_stage + 1][:2],
+                       *((valid, addr) for valid, addr, _ in results[:-1])]
+        match = Signal(len(early_ahead))
+        pick = Signal(len(results))
+        early_match = [valid & (addr == early_addr) for valid, addr in early_ahead]
+        m.d.sync += [
+            match.eq(Cat(*early_match)),
+            pick.eq(Cat(*(early_match[j + 1] & ~Cat(*early_match[1:j + 1]).any()
+                          for j in range(len(results))))),
+        ]
         m.d.sync += [
             newest.eq(decide_accumulate & match[0]),
-            use_older.eq(decide_accumulate & ~match[0] & Cat(*match[1:]).any()),
-            use_bank.eq(Mux(decide_accumulate & ~Cat(*match).any(), 1 << decide_addr[index_bits:], 0)),
-            older.eq(chosen),
+            use_older.eq(decide_accumulate & ~match[0] & match[1:].any()),
+            use_bank.eq(Mux(decide_accumulate & ~match.any(), 1 << decide_addr[index_bits:], 0)),
+            older.eq(functools.reduce(operator.or_, (Mux(pick[j], results[j][2].as_value(), 0)
+                                                    for j in range(len(results))))),
         ]
 
         # -- stage ADD_STAGE (t+4): add; the old row is an AND-OR of one-hot selects (all 0:
