@@ -100,6 +100,11 @@ COMPUTE_COUNT_BITS = 24
 #: LOAD, one every cycle or two), accumulator rows and read requests; and of the accumulator's
 #: read responses back.
 _CROSSING_DEPTH = {"cmd": 4, "spad_write": 8, "acc_write": 4, "acc_read_req": 4, "acc_read_resp": 8}
+#: The accelerator's own clock domains with a compute clock: the compute core's, and the crossings'
+#: clk side (clk, with the soft reset in its reset). Named so that a design around the
+#: accelerator may have domains called compute or crossing (Amaranth 0.5 rejects a design
+#: whose domain has the name of a submodule's local one).
+_COMPUTE, _CROSSING = "systolic_compute", "systolic_crossing"
 #: Cycles of its own clock the compute core stays in reset after a (soft) reset request.
 _COMPUTE_RESET_CYCLES = 4
 
@@ -443,13 +448,13 @@ class Accelerator(wiring.Component):
         # -- the domain and its reset: a (soft) reset, and the first cycle after the top's reset,
         # hold the compute core in reset for a few of its cycles; the sync side of every
         # crossing is held in reset until that is over (`resetting`)
-        m.domains.compute = ClockDomain("compute")
-        m.submodules.compute_reset = reset = ResetCrossing(i_domain="sync", o_domain="compute",
+        m.domains += ClockDomain(_COMPUTE, local=True)
+        m.submodules.compute_reset = reset = ResetCrossing(i_domain="sync", o_domain=_COMPUTE,
                                                            cycles=_COMPUTE_RESET_CYCLES)
         boot = Signal(init=1)
         m.d.sync += boot.eq(0)
         m.d.comb += [reset.request.eq(core_reset | boot),
-                     ClockSignal("compute").eq(self.compute_clk), ResetSignal("compute").eq(reset.reset)]
+                     ClockSignal(_COMPUTE).eq(self.compute_clk), ResetSignal(_COMPUTE).eq(reset.reset)]
         # boot covers the cycle between the top's reset and busy: no cycle out of reset in which
         # a crossing's sync side could take a count the compute side has not reset yet
         resetting = Signal()
@@ -460,20 +465,20 @@ class Accelerator(wiring.Component):
         m.d.comb += go.eq((start | start_held) & ~resetting)
         m.d.sync += start_held.eq((start | start_held) & resetting)
 
-        m.submodules.compute_core = core = DomainRenamer("compute")(
+        m.submodules.compute_core = core = DomainRenamer(_COMPUTE)(
             ComputeCore(cfg, depth=self._compute_unit_depth()))
-        # the crossings' clk side runs in the domain `crossing`: clk, its reset the top's reset,
+        # the crossings' clk side runs in the domain _CROSSING: clk, its reset the top's reset,
         # the soft reset and `resetting` together, a domain reset of its own so that the
         # asynchronous FIFOs see it (they reset their other side from their write side's reset
         # signal, which a ResetInserter would not reach)
-        m.domains.crossing = ClockDomain("crossing")
-        m.d.comb += [ClockSignal("crossing").eq(ClockSignal("sync")),
-                     ResetSignal("crossing").eq(ResetSignal("sync") | core_reset | resetting)]
+        m.domains += ClockDomain(_CROSSING, local=True)
+        m.d.comb += [ClockSignal(_CROSSING).eq(ClockSignal("sync")),
+                     ResetSignal(_CROSSING).eq(ResetSignal("sync") | core_reset | resetting)]
         x = Module()
         m.submodules.crossings = x
 
         def crossing(name: str, shape, *, into_core: bool = True) -> StreamCrossing:
-            w, r = ("crossing", "compute") if into_core else ("compute", "crossing")
+            w, r = (_CROSSING, _COMPUTE) if into_core else (_COMPUTE, _CROSSING)
             x.submodules[name] = block = StreamCrossing(shape, depth=_CROSSING_DEPTH[name], w_domain=w,
                                                        r_domain=r)
             return block
@@ -490,28 +495,28 @@ class Accelerator(wiring.Component):
         wiring.connect(m, core=core.acc_read.resp, acc_read_resp=acc_read_resp.i)
 
         # -- completions out of the core, and the COMPUTEs in flight as the sync side sees them
-        x.submodules.completions = completions = EventCrossing(i_domain="compute", o_domain="crossing")
+        x.submodules.completions = completions = EventCrossing(i_domain=_COMPUTE, o_domain=_CROSSING)
         m.d.comb += completions.i.eq(core.completed)
         in_flight = Signal(range(16))
         sent = cmd.i.valid & cmd.i.ready
-        x.d.crossing += in_flight.eq(in_flight + sent - completions.o)
+        x.d[_CROSSING] += in_flight.eq(in_flight + sent - completions.o)
 
         # -- the core's performance counts; they are all in once two snapshots have arrived
         # after the last completion (a snapshot taken after it: hw/cdc.py CountCrossing)
         x.submodules.counts = counts = CountCrossing(
             {"compute_busy": 1, "array_active": 1, "macs": len(core.macs)},
-            total_bits=COMPUTE_COUNT_BITS, i_domain="compute", o_domain="crossing")
+            total_bits=COMPUTE_COUNT_BITS, i_domain=_COMPUTE, o_domain=_CROSSING)
         m.d.comb += [counts.i_compute_busy.eq(core.busy), counts.i_array_active.eq(core.array_active),
                      counts.i_macs.eq(core.macs)]
         rounds = Signal(2, init=2)
         with x.If(completions.o):
-            x.d.crossing += rounds.eq(0)
+            x.d[_CROSSING] += rounds.eq(0)
         with x.Elif(counts.round & (rounds != 2)):
-            x.d.crossing += rounds.eq(rounds + 1)
+            x.d[_CROSSING] += rounds.eq(rounds + 1)
 
         # -- a LOAD completes once the core has taken its last row (the load unit's completion
         # waits until both row crossings have drained as far as they had been sent)
-        x.submodules.load_gate = gate = DomainRenamer("crossing")(DrainedGate(2, depth=8))
+        x.submodules.load_gate = gate = DomainRenamer(_CROSSING)(DrainedGate(2, depth=8))
         m.d.comb += [gate.i.eq(load.completed),
                      gate.sent_0.eq(spad_write.sent), gate.drained_0.eq(spad_write.drained),
                      gate.sent_1.eq(acc_write.sent), gate.drained_1.eq(acc_write.drained)]

@@ -507,3 +507,22 @@ def test_soft_reset_during_computes(compute_mhz, after):
     assert first.done and first.error == 0
     assert np.array_equal(first.dram, run_golden(config, program, image).dram)
     assert first.counters["cycles"] > after + 100          # the reset met it running
+
+
+def test_the_compute_clock_domains_are_local():
+    """The accelerator's own clock domains (the compute core's and the crossings') are local: a
+    design around it may have domains of those names."""
+    from amaranth import ClockDomain, Module, Signal
+    from amaranth.back import rtlil
+    from systolic.hw.top import Accelerator
+
+    outer = Module()
+    outer.domains.compute = ClockDomain()
+    outer.domains.crossing = ClockDomain()
+    accelerator = Accelerator(AcceleratorConfig(**SMALL, compute_clock_mhz=150.0))
+    outer.submodules.accelerator = accelerator
+    flags = Signal(2)
+    outer.d.compute += flags[0].eq(~flags[0])
+    outer.d.crossing += flags[1].eq(~flags[1])
+    text = rtlil.convert(outer, ports=[accelerator.compute_clk, accelerator.irq, flags])
+    assert "compute_clk" in text
