@@ -79,7 +79,8 @@ class Ice40Pll:
 
 @dataclass(frozen=True)
 class Ecp5Pll:
-    """Parameters of an ECP5 ``EHXPLLL`` with CLKOP feedback; frequencies in Hz."""
+    """Parameters of an ECP5 ``EHXPLLL`` with CLKOP feedback; frequencies in Hz. With
+    ``clkos_div``, a second output CLKOS of ``f_vco / clkos_div`` (``f_secondary``)."""
 
     clki_div: int
     clkfb_div: int
@@ -88,11 +89,23 @@ class Ecp5Pll:
     f_pfd: Fraction
     f_vco: Fraction
     f_out: Fraction
+    clkos_div: int | None = None
+    f_secondary: Fraction | None = None
 
     @property
     def out_hz(self) -> float:
         """Achieved output frequency, Hz."""
         return float(self.f_out)
+
+    @property
+    def secondary_hz(self) -> float | None:
+        """Achieved frequency of CLKOS, Hz (None without a second output)."""
+        return None if self.f_secondary is None else float(self.f_secondary)
+
+    @property
+    def clkos_cphase(self) -> int | None:
+        """Coarse phase of CLKOS, VCO cycles: ``CLKOS_DIV - 1`` is 0 degrees (as CLKOP's)."""
+        return None if self.clkos_div is None else self.clkos_div - 1
 
     @property
     def clkop_cphase(self) -> int:
@@ -159,15 +172,19 @@ def ice40_pll(f_in_hz: float, f_out_hz: float) -> Ice40Pll:
     return best
 
 
-def ecp5_pll(f_in_hz: float, f_out_hz: float) -> Ecp5Pll:
+def ecp5_pll(f_in_hz: float, f_out_hz: float, secondary_hz: float | None = None) -> Ecp5Pll:
     """The ``EHXPLLL`` setting (feedback from CLKOP) whose output is closest to ``f_out_hz``
-    from a ``f_in_hz`` reference (both Hz).
+    from a ``f_in_hz`` reference (both Hz). With ``secondary_hz``, also a second output (CLKOS,
+    an integer division of the same VCO): the setting whose worse relative error of the two
+    outputs is the smallest (ties: the VCO nearest the middle of its range).
 
-    Raises :class:`PllError` when the input or the request is outside the PLL's range
+    Raises :class:`PllError` when the input or a request is outside the PLL's range
     (8-400 MHz in, 3.125-400 MHz out) or no setting is within :data:`PLL_TOLERANCE`."""
     f_in, target = _check_hz("f_in_hz", f_in_hz), _check_hz("f_out_hz", f_out_hz)
     _check_range("ECP5 PLL", "the reference", f_in, _ECP5_IN)
     _check_range("ECP5 PLL", "the output", target, _ECP5_OUT)
+    if secondary_hz is not None:
+        return _ecp5_pll_two(f_in, target, _check_hz("secondary_hz", secondary_hz))
     best: tuple[int, int, int] | None = None
     best_key: tuple[Fraction, Fraction] | None = None
     middle = (_ECP5_VCO[0] + _ECP5_VCO[1]) / 2
@@ -198,6 +215,43 @@ def ecp5_pll(f_in_hz: float, f_out_hz: float) -> Ecp5Pll:
     return Ecp5Pll(clki_div, clkfb_div, clkop_div, f_in, f_in / clki_div, f_out * clkop_div, f_out)
 
 
+def _ecp5_pll_two(f_in: Fraction, target: Fraction, second: Fraction) -> Ecp5Pll:
+    """:func:`ecp5_pll` with a second output (CLKOS) of ``second`` Hz."""
+    _check_range("ECP5 PLL", "the second output", second, _ECP5_OUT)
+    middle = (_ECP5_VCO[0] + _ECP5_VCO[1]) / 2
+    best: tuple[int, int, int, int] | None = None
+    best_key: tuple[Fraction, Fraction] | None = None
+    for clki_div in range(1, 129):
+        f_pfd = f_in / clki_div
+        if not _ECP5_PFD[0] <= f_pfd <= _ECP5_PFD[1]:
+            continue
+        first = max(1, -(-_ECP5_OUT[0] // f_pfd))
+        last = min(80, _ECP5_OUT[1] // f_pfd)
+        for clkfb_div in range(int(first), int(last) + 1):
+            f_out = f_pfd * clkfb_div
+            low = max(1, -(-_ECP5_VCO[0] // f_out))
+            high = min(128, _ECP5_VCO[1] // f_out)
+            for clkop_div in range(int(low), int(high) + 1):
+                f_vco = f_out * clkop_div
+                clkos_div = min(max(round(f_vco / second), 1), 128)
+                error = max(abs(f_out - target) / target, abs(f_vco / clkos_div - second) / second)
+                key = (error, abs(f_vco - middle))
+                if best_key is None or key < best_key:
+                    best, best_key = (clki_div, clkfb_div, clkop_div, clkos_div), key
+    if best is None:
+        _check_close("ECP5 PLL", f_in, target, None)
+    assert best is not None and best_key is not None
+    clki_div, clkfb_div, clkop_div, clkos_div = best
+    f_out = f_in / clki_div * clkfb_div
+    f_vco = f_out * clkop_div
+    if best_key[0] > Fraction(PLL_TOLERANCE):
+        raise PllError(f"ECP5 PLL: cannot make {_mhz(target)} and, on CLKOS, {_mhz(second)} from "
+                       f"{_mhz(f_in)} within {PLL_TOLERANCE:.0%} each (both divide one VCO of 400 to "
+                       f"800 MHz): the closest pair is {_mhz(f_out)} and {_mhz(f_vco / clkos_div)}")
+    return Ecp5Pll(clki_div, clkfb_div, clkop_div, f_in, f_in / clki_div, f_vco, f_out,
+                   clkos_div, f_vco / clkos_div)
+
+
 class ClockReset(Elaboratable):
     """A clock from a board oscillator through a PLL, and a reset for it that is released
     :data:`POR_SECONDS` after the PLL locks, synchronously to the clock. The board top drives
@@ -206,7 +260,9 @@ class ClockReset(Elaboratable):
     ``clock_port``: the oscillator's pin as requested with ``dir="-"``; ``family``: "ice40" or
     "ecp5"; ``clock_in_hz``: the oscillator's frequency, Hz; ``pll``: the setting, or None to run
     ``clk`` from the oscillator directly. ``clk`` is the clock; ``locked`` the PLL's lock output
-    (1 without a PLL); ``rst`` the reset, synchronous to ``clk``.
+    (1 without a PLL); ``rst`` the reset, synchronous to ``clk``. ``clk2``: an ECP5 PLL's second
+    output (CLKOS) when the setting has one (:func:`ecp5_pll` with ``secondary_hz``), for a
+    clock whose reset the design makes itself (an accelerator's compute clock).
     """
 
     def __init__(self, clock_port: Any, *, family: str, clock_in_hz: float,
@@ -221,6 +277,7 @@ class ClockReset(Elaboratable):
         self.family = family
         self.pll = pll
         self.clk = Signal()
+        self.clk2 = Signal()
         self.locked = Signal()
         self.rst = Signal()
 
@@ -228,6 +285,15 @@ class ClockReset(Elaboratable):
     def out_hz(self) -> float:
         """Frequency of ``clk``, Hz."""
         return self.pll.out_hz if self.pll is not None else self.clock_in_hz
+
+    def _clkos(self, pll: Ecp5Pll) -> dict[str, Any]:
+        """The EHXPLLL arguments of CLKOS, driving ``clk2``, when ``pll`` has a second output."""
+        if pll.clkos_div is None:
+            return {}
+        return {"a_FREQUENCY_PIN_CLKOS": f"{pll.secondary_hz / 1e6:.6g}",
+                "p_CLKOS_ENABLE": "ENABLED", "p_CLKOS_DIV": pll.clkos_div,
+                "p_CLKOS_CPHASE": pll.clkos_cphase, "p_CLKOS_FPHASE": 0,
+                "i_ENCLKOS": Const(0), "o_CLKOS": self.clk2}
 
     def elaborate(self, platform: Any) -> Module:
         m = Module()
@@ -276,6 +342,7 @@ class ClockReset(Elaboratable):
                 i_ENCLKOP=Const(0),
                 o_CLKOP=self.clk,
                 o_LOCK=self.locked,
+                **self._clkos(pll),
             )
 
         # Reset: a reset-less domain on the clock counts POR_SECONDS of lock, then releases

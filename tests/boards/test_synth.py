@@ -150,6 +150,60 @@ def test_pll_settings_obey_the_ranges() -> None:
                 assert ecp5_pll(f_in, float(exact)).f_out == exact
 
 
+def test_ecp5_pll_with_a_second_output() -> None:
+    """CLKOS divides the same VCO: 75 and 100 MHz from 25 MHz exactly (VCO 600 MHz); random
+    pairs within 1% each, every divider and frequency in range; the one-output setting is
+    unchanged by the option's existence."""
+    pll = ecp5_pll(25e6, 75e6, secondary_hz=100e6)
+    assert (pll.out_hz, pll.secondary_hz) == (75e6, 100e6)
+    assert pll.f_vco == 600_000_000 and pll.clkop_div == 8 and pll.clkos_div == 6
+    assert pll.clkos_cphase == 5
+    assert ecp5_pll(25e6, 75e6).clkos_div is None and ecp5_pll(25e6, 75e6).secondary_hz is None
+    rng = np.random.default_rng(9)
+    made = 0
+    for f_out, second in zip(rng.uniform(20, 200, 40), rng.uniform(20, 300, 40), strict=True):
+        try:
+            pll = ecp5_pll(25e6, f_out * 1e6, secondary_hz=second * 1e6)
+        except PllError:
+            continue
+        made += 1
+        assert pll.f_vco == pll.f_out * pll.clkop_div and 400e6 <= pll.f_vco <= 800e6
+        assert pll.f_secondary == pll.f_vco / pll.clkos_div and 1 <= pll.clkos_div <= 128
+        assert abs(pll.out_hz - f_out * 1e6) <= 0.01 * f_out * 1e6
+        assert abs(pll.secondary_hz - second * 1e6) <= 0.01 * second * 1e6
+    assert made >= 10          # the two divide one VCO: many random pairs have no setting
+
+
+def test_clock_reset_drives_clk2_from_clkos() -> None:
+    """On the ULX3S's 25 MHz pin: one EHXPLLL with CLKOP and CLKOS enabled at their dividers."""
+    from amaranth import ClockDomain, ClockSignal, Elaboratable, Module, ResetSignal, Signal
+
+    pll = ecp5_pll(25e6, 75e6, secondary_hz=100e6)
+
+    class Top(Elaboratable):
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.clock_reset = cr = ClockReset(platform.request("clk25", 0, dir="-"),
+                                                       family="ecp5", clock_in_hz=25e6, pll=pll)
+            m.domains.sync = ClockDomain()
+            m.domains.fast = ClockDomain(reset_less=True)
+            m.d.comb += [ClockSignal("sync").eq(cr.clk), ResetSignal("sync").eq(cr.rst),
+                         ClockSignal("fast").eq(cr.clk2)]
+            counters = Signal(2)
+            m.d.sync += counters[0].eq(~counters[0])
+            m.d.fast += counters[1].eq(~counters[1])
+            m.submodules.led = led = io.Buffer("o", platform.request("led", 0, dir="-"))
+            m.d.comb += led.o.eq(counters[0] ^ counters[1])
+            return m
+
+    plan = get_board("ulx3s-85f").platform().prepare(Top(), name="top", emit_src=False)
+    rtlil = plan.files["top.il"]
+    assert rtlil.count("cell \\EHXPLLL") == 1
+    for name, value in (("CLKOP_DIV", 8), ("CLKOS_DIV", 6), ("CLKOS_CPHASE", 5)):
+        assert re.search(rf"parameter \\{name} {value}\b", rtlil), name
+    assert 'parameter \\CLKOS_ENABLE "ENABLED"' in rtlil
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: ice40_pll(12e6, 300e6),
      r"^iCE40 PLL: the output must be between 16 MHz and 275 MHz, not 300 MHz$"),
@@ -161,6 +215,11 @@ def test_pll_settings_obey_the_ranges() -> None:
      r"^ECP5 PLL: the output must be between 3\.125 MHz and 400 MHz, not 401 MHz$"),
     (lambda: ecp5_pll(25e6, 3.94e6),
      r"^ECP5 PLL: cannot make 3\.94 MHz from 25 MHz within 1%: the closest is 4\.16667 MHz$"),
+    (lambda: ecp5_pll(25e6, 100e6, secondary_hz=401e6),
+     r"^ECP5 PLL: the second output must be between 3\.125 MHz and 400 MHz, not 401 MHz$"),
+    (lambda: ecp5_pll(25e6, 400e6, secondary_hz=300e6),
+     r"^ECP5 PLL: cannot make 400 MHz and, on CLKOS, 300 MHz from 25 MHz within 1% each \(both divide one "
+     r"VCO of 400 to 800 MHz\): the closest pair is [\d.]+ MHz and [\d.]+ MHz$"),
 ])
 def test_pll_errors(call, message: str) -> None:
     with pytest.raises(PllError, match=message):
