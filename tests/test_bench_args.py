@@ -1,6 +1,6 @@
 """The command-line errors of the bench scripts (``bench/board_sweep.py``, and the array size of
-``array_synth.py``, ``area_breakdown.py`` and ``unit_fmax.py``): each is one usage line naming
-the flag and the rule, given before anything is built."""
+``array_synth.py``, ``area_breakdown.py``, ``unit_fmax.py`` and ``compute_clock.py``): each is
+one usage line naming the flag and the rule, given before anything is built."""
 
 from __future__ import annotations
 
@@ -69,6 +69,9 @@ _SIZE = "takes an array size RxC (rows x cols, e.g. 8x8), not "
     ("array_synth", ["--sizes", "4x4,5x4"], "rows must be a power of two between 2 and 64, not 5"),
     ("area_breakdown", ["--size", "8by8"], f"--size {_SIZE}'8by8'"),
     ("unit_fmax", ["--unit", "sfu", "--size", "16"], f"--size {_SIZE}'16'"),
+    ("compute_clock", ["--size", "8"], f"--size {_SIZE}'8'"),
+    ("compute_clock", ["--compute-mhz", "500"], "compute_clock_mhz must be 0 (one clock) or between "
+                                                "clock_mhz / 4 and 4 x clock_mhz (18.75 to 300), not 500.0"),
 ])
 def test_array_size_errors(script: str, argv: list[str], message: str, tmp_path: Path,
                            capsys: pytest.CaptureFixture) -> None:
