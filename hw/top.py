@@ -439,8 +439,9 @@ class Accelerator(wiring.Component):
 
     def _compute_core_crossings(self, m: Module, load: LoadUnit, start: Signal, core_reset: Signal
                                 ) -> tuple[SimpleNamespace, SimpleNamespace, SimpleNamespace, Signal]:
-        """``config.compute_clock_mhz``: the compute core (:class:`ComputeCore`) in the domain
-        ``compute`` (clock: the port ``compute_clk``) and the crossings between it and the rest
+        """``config.compute_clock_mhz``: the compute core (:class:`ComputeCore`) in a clock domain
+        of its own (``_COMPUTE``; clock: the port ``compute_clk``) and the crossings between it
+        and the rest
         (docs/arch-system.md, "Two clocks"). Returns the sync-side stand-ins for the compute
         unit, the scratchpad and the accumulator, and the start pulse the rest must use (held
         while the compute core is being reset)."""
@@ -515,7 +516,8 @@ class Accelerator(wiring.Component):
             x.d[_CROSSING] += rounds.eq(rounds + 1)
 
         # -- a LOAD completes once the core has taken its last row (the load unit's completion
-        # waits until both row crossings have drained as far as they had been sent)
+        # waits until both row crossings have drained as far as they had been sent); 8 waiting:
+        # the load sequencer keeps at most 8 LOADs issued and not retired
         x.submodules.load_gate = gate = DomainRenamer(_CROSSING)(DrainedGate(2, depth=8))
         m.d.comb += [gate.i.eq(load.completed),
                      gate.sent_0.eq(spad_write.sent), gate.drained_0.eq(spad_write.drained),
