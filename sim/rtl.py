@@ -164,7 +164,8 @@ def hdl_source(name: str) -> str:
 def accelerator_verilog(config: AcceleratorConfig) -> str:
     """Verilog of the accelerator (``systolic.hw.top.Accelerator``) as module ``systolic_top``.
     With ``config.compute_clock_mhz`` the accelerator is ``systolic_core`` and ``systolic_top``
-    wraps it with its compute clock (:func:`compute_clock_wrapper`).
+    wraps it with its compute clock (:func:`compute_clock_wrapper`, whose text is part of the
+    cache key).
 
     Cached in ``build_cache_dir("verilog", ...)`` per config hash and a hash of the hw/ sources
     (the packaged firmware of ``control = "firmware"`` included) and the Amaranth version,
@@ -178,13 +179,14 @@ def accelerator_verilog(config: AcceleratorConfig) -> str:
     hw_dir = Path(top.__file__).resolve().parent
     for source in sorted([*hw_dir.glob("*.py"), *(hw_dir / "firmware_src").glob("*")]):
         digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    wrapper = compute_clock_wrapper(config) if config.compute_clock_mhz else ""
+    digest.update(wrapper.encode())      # made here, not in hw/: part of the key as well
     key = f"{ACCELERATOR_TOP}-{config.hash_hex}-{digest.hexdigest()[:16]}"
     path = tools.build_cache_dir("verilog", key) / f"{ACCELERATOR_TOP}.v"
     if path.is_file():
         return path.read_text()
     if config.compute_clock_mhz:
-        text = (tools.to_verilog(top.Accelerator(config), _COMPUTE_CLOCK_CORE)
-                + compute_clock_wrapper(config))
+        text = tools.to_verilog(top.Accelerator(config), _COMPUTE_CLOCK_CORE) + wrapper
     else:
         text = tools.to_verilog(top.Accelerator(config), ACCELERATOR_TOP)
     partial = path.with_suffix(f".{os.getpid()}.tmp")
