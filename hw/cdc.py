@@ -1,6 +1,6 @@
 """Clock-domain crossings between the accelerator's control clock and a compute clock.
 
-Three blocks, each safe for any ratio of the two clocks (neither needs to be faster, and the
+Five blocks, each safe for any ratio of the two clocks (neither needs to be faster, and the
 clocks need not be related):
 
 * :class:`StreamCrossing` — a stream through an asynchronous FIFO (Amaranth's ``AsyncFIFO``:
