@@ -339,8 +339,10 @@ def run_model(model: CompiledModel, inputs: Mapping[str, np.ndarray], *, backend
               board: str | None = None) -> ModelRun:
     """Run ``model`` on ``inputs`` (see :func:`check_inputs`) on ``backend`` and return the
     outputs and the report: backend, config, cycles, macs, utilization (macs / (rows * cols *
-    cycles)), DRAM bytes read and written, and per layer (accelerator layers and host nodes,
-    in schedule order) its cycles, MACs and utilization.
+    cycles); on the rtl and board backends with a compute clock of its own, cycles x
+    compute_clock_mhz / clock_mhz, the array's own cycles), DRAM bytes read and written, and
+    per layer (accelerator layers and host nodes, in schedule order) its cycles, MACs and
+    utilization.
 
     ``capture``: also return every tensor of every image (accelerator tensors as read back from
     DRAM after their segment -- compile with ``keep_intermediates`` so that none is overwritten
@@ -472,7 +474,10 @@ def _report(model: CompiledModel, backend: str, images: int, runs: list[SegmentR
     c = model.config
     cycles = sum(r.cycles for r in runs)
     macs = model.macs * images
-    peak = c.rows * c.cols
+    # the array's peak MACs per counted cycle: with a compute clock of its own the RTL and the
+    # board count control-clock cycles, in each of which the array runs compute_clock_mhz /
+    # clock_mhz cycles of its own; the golden model's estimate assumes one clock
+    peak = c.rows * c.cols * (c.array_clock_mhz / c.clock_mhz if backend != "golden" else 1.0)
 
     def util(m: int, cyc: int) -> float:
         return m / (peak * cyc) if cyc > 0 else 0.0

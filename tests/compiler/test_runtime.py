@@ -163,6 +163,26 @@ def test_report_is_consistent() -> None:
     assert 0.6 * report["cycles"] <= estimate <= 1.4 * report["cycles"]
 
 
+@pytest.mark.slow
+def test_a_compute_clock_of_its_own_on_the_rtl() -> None:
+    """The digits model on the RTL of the default 8x8 config with its compute core on a clock of
+    its own (75 and 100 MHz): the golden model's outputs, and a utilization taken over the
+    array's own cycles (control-clock cycles x 100 / 75)."""
+    config = AcceleratorConfig(clock_mhz=75.0, compute_clock_mhz=100.0)
+    compiled = compile_model(EXAMPLES / "digits_cnn_int8.onnx", config=config)
+    x = np.random.default_rng(4).uniform(0, 1, (2, 1, 8, 8)).astype(np.float32)
+    golden = run_model(compiled, {"input": x})
+    rtl = run_model(compiled, {"input": x}, backend="rtl")
+    np.testing.assert_array_equal(rtl.outputs["logits"], golden.outputs["logits"])
+    report = rtl.report
+    assert report["macs"] == golden.report["macs"]
+    assert report["utilization"] == pytest.approx(
+        report["macs"] / (config.rows * config.cols * report["cycles"] * 100 / 75))
+    assert 0 < report["utilization"] < 1
+    assert golden.report["utilization"] == pytest.approx(
+        golden.report["macs"] / (config.rows * config.cols * golden.report["cycles"]))
+
+
 def test_input_errors() -> None:
     compiled = compile_model(EXAMPLES / "digits_cnn_int8.onnx")
     good = np.zeros((1, 1, 8, 8), np.float32)
