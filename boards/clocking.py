@@ -22,6 +22,7 @@ microseconds after configuration) and is released synchronously to the clock.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -124,6 +125,7 @@ _ECP5_IN = (Fraction(8_000_000), Fraction(400_000_000))
 _ECP5_PFD = (Fraction(3_125_000), Fraction(400_000_000))
 _ECP5_VCO = (Fraction(400_000_000), Fraction(800_000_000))
 _ECP5_OUT = (Fraction(3_125_000), Fraction(400_000_000))
+_ECP5_VCO_MIDDLE = (_ECP5_VCO[0] + _ECP5_VCO[1]) / 2
 
 
 def _check_range(pll: str, what: str, value: Fraction, bounds: tuple[Fraction, Fraction]) -> None:
@@ -187,25 +189,12 @@ def ecp5_pll(f_in_hz: float, f_out_hz: float, secondary_hz: float | None = None)
         return _ecp5_pll_two(f_in, target, _check_hz("secondary_hz", secondary_hz))
     best: tuple[int, int, int] | None = None
     best_key: tuple[Fraction, Fraction] | None = None
-    middle = (_ECP5_VCO[0] + _ECP5_VCO[1]) / 2
-    for clki_div in range(1, 129):
-        f_pfd = f_in / clki_div
-        if not _ECP5_PFD[0] <= f_pfd <= _ECP5_PFD[1]:
-            continue
-        # only the feedback dividers that land the output in range
-        first = max(1, -(-_ECP5_OUT[0] // f_pfd))
-        last = min(80, _ECP5_OUT[1] // f_pfd)
-        for clkfb_div in range(int(first), int(last) + 1):
-            f_out = f_pfd * clkfb_div
-            # the output divider only places the VCO: take the one nearest the middle
-            low = max(1, -(-_ECP5_VCO[0] // f_out))
-            high = min(128, _ECP5_VCO[1] // f_out)
-            if low > high:
-                continue
-            clkop_div = min(max(round(middle / f_out), int(low)), int(high))
-            key = (abs(f_out - target), abs(f_out * clkop_div - middle))
-            if best_key is None or key < best_key:
-                best, best_key = (clki_div, clkfb_div, clkop_div), key
+    for clki_div, clkfb_div, f_out, low, high in _ecp5_settings(f_in):
+        # the output divider only places the VCO: take the one nearest the middle
+        clkop_div = min(max(round(_ECP5_VCO_MIDDLE / f_out), low), high)
+        key = (abs(f_out - target), abs(f_out * clkop_div - _ECP5_VCO_MIDDLE))
+        if best_key is None or key < best_key:
+            best, best_key = (clki_div, clkfb_div, clkop_div), key
     if best is None:
         _check_close("ECP5 PLL", f_in, target, None)
     assert best is not None
@@ -215,29 +204,37 @@ def ecp5_pll(f_in_hz: float, f_out_hz: float, secondary_hz: float | None = None)
     return Ecp5Pll(clki_div, clkfb_div, clkop_div, f_in, f_in / clki_div, f_out * clkop_div, f_out)
 
 
-def _ecp5_pll_two(f_in: Fraction, target: Fraction, second: Fraction) -> Ecp5Pll:
-    """:func:`ecp5_pll` with a second output (CLKOS) of ``second`` Hz."""
-    _check_range("ECP5 PLL", "the second output", second, _ECP5_OUT)
-    middle = (_ECP5_VCO[0] + _ECP5_VCO[1]) / 2
-    best: tuple[int, int, int, int] | None = None
-    best_key: tuple[Fraction, Fraction] | None = None
+def _ecp5_settings(f_in: Fraction) -> Iterator[tuple[int, int, Fraction, int, int]]:
+    """Every (CLKI_DIV, CLKFB_DIV) with the phase detector and the output in range, with its
+    output frequency and the range of CLKOP_DIV that puts the VCO in range (low <= high)."""
     for clki_div in range(1, 129):
         f_pfd = f_in / clki_div
         if not _ECP5_PFD[0] <= f_pfd <= _ECP5_PFD[1]:
             continue
+        # only the feedback dividers that land the output in range
         first = max(1, -(-_ECP5_OUT[0] // f_pfd))
         last = min(80, _ECP5_OUT[1] // f_pfd)
         for clkfb_div in range(int(first), int(last) + 1):
             f_out = f_pfd * clkfb_div
             low = max(1, -(-_ECP5_VCO[0] // f_out))
             high = min(128, _ECP5_VCO[1] // f_out)
-            for clkop_div in range(int(low), int(high) + 1):
-                f_vco = f_out * clkop_div
-                clkos_div = min(max(round(f_vco / second), 1), 128)
-                error = max(abs(f_out - target) / target, abs(f_vco / clkos_div - second) / second)
-                key = (error, abs(f_vco - middle))
-                if best_key is None or key < best_key:
-                    best, best_key = (clki_div, clkfb_div, clkop_div, clkos_div), key
+            if low <= high:
+                yield clki_div, clkfb_div, f_out, int(low), int(high)
+
+
+def _ecp5_pll_two(f_in: Fraction, target: Fraction, second: Fraction) -> Ecp5Pll:
+    """:func:`ecp5_pll` with a second output (CLKOS) of ``second`` Hz."""
+    _check_range("ECP5 PLL", "the second output", second, _ECP5_OUT)
+    best: tuple[int, int, int, int] | None = None
+    best_key: tuple[Fraction, Fraction] | None = None
+    for clki_div, clkfb_div, f_out, low, high in _ecp5_settings(f_in):
+        for clkop_div in range(low, high + 1):
+            f_vco = f_out * clkop_div
+            clkos_div = min(max(round(f_vco / second), 1), 128)
+            error = max(abs(f_out - target) / target, abs(f_vco / clkos_div - second) / second)
+            key = (error, abs(f_vco - _ECP5_VCO_MIDDLE))
+            if best_key is None or key < best_key:
+                best, best_key = (clki_div, clkfb_div, clkop_div, clkos_div), key
     if best is None:
         _check_close("ECP5 PLL", f_in, target, None)
     assert best is not None and best_key is not None
