@@ -16,7 +16,8 @@ from systolic.hw.top import Accelerator
 
 from tests.hw.axi_model import AXIMemory
 
-__all__ = ["AccelRun", "run_accelerator", "add_compute_clock", "lite_read", "lite_write", "axi_view", "REG"]
+__all__ = ["AccelRun", "run_accelerator", "add_compute_clock", "start", "start_and_wait", "lite_read",
+           "lite_write", "axi_view", "REG"]
 
 REG = {r.name: r.offset for r in REGISTERS}
 
@@ -81,13 +82,17 @@ async def lite_read(ctx: Any, dut: Accelerator, addr: int) -> tuple[int, int]:
     return data, resp
 
 
-async def start_and_wait(ctx: Any, dut: Accelerator, prog_addr: int, prog_len: int, max_cycles: int) -> int:
-    """Write prog_addr, prog_len and dram_base = 0, start, and wait for irq (at most
-    ``max_cycles``); returns STATUS."""
+async def start(ctx: Any, dut: Accelerator, prog_addr: int, prog_len: int) -> None:
+    """Write prog_addr, prog_len and dram_base = 0, then start."""
     await lite_write(ctx, dut, REG["prog_addr"], prog_addr)
     await lite_write(ctx, dut, REG["prog_len"], prog_len)
     await lite_write(ctx, dut, REG["dram_base"], 0)
     await lite_write(ctx, dut, REG["ctrl"], 1)
+
+
+async def start_and_wait(ctx: Any, dut: Accelerator, prog_addr: int, prog_len: int, max_cycles: int) -> int:
+    """:func:`start`, then wait for irq (at most ``max_cycles``); returns STATUS."""
+    await start(ctx, dut, prog_addr, prog_len)
     for _ in range(max_cycles):
         _, _, irq = await ctx.tick().sample(dut.irq)
         if irq:

@@ -263,7 +263,15 @@ def _run_back_to_back(config, runs, *, stall=0.0, latency=(0, 0), seed=0, error_
     from amaranth.sim import Simulator
     from systolic.hw.top import Accelerator
 
-    from tests.hw.accel_harness import REG, add_compute_clock, axi_view, lite_read, lite_write, start_and_wait
+    from tests.hw.accel_harness import (
+        REG,
+        add_compute_clock,
+        axi_view,
+        lite_read,
+        lite_write,
+        start,
+        start_and_wait,
+    )
     from tests.hw.axi_model import AXIMemory
 
     dut = Accelerator(config)
@@ -278,10 +286,7 @@ def _run_back_to_back(config, runs, *, stall=0.0, latency=(0, 0), seed=0, error_
             memory[:] = bytes(np.asarray(image, np.uint8)) + bytes(size - len(image))
             if soft_reset_after is not None and run == 0:
                 # start the first program, then soft-reset it part way through
-                await lite_write(ctx, dut, REG["prog_addr"], prog_addr)
-                await lite_write(ctx, dut, REG["prog_len"], prog_len)
-                await lite_write(ctx, dut, REG["dram_base"], 0)
-                await lite_write(ctx, dut, REG["ctrl"], 1)
+                await start(ctx, dut, prog_addr, prog_len)
                 for _ in range(soft_reset_after):
                     await ctx.tick()
                 await lite_write(ctx, dut, REG["ctrl"], 2)
