@@ -4,9 +4,11 @@ For each board preset (``boards/presets/<board>.toml``), then for each array siz
 on the sweep board (default ULX3S-85F: the ulx3s-85f preset with ``rows``/``cols`` replaced),
 this runs the whole ``systolic synth`` flow (:func:`systolic.boards.synth.synth`: yosys, the
 fit check, nextpnr, the bitstream packer) and records used LUT4s, flip-flops, DSP blocks and
-block RAMs, the Fmax nextpnr reports for the accelerator clock, whether timing is met at the
-target, and the peak throughput ``2 * R * C * Fmax`` (GOPS: one multiply and one add per PE per
-cycle, at the clock the routed design reaches).
+block RAMs, the Fmax nextpnr reports for the clock the array runs on (the accelerator clock, or
+the compute clock of a config with ``compute_clock_mhz``, whose control clock's Fmax is then a
+column of its own), whether timing is met at the targets, and the peak throughput
+``2 * R * C * Fmax`` (GOPS: one multiply and one add per PE per cycle, at the array's clock as
+the routed design reaches it).
 
 A sweep size needs more multipliers than the device has DSP blocks (256 PEs against the 85F's
 156 MULT18X18D, beside the SFU's): the fit check says how many DSP blocks are missing, and
@@ -59,14 +61,19 @@ def _row(kind: str, board: str, config: AcceleratorConfig, mhz: float, report: d
         row["error"] = error
         return row
     resources = report["resources"]
-    fmax = report["fmax_mhz"]["sync"]
+    array_clock = "compute" if "compute" in report["clocks"] else "sync"
+    fmax = report["fmax_mhz"][array_clock]
     row.update({
         "luts": resources["lut"]["used"], "ffs": resources["ff"]["used"],
         "dsps": resources["dsp"]["used"], "brams": resources["bram"]["used"],
         "sprams": resources["spram"]["used"] if "spram" in resources else 0,
         "logic_cells": resources["lc"]["used"] if "lc" in resources else None,     # iCE40
         "lut_percent": resources["lut"]["percent"],
-        "target_mhz": report["target_mhz"], "fmax_mhz": fmax, "timing_met": report["timing_met"],
+        "target_mhz": report["compute_target_mhz"] if array_clock == "compute" else report["target_mhz"],
+        "fmax_mhz": fmax,
+        "timing_met": report["timing_met"], "two_clocks": array_clock == "compute",
+        # a compute clock of its own: the control clock's figures (else the same as the array's)
+        "control_target_mhz": report["target_mhz"], "control_fmax_mhz": report["fmax_mhz"]["sync"],
         "peak_gops": round(2 * config.rows * config.cols * fmax / 1000, 2),
         "report": report,
     })
@@ -82,7 +89,7 @@ def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: 
     Returns one table row."""
     started = time.monotonic()
     while True:
-        mhz = config.clock_mhz if clock_mhz is None else clock_mhz
+        mhz = config.array_clock_mhz if clock_mhz is None else clock_mhz
         print(f"{board}: {config.rows}x{config.cols} {config.dataflow}, "
               f"{config.array_lut_multipliers} logic multipliers, {mhz:g} MHz ...",
               file=sys.stderr, flush=True)
@@ -92,7 +99,9 @@ def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: 
             return _row(kind, board, config, mhz, report, None, time.monotonic() - started)
         except PlaceRouteTimeout as exc:     # not an Fmax: how far nextpnr got, also in fields
             row = _row(kind, board, config, mhz, None, str(exc), time.monotonic() - started)
-            row.update(stopped_in=exc.stage, placed_mhz=exc.placed_mhz.get("sync"),
+            row.update(stopped_in=exc.stage,
+                       placed_mhz=exc.placed_mhz.get("compute", exc.placed_mhz.get("sync")),
+                       control_placed_mhz=exc.placed_mhz.get("sync"),
                        arcs_total=exc.arcs_total, arcs_left=exc.arcs_left,
                        heap_stalled=exc.heap_stalled)
             return row
@@ -114,9 +123,17 @@ def _order(row: dict[str, Any]) -> tuple[str, int, str]:
     return row["kind"], row["rows"] * row["cols"], row["board"]
 
 
+def _control(row: dict[str, Any]) -> str:
+    """A config with a compute clock of its own: its control clock's Fmax / target (MHz)."""
+    if not row.get("two_clocks"):
+        return "-"
+    return f"{row['control_fmax_mhz']:.1f}/{row['control_target_mhz']:.1f}"
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     header = (f"{'kind':<7}{'board':<16}{'array':>7}{'lutmul':>7}{'LUT4':>8}{'LUT%':>6}{'FF':>8}"
-              f"{'DSP':>5}{'BRAM':>5}{'Fmax':>8}{'target':>8}{'timing':>8}{'GOPS':>7}{'min':>5}")
+              f"{'DSP':>5}{'BRAM':>5}{'Fmax':>8}{'target':>8}{'timing':>8}{'GOPS':>7}{'min':>5}"
+              f"{'control':>16}")
     lines = [header, "-" * len(header)]
     for r in rows:
         size = f"{r['rows']}x{r['cols']}"
@@ -127,7 +144,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
             f"{r['kind']:<7}{r['board']:<16}{size:>7}{r['lut_multipliers']:>7}{r['luts']:>8}"
             f"{r['lut_percent']:>5.0f}%{r['ffs']:>8}{r['dsps']:>5}{r['brams']:>5}{r['fmax_mhz']:>8.1f}"
             f"{r['target_mhz']:>8.1f}{'met' if r['timing_met'] else 'MISS':>8}{r['peak_gops']:>7.2f}"
-            f"{r['seconds'] / 60:>5.0f}")
+            f"{r['seconds'] / 60:>5.0f}{_control(r):>16}")
     return "\n".join(lines)
 
 

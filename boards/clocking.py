@@ -1,6 +1,8 @@
 """Clock and reset of a board top: PLL parameters, the PLL primitives and a reset generator.
 
-The accelerator runs in one clock domain (``sync``) made by the board's PLL from its oscillator:
+The accelerator runs in a clock domain (``sync``) made by the board's PLL from its oscillator
+(and, with a compute clock of its own, its compute core on the ECP5 PLL's second output, CLKOS,
+``ClockReset.clk2``):
 
 * iCE40 (``SB_PLL40_PAD``, simple feedback): ``f_out = f_in / (DIVR + 1) * (DIVF + 1) / 2**DIVQ``
   with the phase detector at ``f_pfd = f_in / (DIVR + 1)`` in [10, 133] MHz and the VCO at

@@ -92,6 +92,19 @@ def soc_sim_verilog(config: AcceleratorConfig, *, memory_bytes: int, divisor: in
     return text
 
 
+def _compute_clock_defines(config: AcceleratorConfig) -> list[str]:
+    """The harness's compute clock (C++ defines) for a config with ``compute_clock_mhz``: the
+    two clocks' half periods and the compute clock's first edge as the RTL flow's
+    (:func:`systolic.sim.rtl.compute_clock_wrapper`); none for one clock."""
+    if not config.compute_clock_mhz:
+        return []
+    from systolic.sim import rtl
+
+    return ["-CFLAGS", f"-DSYSTOLIC_CLOCK_HALF_PS={rtl.CLOCK_PERIOD_NS * 1000 // 2}",
+            "-CFLAGS", f"-DSYSTOLIC_COMPUTE_HALF_PS={rtl.compute_half_period_ps(config)}",
+            "-CFLAGS", f"-DSYSTOLIC_COMPUTE_FIRST_PS={rtl.COMPUTE_CLOCK_FIRST_EDGE_PS}"]
+
+
 def build_soc_sim(config: AcceleratorConfig, *, memory_bytes: int, divisor: int = DEFAULT_DIVISOR,
                   waves: bool | None = None, firmware_ram: str | None = None) -> Path:
     """Build the simulated board (or find its cached build); returns the executable.
@@ -104,7 +117,7 @@ def build_soc_sim(config: AcceleratorConfig, *, memory_bytes: int, divisor: int 
     waves = tools.waves_enabled() if waves is None else waves
     verilog = soc_sim_verilog(config, memory_bytes=memory_bytes, divisor=divisor, firmware_ram=firmware_ram)
     harness = HARNESS.read_text()
-    args = [*tools.VERILATOR_WAIVERS, "-Wno-fatal", *_BUILD_ARGS]
+    args = [*tools.VERILATOR_WAIVERS, "-Wno-fatal", *_BUILD_ARGS, *_compute_clock_defines(config)]
     if waves:
         args += ["--trace", "-CFLAGS", "-DSYSTOLIC_TRACE"]
     digest = tools.design_hash(verilog, harness, " ".join(args), f"divisor={divisor}",

@@ -32,7 +32,7 @@ from .memory import SoCMemory, check_memory
 from .protocol import DEFAULT_TIMEOUT_BITS, MIN_TIMEOUT_BITS
 from .uart import MIN_DIVISOR, UARTReceiver, UARTTransmitter, check_divisor
 
-__all__ = ["SoC", "soc_verilog", "baud_divisor", "MAX_BAUD_ERROR"]
+__all__ = ["SoC", "soc_ports", "soc_verilog", "baud_divisor", "MAX_BAUD_ERROR"]
 
 #: Largest relative difference between the requested baud rate and clk_hz / divisor.
 MAX_BAUD_ERROR = 0.02
@@ -65,6 +65,15 @@ def baud_divisor(clk_hz: float, baud: float) -> int:
     return divisor
 
 
+def soc_ports(config: AcceleratorConfig) -> dict[str, wiring.Member]:
+    """The SoC's ports (:class:`SoC`): ``uart_rx``, ``uart_tx``, ``busy``, ``error``, and
+    ``compute_clk`` when ``config`` has a compute clock of its own."""
+    ports = {"uart_rx": In(1, init=1), "uart_tx": Out(1, init=1), "busy": Out(1), "error": Out(1)}
+    if config.compute_clock_mhz:
+        ports["compute_clk"] = In(1)
+    return ports
+
+
 def _check_timeout_bits(timeout_bits: object) -> int:
     if isinstance(timeout_bits, bool) or not isinstance(timeout_bits, int):
         raise TypeError(f"timeout_bits must be an integer, not {timeout_bits!r}")
@@ -85,25 +94,20 @@ class SoC(wiring.Component):
     silence inside a request frame, in bit times. The parts are attributes: ``accelerator``,
     ``memory`` (its ``ram.data[word]`` reaches a ``"bram"`` memory's contents in simulation),
     ``bridge``, ``receiver``, ``transmitter``.
-    """
 
-    uart_rx: In(1, init=1)
-    """UART input from the host (asynchronous; synchronized inside)."""
-    uart_tx: Out(1, init=1)
-    """UART output to the host."""
-    busy: Out(1)
-    """A program started through the bridge has not finished yet (for an LED)."""
-    error: Out(1)
-    """The last STATUS read through the bridge showed an error (for an LED)."""
+    Ports: ``uart_rx`` (in; UART input from the host, asynchronous, synchronized inside),
+    ``uart_tx`` (out; UART output to the host), ``busy`` (out; a program started through the
+    bridge has not finished yet, for an LED), ``error`` (out; the last STATUS read through the
+    bridge showed an error, for an LED) and, only when ``config.compute_clock_mhz`` is set,
+    ``compute_clk`` (in): the clock of the accelerator's compute core (docs/arch-system.md, "Two
+    clocks"), unrelated to the SoC's ``sync`` clock; it needs no reset of its own.
+    """
 
     def __init__(self, config: AcceleratorConfig, *, memory_bytes: int, memory: str = "bram",
                  clk_hz: float, baud: float, timeout_bits: int = DEFAULT_TIMEOUT_BITS,
                  firmware_ram: str | None = None):
         if not isinstance(config, AcceleratorConfig):
             raise TypeError(f"config must be an AcceleratorConfig, not {config!r}")
-        if config.compute_clock_mhz:
-            raise ValueError(f"the SoC runs on one clock: its config must have compute_clock_mhz = 0, "
-                             f"not {config.compute_clock_mhz:g}")
         check_memory(memory, memory_bytes, config.dma_data_bits)
         self.config = config
         self.divisor = check_divisor(baud_divisor(clk_hz, baud))
@@ -123,7 +127,7 @@ class SoC(wiring.Component):
                              timeout_cycles=self.timeout_bits * self.divisor)
         self.receiver = UARTReceiver(self.divisor)
         self.transmitter = UARTTransmitter(self.divisor)
-        super().__init__()
+        super().__init__(soc_ports(config))
 
     def elaborate(self, platform):
         m = Module()
@@ -134,6 +138,8 @@ class SoC(wiring.Component):
         m.submodules.transmitter = transmitter = self.transmitter
 
         m.d.comb += [receiver.rx.eq(self.uart_rx), self.uart_tx.eq(transmitter.tx)]
+        if self.config.compute_clock_mhz:
+            m.d.comb += accel.compute_clk.eq(self.compute_clk)
         wiring.connect(m, receiver=receiver.data, bridge=bridge.rx)
         wiring.connect(m, bridge=bridge.tx, transmitter=transmitter.data)
         wiring.connect(m, bridge=bridge.mem, memory=memory.bridge)
@@ -179,8 +185,9 @@ class SoC(wiring.Component):
 def soc_verilog(config: AcceleratorConfig, *, memory_bytes: int, divisor: int,
                 timeout_bits: int = DEFAULT_TIMEOUT_BITS, firmware_ram: str | None = None) -> str:
     """Verilog of the SoC with a ``"bram"`` memory as module ``systolic_soc``, ports ``clk``,
-    ``rst`` (synchronous, active high), ``uart_rx``, ``uart_tx``, ``busy``, ``error``; the UART
-    runs at ``divisor`` clock cycles per bit."""
+    ``rst`` (synchronous, active high), ``uart_rx``, ``uart_tx``, ``busy``, ``error`` and, with
+    ``config.compute_clock_mhz``, ``compute_clk``; the UART runs at ``divisor`` clock cycles per
+    bit."""
     from systolic.sim.tools import to_verilog
 
     check_divisor(divisor)

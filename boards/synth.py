@@ -61,7 +61,8 @@ from .boards import Board, BoardError, FitError, get_board, load_preset
 from .clocking import ClockReset, Ecp5Pll, Ice40Pll, PllError, ecp5_pll, ice40_pll
 
 __all__ = ["CORES", "PLACERS", "ArrayCore", "make_core", "BoardTop", "ClockPlan", "plan_clock", "check_fit",
-           "tool_path", "synth", "summary_table", "resolve_config", "PlaceRouteTimeout", "nextpnr_progress"]
+           "tool_path", "synth", "summary_table", "resolve_config", "PlaceRouteTimeout", "nextpnr_progress",
+           "clock_name"]
 
 #: Cores :func:`synth` can put on a board.
 CORES = ("soc", "array")
@@ -152,17 +153,37 @@ def make_core(core: str, config: AcceleratorConfig, board: Board, clk_hz: int, b
 
 class ClockPlan:
     """How a board makes the accelerator clock: the requested and achieved frequency (Hz) and
-    the PLL setting (None when the oscillator already runs at the requested frequency)."""
+    the PLL setting (None when the oscillator already runs at the requested frequency).
+    ``compute_requested_hz``: the compute clock's request (Hz) of a config with a compute clock
+    of its own, made by the PLL's second output; None for one clock."""
 
-    def __init__(self, board: Board, requested_hz: float, pll: Ice40Pll | Ecp5Pll | None) -> None:
+    def __init__(self, board: Board, requested_hz: float, pll: Ice40Pll | Ecp5Pll | None,
+                 compute_requested_hz: float | None = None) -> None:
+        if compute_requested_hz is not None and (not isinstance(pll, Ecp5Pll) or pll.clkos_div is None):
+            raise ValueError(f"a compute clock needs an ECP5 PLL setting with a second output, not {pll!r}")
         self.board = board
         self.requested_hz = requested_hz
         self.pll = pll
+        self.compute_requested_hz = compute_requested_hz
 
     @property
     def hz(self) -> float:
         """Achieved frequency of the accelerator clock, Hz."""
         return self.pll.out_hz if self.pll is not None else float(self.board.clock_hz)
+
+    @property
+    def compute_hz(self) -> float | None:
+        """Achieved frequency of the compute clock (the PLL's CLKOS), Hz; None for one clock."""
+        if self.compute_requested_hz is None:
+            return None
+        assert isinstance(self.pll, Ecp5Pll)
+        return self.pll.secondary_hz
+
+    @property
+    def array_hz(self) -> float:
+        """The clock the systolic array runs on, Hz: the compute clock, else the accelerator's."""
+        compute = self.compute_hz
+        return self.hz if compute is None else compute
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -170,6 +191,10 @@ class ClockPlan:
             "requested_mhz": round(self.requested_hz / 1e6, 6),
             "achieved_mhz": round(self.hz / 1e6, 6),
         }
+        if self.compute_requested_hz is not None:
+            out["compute"] = {"requested_mhz": round(self.compute_requested_hz / 1e6, 6),
+                              "achieved_mhz": round(float(self.compute_hz or 0) / 1e6, 6),
+                              "output": "CLKOS"}
         if isinstance(self.pll, Ice40Pll):
             out["pll"] = {"primitive": "SB_PLL40_PAD", "DIVR": self.pll.divr, "DIVF": self.pll.divf,
                           "DIVQ": self.pll.divq, "FILTER_RANGE": self.pll.filter_range,
@@ -178,20 +203,37 @@ class ClockPlan:
             out["pll"] = {"primitive": "EHXPLLL", "CLKI_DIV": self.pll.clki_div,
                           "CLKFB_DIV": self.pll.clkfb_div, "CLKOP_DIV": self.pll.clkop_div,
                           "vco_mhz": round(float(self.pll.f_vco) / 1e6, 6)}
+            if self.pll.clkos_div is not None:
+                out["pll"]["CLKOS_DIV"] = self.pll.clkos_div
         else:
             out["pll"] = None
         return out
 
 
-def plan_clock(board: Board, mhz: float) -> ClockPlan:
+def plan_clock(board: Board, mhz: float, compute_mhz: float | None = None) -> ClockPlan:
     """The PLL setting that makes ``mhz`` (MHz) from ``board``'s oscillator, or no PLL when the
-    oscillator runs at exactly that frequency.
+    oscillator runs at exactly that frequency. With ``compute_mhz``, the PLL also makes the
+    compute clock (an ECP5 PLL's second output, CLKOS, of the same VCO).
 
     Raises :class:`~systolic.boards.boards.BoardError` naming the board when the PLL cannot make
-    the frequency."""
-    if isinstance(mhz, bool) or not isinstance(mhz, int | float) or not mhz > 0:
-        raise BoardError(f"the clock of {board.name} must be a positive number of MHz, not {mhz!r}")
+    the frequency (or the pair), or when the board cannot make a second clock (iCE40)."""
+    for name, value in (("clock", mhz), ("compute clock", compute_mhz)):
+        if value is None and name == "compute clock":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise BoardError(f"the {name} of {board.name} must be a positive number of MHz, not {value!r}")
     hz = float(mhz) * 1e6
+    if compute_mhz is not None:
+        if board.family != "ecp5":
+            raise BoardError(f"cannot give {board.name} ({board.device.name}) a compute clock of its own "
+                             f"({compute_mhz:g} MHz): its board top makes one clock (the {board.family} "
+                             f"PLL's one output); set compute_clock_mhz = 0")
+        try:
+            pll = ecp5_pll(board.clock_hz, hz, secondary_hz=float(compute_mhz) * 1e6)
+        except PllError as exc:
+            raise BoardError(f"cannot clock {board.name} ({board.device.name}) at {mhz:g} MHz with a "
+                             f"compute clock of {compute_mhz:g} MHz: {exc}") from None
+        return ClockPlan(board, hz, pll, float(compute_mhz) * 1e6)
     if hz == board.clock_hz:
         return ClockPlan(board, hz, None)
     search = ice40_pll if board.family == "ice40" else ecp5_pll
@@ -215,9 +257,15 @@ def _request(platform: Any, spec: tuple[str, int, str | None], requested: dict[t
 class BoardTop(Elaboratable):
     """A board's top level: :class:`~systolic.boards.clocking.ClockReset` (PLL and reset) drives
     the ``sync`` domain, in which ``core`` runs; the core's ``uart_rx`` (the core synchronizes
-    it) and ``uart_tx`` go to the board's host UART pins, ``busy`` and ``error`` to two LEDs."""
+    it) and ``uart_tx`` go to the board's host UART pins, ``busy`` and ``error`` to two LEDs.
+    A core with a ``compute_clk`` port (the SoC of a config with a compute clock of its own)
+    gets the PLL's second output there; ``clock`` must then plan one."""
 
     def __init__(self, board: Board, core: wiring.Component, clock: ClockPlan) -> None:
+        needs = "compute_clk" in core.signature.members
+        if needs != (clock.compute_requested_hz is not None):
+            raise ValueError(f"the core {'has a' if needs else 'has no'} compute_clk port but the clock "
+                             f"plan makes {'no' if needs else 'a'} compute clock")
         self.board = board
         self.core = core
         self.clock = clock
@@ -231,6 +279,8 @@ class BoardTop(Elaboratable):
         m.domains.sync = ClockDomain("sync")
         m.d.comb += [ClockSignal("sync").eq(clock_reset.clk), ResetSignal("sync").eq(clock_reset.rst)]
         m.submodules.core = core = self.core
+        if self.clock.compute_requested_hz is not None:
+            m.d.comb += core.compute_clk.eq(clock_reset.clk2)
 
         uart = platform.request(*board.uart, dir="-")
         m.submodules.uart_rx = rx = io.Buffer("i", uart.rx)
@@ -430,10 +480,31 @@ _ROUTER_ROW = re.compile(r"^Info:\s+\d+\s*\|\s*\d+\s+\d+\s*\|\s*\d+\s+\d+\s*\|\s
 _HEAP_ITERATION = re.compile(r"^Info:\s+at iteration #\d+, type ALL:")
 
 
-def nextpnr_progress(log: str, target_mhz: float | None = None) -> dict[str, Any]:
+def _near(value: float, target: float | None) -> bool:
+    return target is not None and abs(value - target) <= 1e-3 * target
+
+
+def clock_name(net: str, constraint_mhz: float | None, target_mhz: float | None,
+               compute_mhz: float | None = None) -> str:
+    """The report's name of the clock on ``net`` that nextpnr timed at ``constraint_mhz``:
+    ``sync`` for the accelerator's clock (the PLL's CLKOP, constrained to ``target_mhz``),
+    ``compute`` for the compute clock (CLKOS, ``compute_mhz``; the net of the board top's
+    ``clk2``, which tells the two apart when their frequencies are equal), else the net."""
+    net = net.removeprefix("$glbnet$")
+    if constraint_mhz is None:
+        return net
+    is_sync, is_compute = _near(constraint_mhz, target_mhz), _near(constraint_mhz, compute_mhz)
+    if is_sync and is_compute:
+        return "compute" if "clk2" in net else "sync"
+    return "sync" if is_sync else "compute" if is_compute else net
+
+
+def nextpnr_progress(log: str, target_mhz: float | None = None,
+                     compute_mhz: float | None = None) -> dict[str, Any]:
     """How far a nextpnr run got, from its log: ``stage`` ("packing", "placement", "routing"),
-    ``placed_mhz`` (clock -> the Fmax estimate printed after placement, before routing; the clock
-    constrained to ``target_mhz`` is called ``sync``, as in :func:`synth`'s report), ``arcs_total``
+    ``placed_mhz`` (clock -> the Fmax estimate printed after placement, before routing; the
+    clocks constrained to ``target_mhz`` and ``compute_mhz`` are called ``sync`` and
+    ``compute``, as in :func:`synth`'s report, :func:`clock_name`), ``arcs_total``
     and ``arcs_left`` (the router's last progress row; None before routing), ``heap_stalled``:
     the analytic placer (HeAP) had started and not finished its first iteration, whose strict
     legalisation is where it stalls on nearly full ECP5 devices (docs/boards.md)."""
@@ -444,11 +515,9 @@ def nextpnr_progress(log: str, target_mhz: float | None = None) -> dict[str, Any
     for line in lines[:routing]:
         match = _MAX_FREQUENCY.match(line)
         if match:
-            name = match.group("clock").removeprefix("$glbnet$")
             target = match.group("target")
-            if (target_mhz is not None and target is not None
-                    and abs(float(target) - target_mhz) <= 1e-3 * target_mhz):
-                name = "sync"
+            name = clock_name(match.group("clock"), None if target is None else float(target),
+                              target_mhz, compute_mhz)
             placed[name] = float(match.group("mhz"))
     arcs_total = arcs_left = None
     for line in lines[routing:] if routing is not None else []:
@@ -465,7 +534,8 @@ def nextpnr_progress(log: str, target_mhz: float | None = None) -> dict[str, Any
 
 
 def _nextpnr(board: Board, build: Path, seed: int, placer: str, env: Mapping[str, str],
-             what: str, time_limit: float | None = None, target_mhz: float | None = None) -> dict[str, Any]:
+             what: str, time_limit: float | None = None, target_mhz: float | None = None,
+             compute_mhz: float | None = None) -> dict[str, Any]:
     family = board.family
     command = [*_nextpnr_command(board, env),
                "--asc" if family == "ice40" else "--textcfg", _PLACED[family],
@@ -479,7 +549,7 @@ def _nextpnr(board: Board, build: Path, seed: int, placer: str, env: Mapping[str
     except subprocess.TimeoutExpired:
         log = build / "nextpnr.log"
         log_text = log.read_text(errors="replace") if log.is_file() else ""
-        progress = nextpnr_progress(log_text, target_mhz)
+        progress = nextpnr_progress(log_text, target_mhz, compute_mhz)
         done = {"packing": "before placement", "placement": "while placing",
                 "routing": "while routing"}[progress["stage"]]
         facts = []
@@ -496,7 +566,8 @@ def _nextpnr(board: Board, build: Path, seed: int, placer: str, env: Mapping[str
             facts.append(f"{progress['arcs_left']} of {progress['arcs_total']} arcs left to route")
         if progress["placed_mhz"]:
             facts.append("after placement nextpnr estimated " + ", ".join(
-                f"{mhz:.1f} MHz for {'the accelerator clock' if clock == 'sync' else clock}"
+                f"{mhz:.1f} MHz for " + {"sync": "the accelerator clock",
+                                          "compute": "the compute clock"}.get(clock, clock)
                 for clock, mhz in progress["placed_mhz"].items()))
         raise PlaceRouteTimeout(
             f"{_NEXTPNR[family]} did not finish within the time limit of {time_limit / 60:g} min "
@@ -550,20 +621,25 @@ def _pack(board: Board, build: Path, env: Mapping[str, str]) -> Path:
     return bitstream
 
 
-def _timing(data: Mapping[str, Any], target_mhz: float
+def _timing(data: Mapping[str, Any], target_mhz: float, compute_mhz: float | None = None
             ) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
     """Fmax per clock from nextpnr's report; the accelerator's clock (the one nextpnr derived
-    from the PLL setting: the target frequency) is called ``sync``."""
+    from the PLL setting: the target frequency) is called ``sync``, the compute clock (with
+    ``compute_mhz``) ``compute`` (:func:`clock_name`)."""
     clocks = {}
     for name, clock in sorted(data.get("fmax", {}).items()):
         achieved = float(clock["achieved"])
         constraint = float(clock["constraint"])
-        key = "sync" if abs(constraint - target_mhz) <= 1e-3 * target_mhz else name
+        key = clock_name(name, constraint, target_mhz, compute_mhz)
         clocks[key] = {"net": name, "fmax_mhz": round(achieved, 2), "target_mhz": round(constraint, 2),
                        "met": achieved >= constraint}
-    if "sync" not in clocks:
-        found = ", ".join(f"{c['net']} at {c['target_mhz']} MHz" for c in clocks.values()) or "none"
-        raise ToolError(f"nextpnr timed no clock at the accelerator's {target_mhz:g} MHz (clocks: {found})")
+    wanted = {"sync": ("the accelerator's", target_mhz)}
+    if compute_mhz is not None:
+        wanted["compute"] = ("the compute clock's", compute_mhz)
+    for key, (whose, mhz) in wanted.items():
+        if key not in clocks:
+            found = ", ".join(f"{c['net']} at {c['target_mhz']} MHz" for c in clocks.values()) or "none"
+            raise ToolError(f"nextpnr timed no clock at {whose} {mhz:g} MHz (clocks: {found})")
     paths = data.get("critical_paths") or []
     critical = None
     if paths:
@@ -619,11 +695,14 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     None for the board's preset) on ``board`` into ``out_dir`` (created); returns the report,
     also written to ``out_dir/report.json``.
 
-    ``clock_mhz``: the accelerator clock (default: the config's ``clock_mhz``), made by the
-    board's PLL; ``seed``: nextpnr's placement seed; ``core``: "soc" (the SoC: accelerator,
-    memory of ``config.dram_bytes`` bytes, UART bridge) or "array" (:class:`ArrayCore`);
-    ``baud``: the host link's rate (default: the board's), bits/s; ``placer``: nextpnr's placer,
-    one of :data:`PLACERS`; ``time_limit``: most seconds nextpnr may take (default: no limit),
+    ``clock_mhz``: the accelerator clock (default: the config's ``clock_mhz``; for the array
+    core, the clock the array runs on, ``config.array_clock_mhz``), made by the board's PLL; a
+    config with ``compute_clock_mhz`` gets its compute clock from the PLL's second output
+    (ECP5 only; :class:`~systolic.boards.boards.BoardError` on iCE40); ``seed``: nextpnr's
+    placement seed; ``core``: "soc" (the SoC: accelerator, memory of ``config.dram_bytes``
+    bytes, UART bridge) or "array" (:class:`ArrayCore`); ``baud``: the host link's rate
+    (default: the board's), bits/s; ``placer``: nextpnr's placer, one of :data:`PLACERS`;
+    ``time_limit``: most seconds nextpnr may take (default: no limit),
     past which it is stopped and :class:`PlaceRouteTimeout` says how far it got.
 
     Raises :class:`~systolic.boards.boards.BoardError` for an unknown board, a clock the PLL
@@ -646,16 +725,16 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     baud = board.baud if baud is None else baud
     if isinstance(baud, bool) or not isinstance(baud, int) or baud <= 0:
         raise ValueError(f"baud must be a positive integer (bits/s), not {baud!r}")
-    if core == "soc" and config.compute_clock_mhz:
-        raise BoardError(f"cannot build the SoC of a config with a compute clock of its own "
-                         f"(compute_clock_mhz = {config.compute_clock_mhz:g}) for {board.name}: the "
-                         f"board top makes one clock so far; set compute_clock_mhz = 0, or measure the "
-                         f"array alone with core 'array'")
     if core == "soc" and config.dram_bytes > board.max_memory_bytes:
         raise BoardError(f"config does not fit {board.name} ({board.device.name}): needs "
                          f"{config.dram_bytes} bytes of SoC memory (dram_bytes), the board has "
                          f"{board.max_memory_bytes} ({board.memory})")
-    clock = plan_clock(board, config.clock_mhz if clock_mhz is None else clock_mhz)
+    if core == "soc":
+        compute_mhz = config.compute_clock_mhz or None
+        clock = plan_clock(board, config.clock_mhz if clock_mhz is None else clock_mhz, compute_mhz)
+    else:       # the array alone runs on the clock it has in the accelerator
+        clock = plan_clock(board, config.array_clock_mhz if clock_mhz is None else clock_mhz)
+    compute_target = None if clock.compute_hz is None else clock.compute_hz / 1e6
     what = "config" if core == "soc" else f"the {config.rows}x{config.cols} array"
 
     out = Path(out_dir)
@@ -695,7 +774,7 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     usage = check_fit(board, cells, what=what, packed=packed)
 
     step = time.monotonic()
-    placed = _nextpnr(board, out, seed, placer, env, what, time_limit, clock.hz / 1e6)
+    placed = _nextpnr(board, out, seed, placer, env, what, time_limit, clock.hz / 1e6, compute_target)
     seconds["nextpnr"] = time.monotonic() - step
 
     step = time.monotonic()
@@ -703,7 +782,7 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     seconds["pack"] = time.monotonic() - step
     seconds["total"] = time.monotonic() - started
 
-    clocks, critical = _timing(placed, clock.hz / 1e6)
+    clocks, critical = _timing(placed, clock.hz / 1e6, compute_target)
     report: dict[str, Any] = {
         "board": board.name,
         "title": board.title,
@@ -714,6 +793,7 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
         "array": f"{config.rows}x{config.cols} {config.dataflow}",
         "clock": clock.to_dict(),
         "target_mhz": round(clock.hz / 1e6, 6),
+        "compute_target_mhz": None if compute_target is None else round(compute_target, 6),
         "uart": ({"baud": baud, "divisor": core_component.divisor,
                   "achieved_baud": round(clock.hz / core_component.divisor)} if core == "soc" else None),
         "memory": {"kind": board.memory, "bytes": config.dram_bytes} if core == "soc" else None,
@@ -724,7 +804,8 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
         "resources": _resources(board, usage, placed.get("utilization", {})),
         "synthesis": {"cells": dict(sorted(cells.items())), "lut_mapper": lut_mapper},
         "placement": {k: v for k, v in sorted(placed.get("utilization", {}).items()) if v.get("used")},
-        "peak_gops": round(2 * config.rows * config.cols * clock.hz / 1e9, 3),    # at target_mhz
+        # at the array's target clock: the compute clock, else target_mhz
+        "peak_gops": round(2 * config.rows * config.cols * clock.array_hz / 1e9, 3),
         "seed": seed,
         "placer": placer,
         "tools": _tool_versions(board.family, out / "yosys.log"),

@@ -430,7 +430,9 @@ def _add_synth(sub: Any) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override any config field, as for systolic config; repeatable")
     p.add_argument("--clock-mhz", type=float, metavar="F",
-                   help="accelerator clock, MHz (default: the config's clock_mhz)")
+                   help="accelerator clock, MHz (default: the config's clock_mhz; with --core array, "
+                        "the array's clock: compute_clock_mhz when set); a config's compute clock "
+                        "(compute_clock_mhz) comes from the PLL's second output (ECP5)")
     p.add_argument("--seed", type=int, default=1, metavar="N", help="nextpnr placement seed (default 1)")
     p.add_argument("--placer", choices=PLACERS, default=PLACERS[0],
                    help="nextpnr's placer: heap (default), static (faster on large designs, "

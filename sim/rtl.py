@@ -53,6 +53,7 @@ __all__ = [
     "MEMORY_MODELS", "DEFAULT_DRAM_BYTES", "MAX_DRAM_BYTES", "HDL_DIR", "SIM_TOP", "ACCELERATOR_TOP",
     "JOB_ENV", "CLOCK_PERIOD_NS", "SIM_BUILD_ARGS",
     "hdl_source", "write_memh", "read_memh", "accelerator_verilog", "compute_clock_wrapper",
+    "compute_half_period_ps", "COMPUTE_CLOCK_FIRST_EDGE_PS",
     "sim_top_verilog", "build_sim_top",
 ]
 
@@ -196,20 +197,34 @@ def accelerator_verilog(config: AcceleratorConfig) -> str:
 
 
 _COMPUTE_CLOCK_CORE = "systolic_core"
+#: Time of the compute clock's first rising edge in simulation, ps: not a multiple of the
+#: control clock's half period, so that the two clocks' edges do not coincide for most ratios.
+COMPUTE_CLOCK_FIRST_EDGE_PS = 1370
+
+
+def compute_half_period_ps(config: AcceleratorConfig) -> int:
+    """Half period of the simulated compute clock of a ``config.compute_clock_mhz`` config, ps
+    (at least 1): the control clock's period is :data:`CLOCK_PERIOD_NS`, so the compute clock's
+    is ``CLOCK_PERIOD_NS * clock_mhz / compute_clock_mhz``, to the picosecond."""
+    if not config.compute_clock_mhz:
+        raise ValueError(f"config {config.hash_hex} has one clock (compute_clock_mhz = 0): "
+                         f"it has no compute clock")
+    return max(1, round(CLOCK_PERIOD_NS * 1000 * config.clock_mhz / config.compute_clock_mhz / 2))
 
 
 def compute_clock_wrapper(config: AcceleratorConfig) -> str:
     """Verilog of a ``systolic_top`` for simulation that makes the compute clock of a
     ``config.compute_clock_mhz`` accelerator (module ``systolic_core``) itself: a period of
-    ``CLOCK_PERIOD_NS * clock_mhz / compute_clock_mhz`` (to the picosecond), its first rising
-    edge 1.37 ns in, so that its edges fall between those of ``clk`` for most ratios. Its other
+    ``CLOCK_PERIOD_NS * clock_mhz / compute_clock_mhz`` (:func:`compute_half_period_ps`), its
+    first rising edge :data:`COMPUTE_CLOCK_FIRST_EDGE_PS` in, so that its edges fall between
+    those of ``clk`` for most ratios. Its other
     ports are ``systolic_core``'s, so ``sim_top.sv`` instantiates either alike."""
     from systolic.hw.top import top_ports
 
     if not config.compute_clock_mhz:
         raise ValueError(f"config {config.hash_hex} has one clock (compute_clock_mhz = 0): "
                          f"its systolic_top needs no wrapper")
-    half_ps = max(1, round(CLOCK_PERIOD_NS * 1000 * config.clock_mhz / config.compute_clock_mhz / 2))
+    half_ps = compute_half_period_ps(config)
     ports = {name: spec for name, spec in top_ports(config).items() if name != "compute_clk"}
     lines = [f"module {ACCELERATOR_TOP} (", "    input wire clk,", "    input wire rst,"]
     for n, (name, (direction, width)) in enumerate(ports.items()):
@@ -221,7 +236,7 @@ def compute_clock_wrapper(config: AcceleratorConfig) -> str:
         f"    // the compute clock: half period {half_ps} ps",
         "    reg compute_clk = 1'b0;",
         "    initial begin",
-        "        #1.37;",
+        f"        #({COMPUTE_CLOCK_FIRST_EDGE_PS / 1000:.3f});",
         f"        forever begin compute_clk = 1'b1; #({half_ps / 1000:.3f}); compute_clk = 1'b0; "
         f"#({half_ps / 1000:.3f}); end",
         "    end",

@@ -60,6 +60,33 @@ def test_board_sweep_set_changes_the_sweep_configs_after_their_size(monkeypatch:
         (4, 4, 7, 65536), (16, 16, 7, 65536)]
 
 
+def test_board_sweep_row_of_a_two_clock_config_is_at_the_compute_clock() -> None:
+    """A config with a compute clock of its own: the row's Fmax, target and peak GOPS are the
+    array's (the compute clock's), the control clock's are columns of their own; one clock: the
+    accelerator clock's, no control column."""
+    from systolic.hw.config import AcceleratorConfig
+
+    sweep = _board_sweep()
+    resources = {kind: {"used": 1, "percent": 1.0} for kind in ("lut", "ff", "dsp", "bram")}
+
+    def report(clocks):
+        return {"resources": resources, "target_mhz": 75.0, "timing_met": False,
+                "compute_target_mhz": 100.0 if "compute" in clocks else None, "clocks": clocks,
+                "fmax_mhz": {name: fmax for name, (fmax, _) in clocks.items()}}
+
+    two = AcceleratorConfig(rows=16, cols=16, clock_mhz=75, compute_clock_mhz=100)
+    row = sweep._row("sweep", "ulx3s-85f", two, 100.0,
+                     report({"sync": (81.5, 75.0), "compute": (97.0, 100.0)}), None, 60)
+    assert (row["fmax_mhz"], row["target_mhz"], row["control_fmax_mhz"], row["control_target_mhz"]) == \
+        (97.0, 100.0, 81.5, 75.0)
+    assert row["peak_gops"] == round(2 * 256 * 97.0 / 1000, 2) and row["two_clocks"]
+    one = sweep._row("sweep", "ulx3s-85f", two.replace(compute_clock_mhz=0.0), 75.0,
+                     report({"sync": (81.5, 75.0)}), None, 60)
+    assert (one["fmax_mhz"], one["target_mhz"], one["two_clocks"]) == (81.5, 75.0, False)
+    table = sweep._table([row, one]).splitlines()
+    assert table[2].endswith("81.5/75.0") and table[3].endswith(" -")
+
+
 _SIZE = "takes an array size RxC (rows x cols, e.g. 8x8), not "
 
 

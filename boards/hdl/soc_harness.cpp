@@ -12,6 +12,12 @@
 // the simulation sleeps in poll() instead of spinning: no simulated time passes until the client
 // sends the next byte. Everything in the SoC is clocked, so an idle SoC changes no state then.
 //
+// A SoC whose accelerator has a compute clock of its own (port compute_clk) is built with
+// SYSTOLIC_CLOCK_HALF_PS, SYSTOLIC_COMPUTE_HALF_PS and SYSTOLIC_COMPUTE_FIRST_PS defined (the
+// half periods of clk and compute_clk and the time of compute_clk's first rising edge, ps): the
+// harness then toggles compute_clk at its own edges between those of clk, and a waveform's time
+// unit is the picosecond (else one half period of clk).
+//
 // Exit status: 0 client disconnected, 2 bad arguments or socket error, 3 max cycles reached,
 // 4 idle time limit reached.
 
@@ -286,6 +292,22 @@ int main(int argc, char** argv) {
     top->clk = 0;
     top->rst = 1;
     top->uart_rx = 1;
+#ifdef SYSTOLIC_COMPUTE_HALF_PS
+    // the compute clock: every edge of it before simulated time t (ps), in order
+    const uint64_t clock_half_ps = SYSTOLIC_CLOCK_HALF_PS;
+    uint64_t compute_edge_ps = SYSTOLIC_COMPUTE_FIRST_PS;
+    top->compute_clk = 0;
+    auto compute_edges_before = [&](uint64_t t) {
+        while (compute_edge_ps < t) {
+            top->compute_clk = !top->compute_clk;
+            top->eval();
+#ifdef SYSTOLIC_TRACE
+            if (trace) trace->dump(compute_edge_ps);
+#endif
+            compute_edge_ps += SYSTOLIC_COMPUTE_HALF_PS;
+        }
+    };
+#endif
     top->eval();
     int client = accept_client(listener, o);
     close(listener);
@@ -296,15 +318,24 @@ int main(int argc, char** argv) {
         top->rst = cycle < static_cast<uint64_t>(o.reset_cycles);
         bool rx_line = top->rst ? true : to_device.step();
         top->uart_rx = rx_line;
+#ifdef SYSTOLIC_COMPUTE_HALF_PS
+        const uint64_t rise_time = 2 * cycle * clock_half_ps, fall_time = rise_time + clock_half_ps;
+        compute_edges_before(rise_time);
+#else
+        const uint64_t rise_time = 2 * cycle, fall_time = rise_time + 1;
+#endif
         top->clk = 1;
         top->eval();
 #ifdef SYSTOLIC_TRACE
-        if (trace) trace->dump(2 * cycle);
+        if (trace) trace->dump(rise_time);
+#endif
+#ifdef SYSTOLIC_COMPUTE_HALF_PS
+        compute_edges_before(fall_time);
 #endif
         top->clk = 0;
         top->eval();
 #ifdef SYSTOLIC_TRACE
-        if (trace) trace->dump(2 * cycle + 1);
+        if (trace) trace->dump(fall_time);
 #endif
         ++cycle;
         bool tx_line = top->uart_tx;

@@ -56,24 +56,23 @@ def _image(case) -> np.ndarray:
     return image
 
 
-@pytest.mark.slow
-def test_gemm_program_matches_golden() -> None:
-    """Load GEMM programs (partial tiles, the extreme -128 * -128 sums, 1xN and Nx1) and their
-    operands through the bridge, run them one after another, read the whole image back: equal to
-    the golden model's DRAM; the counters report the program's MACs, instructions and the golden
-    model's DRAM bus bytes."""
-    cases = [gemm_case(CONFIG, 9, 7, 6, seed=1), gemm_case(CONFIG, 5, 11, 3, extremes=True),
-             gemm_case(CONFIG, 1, 9, 5, seed=3, act="relu"), gemm_case(CONFIG, 6, 4, 1, seed=4)]
-    with _board() as url, Board(url, timeout_s=10) as board:
-        info = board.check_config(CONFIG)
-        assert (info.version, info.bus_bytes, info.memory_bytes) == (1, 4, MEMORY)
+def _run_gemm_cases(config: AcceleratorConfig, cases: list) -> list[dict[str, int]]:
+    """Load each GEMM program and its operands through the bridge of a simulated board of
+    ``config``, run them one after another, read the whole image back: equal to the golden
+    model's DRAM; the counters report the program's MACs, instructions and the golden model's
+    DRAM bus bytes. Returns each run's counters."""
+    runs = []
+    with simulated_board(config, memory_bytes=MEMORY, divisor=DEFAULT_DIVISOR) as url, \
+            Board(url, timeout_s=10) as board:
+        info = board.check_config(config)
+        assert (info.version, info.bus_bytes, info.memory_bytes) == (1, config.dma_bytes, MEMORY)
         for case in cases:
             image = _image(case)
             board.write_mem(0, image)
             counters = board.run(case.program_addr, len(case.program.instructions), timeout_s=120)
             got = np.frombuffer(board.read_mem(0, image.size), np.uint8)
             case.check(got)
-            golden = run_golden(CONFIG, case.program, image)
+            golden = run_golden(config, case.program, image)
             assert np.array_equal(got, np.asarray(golden.dram, np.uint8)[:image.size]), case.name
             assert counters["macs"] == case.macs == golden.macs
             assert counters["instructions"] == len(case.program.instructions)
@@ -81,6 +80,31 @@ def test_gemm_program_matches_golden() -> None:
             assert counters["dram_write_bytes"] == golden.dram_write_bytes
             assert counters["dram_read_bytes"] == golden.dram_read_bytes
             assert counters["cycles"] > 0
+            runs.append(counters)
+    return runs
+
+
+@pytest.mark.slow
+def test_gemm_program_matches_golden() -> None:
+    """GEMM programs (partial tiles, the extreme -128 * -128 sums, 1xN and Nx1) on the simulated
+    board: the golden model's DRAM, MACs, instructions and bus bytes (:func:`_run_gemm_cases`)."""
+    _run_gemm_cases(CONFIG, [
+        gemm_case(CONFIG, 9, 7, 6, seed=1), gemm_case(CONFIG, 5, 11, 3, extremes=True),
+        gemm_case(CONFIG, 1, 9, 5, seed=3, act="relu"), gemm_case(CONFIG, 6, 4, 1, seed=4)])
+
+
+@pytest.mark.slow
+def test_a_compute_clock_of_its_own_matches_golden() -> None:
+    """The SoC of a config whose compute core runs on a clock of its own (75 MHz control, 100 MHz
+    compute: the harness toggles compute_clk between clk's edges): GEMM programs, extreme values
+    among them, as :func:`_run_gemm_cases` checks them; the array's active cycles (compute clock
+    cycles) are enough for the MACs, and within the compute core's busy cycles."""
+    config = CONFIG.replace(clock_mhz=75.0, compute_clock_mhz=100.0)
+    cases = [gemm_case(config, 9, 7, 6, seed=1), gemm_case(config, 5, 11, 3, extremes=True),
+             gemm_case(config, 6, 4, 1, seed=4, act="relu")]
+    for case, counters in zip(cases, _run_gemm_cases(config, cases), strict=True):
+        assert counters["array_active"] * config.rows * config.cols >= case.macs
+        assert counters["compute_busy"] >= counters["array_active"]
 
 
 def test_back_to_back_programs_without_soft_reset() -> None:

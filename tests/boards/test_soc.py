@@ -788,8 +788,6 @@ def test_baud_divisor_rounds_and_checks():
      r"with clk_hz=12000000 \(divisor 2\)$"),
     (dict(timeout_bits=19), ValueError,
      r"^timeout_bits must be at least 20 bit times \(two characters\), not 19$"),
-    (dict(config=_config(32).replace(compute_clock_mhz=50.0)), ValueError,
-     r"^the SoC runs on one clock: its config must have compute_clock_mhz = 0, not 50$"),
 ])
 def test_soc_parameter_errors(kwargs, error, message):
     arguments = dict(config=_config(32), memory_bytes=4096, memory="bram", clk_hz=12_000_000,
@@ -828,14 +826,18 @@ def test_spram_memory_instantiates_the_up5k_primitives():
     assert len(re.findall(r"\.SLEEP\(1'h0\)", verilog)) == 4
 
 
-def test_soc_verilog_top_module_and_ports():
+@pytest.mark.parametrize("compute_clock_mhz", [0.0, 150.0])
+def test_soc_verilog_top_module_and_ports(compute_clock_mhz):
+    """The SoC's Verilog top: clk, rst, the UART and the LEDs, and compute_clk only for a config
+    with a compute clock of its own; Verilator lints both."""
     from systolic.sim.tools import verilator_lint
 
-    verilog = soc_verilog(_config(32), memory_bytes=MEMORY_BYTES, divisor=8)
+    config = _config(32).replace(compute_clock_mhz=compute_clock_mhz)
+    verilog = soc_verilog(config, memory_bytes=MEMORY_BYTES, divisor=8)
     header = re.search(r"^module systolic_soc\((.*?)\);", verilog, re.MULTILINE | re.DOTALL)
     assert header is not None
     assert sorted(p.strip() for p in header.group(1).split(",")) == \
-        ["busy", "clk", "error", "rst", "uart_rx", "uart_tx"]
+        ["busy", "clk", *(["compute_clk"] if compute_clock_mhz else []), "error", "rst", "uart_rx", "uart_tx"]
     verilator_lint(verilog, "systolic_soc")
 
 

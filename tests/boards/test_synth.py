@@ -25,7 +25,17 @@ from amaranth.sim import Simulator
 from systolic.boards.boards import BOARDS, BoardError, get_board, load_preset, preset_path
 from systolic.boards.clocking import POR_SECONDS, ClockReset, PllError, ecp5_pll, ice40_pll
 from systolic.boards.soc import SoC
-from systolic.boards.synth import BoardTop, check_fit, make_core, plan_clock, synth, tool_path
+from systolic.boards.synth import (
+    BoardTop,
+    _timing,
+    check_fit,
+    clock_name,
+    make_core,
+    nextpnr_progress,
+    plan_clock,
+    synth,
+    tool_path,
+)
 from systolic.compiler.cli import main
 from systolic.hw.config import AcceleratorConfig
 from systolic.sim.tools import ToolError, tool_env
@@ -240,6 +250,85 @@ def test_clock_plan_errors_name_the_board() -> None:
                                          r"not 0$"):
         plan_clock(board, 0)
     assert plan_clock(board, 12).pll is None          # the oscillator itself
+    with pytest.raises(BoardError, match=r"^cannot give icebreaker \(iCE40UP5K\) a compute clock of its own "
+                                         r"\(30 MHz\): its board top makes one clock \(the ice40 PLL's one "
+                                         r"output\); set compute_clock_mhz = 0$"):
+        plan_clock(board, 24, 30)
+    ulx3s = get_board("ulx3s-85f")
+    with pytest.raises(BoardError, match=r"^cannot clock ulx3s-85f \(LFE5U-85F\) at 400 MHz with a compute "
+                                         r"clock of 300 MHz: ECP5 PLL: cannot make 400 MHz and, on CLKOS, "
+                                         r"300 MHz from 25 MHz"):
+        plan_clock(ulx3s, 400, 300)
+    with pytest.raises(BoardError, match=r"^the compute clock of ulx3s-85f must be a positive number of MHz, "
+                                         r"not -5$"):
+        plan_clock(ulx3s, 75, -5)
+
+
+def test_clock_plan_with_a_compute_clock() -> None:
+    """A compute clock is the ECP5 PLL's CLKOS: 75 and 100 MHz from the ULX3S's 25 MHz, even
+    when the control clock is the oscillator's own frequency; the report's clock entry says so."""
+    ulx3s = get_board("ulx3s-85f")
+    plan = plan_clock(ulx3s, 75, 100)
+    assert (plan.hz, plan.compute_hz, plan.array_hz) == (75e6, 100e6, 100e6)
+    entry = plan.to_dict()
+    assert entry["compute"] == {"requested_mhz": 100.0, "achieved_mhz": 100.0, "output": "CLKOS"}
+    assert (entry["pll"]["CLKOP_DIV"], entry["pll"]["CLKOS_DIV"], entry["pll"]["vco_mhz"]) == (8, 6, 600.0)
+    same = plan_clock(ulx3s, 25, 50)                 # 25 MHz alone would need no PLL
+    assert same.pll is not None and (same.hz, same.compute_hz) == (25e6, 50e6)
+    one = plan_clock(ulx3s, 75)
+    assert (one.compute_hz, one.array_hz) == (None, 75e6) and "compute" not in one.to_dict()
+    assert "CLKOS_DIV" not in one.to_dict()["pll"]
+
+
+def test_board_top_drives_the_socs_compute_clock_from_clkos() -> None:
+    """The SoC of a two-clock config on the ULX3S: its compute_clk port is the PLL's CLKOS (the
+    EHXPLLL enables CLKOS at 100 MHz); a core and a clock plan that disagree are refused."""
+    board = get_board("ulx3s-85f")
+    config = AcceleratorConfig(rows=2, cols=2, clock_mhz=75, compute_clock_mhz=100, dram_bytes=65536)
+    clock = plan_clock(board, 75, 100)
+    soc = make_core("soc", config, board, round(clock.hz), board.baud)
+    assert "compute_clk" in soc.signature.members
+    plan = board.platform().prepare(BoardTop(board, soc, clock), name="top", emit_src=False)
+    rtlil = plan.files["top.il"]
+    assert rtlil.count("cell \\EHXPLLL") == 1
+    assert 'parameter \\CLKOS_ENABLE "ENABLED"' in rtlil and re.search(r"parameter \\CLKOS_DIV 6\b", rtlil)
+    assert re.search(r"connect \\CLKOS \\clk2$", rtlil, re.M)       # in ClockReset: CLKOS is its clk2
+    cells = dict(re.findall(r"^  cell \\top\.(\w+) \\\w+\n(.*?)^  end", rtlil, re.S | re.M))
+    wire = re.search(r"connect \\clk2 (\S+)", cells["clock_reset"]).group(1)
+    assert re.search(rf"connect \\compute_clk {re.escape(wire)}", cells["core"])
+    with pytest.raises(ValueError, match=r"^the core has a compute_clk port but the clock plan makes no "
+                                         r"compute clock$"):
+        BoardTop(board, soc, plan_clock(board, 75))
+    one = make_core("soc", config.replace(compute_clock_mhz=0.0), board, round(clock.hz), board.baud)
+    with pytest.raises(ValueError, match=r"^the core has no compute_clk port but the clock plan makes a "
+                                         r"compute clock$"):
+        BoardTop(board, one, clock)
+
+
+def test_two_clocks_are_named_in_the_report() -> None:
+    """nextpnr's clocks by their constraint: the accelerator's (CLKOP) is ``sync``, the compute
+    clock (CLKOS) ``compute``; at equal frequencies the board top's ``clk2`` net is the compute
+    clock; a clock nextpnr did not time is an error naming it."""
+    assert clock_name("$glbnet$core.clk", 74.99, 75, 100) == "sync"
+    assert clock_name("$glbnet$clock_reset.clk2", 100.01, 75, 100) == "compute"
+    assert clock_name("$glbnet$clock_reset.clk2", 100.0, 100, 100) == "compute"
+    assert clock_name("$glbnet$core.clk", 100.0, 100, 100) == "sync"
+    assert clock_name("$glbnet$other", 50.0, 75, 100) == "other"
+    assert clock_name("$glbnet$core.clk", 75.0, 75) == "sync"
+    report = {"fmax": {"$glbnet$clock_reset.clk2": {"achieved": 97.5, "constraint": 100.0},
+                       "$glbnet$core.clk": {"achieved": 81.0, "constraint": 75.0}}}
+    clocks, _ = _timing(report, 75.0, 100.0)
+    assert clocks == {"compute": {"net": "$glbnet$clock_reset.clk2", "fmax_mhz": 97.5, "target_mhz": 100.0,
+                                  "met": False},
+                      "sync": {"net": "$glbnet$core.clk", "fmax_mhz": 81.0, "target_mhz": 75.0, "met": True}}
+    with pytest.raises(ToolError, match=r"^nextpnr timed no clock at the compute clock's 120 MHz \(clocks: "
+                                        r"\$glbnet\$clock_reset\.clk2 at 100\.0 MHz, \$glbnet\$core\.clk at "
+                                        r"75\.0 MHz\)$"):
+        _timing(report, 75.0, 120.0)
+    log = ("Info: Running main analytical placer.\n"
+           "Info: Max frequency for clock '$glbnet$clock_reset.clk2': 61.20 MHz (FAIL at 100.00 MHz)\n"
+           "Info: Max frequency for clock '$glbnet$core.clk': 55.00 MHz (FAIL at 75.00 MHz)\n")
+    assert nextpnr_progress(log, 75.0, 100.0)["placed_mhz"] == {"compute": 61.2, "sync": 55.0}
 
 
 # -- reset generator -----------------------------------------------------------------------------------
@@ -627,10 +716,10 @@ def test_cli_synth_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixtur
      r"the board has 262144 \(bram\)"),
     (["--board", "icebreaker", "--set", "rows=3"],
      r"rows must be a power of two between 2 and 64, not 3"),
-    (["--board", "ulx3s-85f", "--set", "compute_clock_mhz=100"],
-     r"cannot build the SoC of a config with a compute clock of its own \(compute_clock_mhz = 100\) for "
-     r"ulx3s-85f: the board top makes one clock so far; set compute_clock_mhz = 0, or measure the array "
-     r"alone with core 'array'"),
+    (["--board", "ulx3s-85f", "--set", "compute_clock_mhz=290"],
+     r"cannot clock ulx3s-85f \(LFE5U-85F\) at 75 MHz with a compute clock of 290 MHz: ECP5 PLL: cannot "
+     r"make 75 MHz and, on CLKOS, 290 MHz from 25 MHz within 1% each \(both divide one VCO of 400 to 800 "
+     r"MHz\): the closest pair is [\d.]+ MHz and [\d.]+ MHz"),
 ])
 def test_cli_synth_errors_are_one_line(argv: list[str], message: str, tmp_path: Path,
                                        capsys: pytest.CaptureFixture) -> None:

@@ -54,6 +54,7 @@ def test_wrapper_makes_the_compute_clock() -> None:
     text = compute_clock_wrapper(CONFIGS["ws4-faster"])
     # 10 ns x 75 / 100 = 7.5 ns: half periods of 3.75 ns
     assert "#(3.750)" in text and ".compute_clk(compute_clk)" in text
+    assert "#(1.370);" in text                   # the first rising edge, off clk's edges
     assert "module systolic_top (" in text and "systolic_core core (" in text
     with pytest.raises(ValueError, match=r"^config [0-9a-f]{16} has one clock \(compute_clock_mhz = 0\): "
                                          r"its systolic_top needs no wrapper$"):
