@@ -12,8 +12,10 @@ import hashlib
 import json
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 __all__ = ["AcceleratorConfig", "ConfigError", "ACTIVATIONS", "POOLINGS", "DATAFLOWS", "DMA_ENGINES",
@@ -128,7 +130,7 @@ SYNTHESIS_ONLY = frozenset({"fifo_block_ram_bits"})
 #: Fields added after configs had been hashed, with the value that means the behaviour of before:
 #: :attr:`AcceleratorConfig.hash` leaves such a field out while it has that value, so that every
 #: config written before the field keeps its hash (and so its gateware's CSR constant).
-HASHED_UNLESS_DEFAULT = {"compute_clock_mhz": 0.0}
+HASHED_UNLESS_DEFAULT: Mapping[str, object] = MappingProxyType({"compute_clock_mhz": 0.0})
 
 
 @dataclass(frozen=True)

@@ -354,6 +354,8 @@ def test_hash_is_sha256_of_canonical_json() -> None:
     fields = {name: value for name, value in config.to_dict().items() if name not in SYNTHESIS_ONLY}
     # a field added later is left out at the value that means the behaviour of before
     assert fields.pop("compute_clock_mhz") == HASHED_UNLESS_DEFAULT["compute_clock_mhz"] == 0.0
+    with pytest.raises(TypeError):          # read-only: no caller can change which hashes hold
+        HASHED_UNLESS_DEFAULT["compute_clock_mhz"] = 1.0  # type: ignore[index]
     text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(text.encode()).digest()
     # The program header stores the hash as little-endian u64: its bytes are the digest's first 8.
