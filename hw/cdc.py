@@ -31,6 +31,8 @@ from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.fifo import AsyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
+from .fifo import BlockRamAsyncFIFO
+
 __all__ = ["StreamCrossing", "DrainedGate", "EventCrossing", "CountCrossing", "ResetCrossing", "COUNT_BITS"]
 
 #: Width of the counters that carry events and drained items across: a difference between two
@@ -61,9 +63,13 @@ class StreamCrossing(wiring.Component):
     both domains and never runs ahead of it. ``sent`` (in ``w_domain``): items taken from ``i``,
     modulo ``2**COUNT_BITS``. An item sent when ``sent`` read ``n`` has been taken by the read side
     once ``(drained - n - 1) % 2**COUNT_BITS < 2**(COUNT_BITS - 1)``.
+
+    ``block_ram``: the FIFO's storage carries yosys' ``ram_style = "block"``
+    (:class:`~systolic.hw.fifo.BlockRamAsyncFIFO`; synthesis only, the behaviour is the same).
     """
 
-    def __init__(self, shape, *, depth: int, w_domain: str = "sync", r_domain: str):
+    def __init__(self, shape, *, depth: int, w_domain: str = "sync", r_domain: str,
+                 block_ram: bool = False):
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 2 or depth & (depth - 1):
             raise ValueError(f"depth must be a power of two of at least 2, not {depth!r}")
         if depth >= 2 ** (COUNT_BITS - 1):
@@ -75,6 +81,7 @@ class StreamCrossing(wiring.Component):
         self.depth = depth
         self.w_domain = w_domain
         self.r_domain = r_domain
+        self.block_ram = bool(block_ram)
         super().__init__({
             "i": In(stream.Signature(shape)),
             "o": Out(stream.Signature(shape)),
@@ -85,8 +92,9 @@ class StreamCrossing(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         width = Shape.cast(self.shape).width
-        m.submodules.fifo = fifo = AsyncFIFO(width=width, depth=self.depth, exact_depth=True,
-                                             w_domain=self.w_domain, r_domain=self.r_domain)
+        kind = BlockRamAsyncFIFO if self.block_ram else AsyncFIFO
+        m.submodules.fifo = fifo = kind(width=width, depth=self.depth, exact_depth=True,
+                                        w_domain=self.w_domain, r_domain=self.r_domain)
         m.d.comb += [
             fifo.w_data.eq(self.i.payload), fifo.w_en.eq(self.i.valid), self.i.ready.eq(fifo.w_rdy),
             self.o.payload.eq(fifo.r_data), self.o.valid.eq(fifo.r_rdy), fifo.r_en.eq(self.o.ready),

@@ -13,7 +13,9 @@ full, and its write and read pointers meet only then), so the block RAM needs no
 case. Simulation is unchanged: the attributes matter to yosys only.
 
 A block RAM's read data come late in the cycle (ECP5 DP16KD: 4.3 ns clock to output). The DMA
-engines', the units' and the SFU's FIFOs use :func:`buffered_fifo`; the fetcher's beat FIFO,
+engines', the units' and the SFU's FIFOs use :func:`buffered_fifo` (and the clock-domain
+crossings of a config with a compute clock of its own :class:`BlockRamAsyncFIFO`, by the same
+rule on all their ``width * depth`` bits, hw/cdc.py); the fetcher's beat FIFO,
 whose read data feed the instruction decoder, does not (in block RAM it made the OrangeCrab's
 critical path). The three that the OrangeCrab preset's 512 bits move (the LOAD engine's runs,
 whose read data go into a register; the STORE engine's beats, onto the AXI W channel; the SFU's
@@ -30,7 +32,8 @@ from amaranth.lib import fifo
 from .config import AcceleratorConfig
 from .rtlil import UNDEFINED_COLLISION
 
-__all__ = ["RAM_STYLE", "BlockRamFIFO", "buffered_fifo", "fifo_storage_bits"]
+__all__ = ["RAM_STYLE", "BlockRamFIFO", "BlockRamAsyncFIFO", "buffered_fifo", "fifo_storage_bits",
+           "wants_block_ram"]
 
 #: yosys' memory attribute (name, value) that restricts a memory to block RAM. (``ram_block``
 #: does not: yosys 0.70 still maps a 32-entry memory carrying it to distributed RAM.)
@@ -54,10 +57,26 @@ class BlockRamFIFO(fifo.SyncFIFOBuffered):
         return m
 
 
+class BlockRamAsyncFIFO(fifo.AsyncFIFO):
+    """An ``AsyncFIFO`` whose storage (all ``depth`` entries, written in one domain and read,
+    through a synchronous read port, in the other) is marked for block RAM: a true dual-port
+    block RAM with a clock per port (ECP5 DP16KD). Same ports and timing as its base class."""
+
+    def elaborate(self, platform) -> Module:
+        m = super().elaborate(platform)
+        m.submodules.storage.attrs[RAM_STYLE[0]] = RAM_STYLE[1]
+        return m
+
+
+def wants_block_ram(config: AcceleratorConfig, bits: int) -> bool:
+    """A FIFO storing ``bits`` bits keeps them in block RAM: ``config.fifo_block_ram_bits`` is not
+    0 and ``bits`` is at least that."""
+    return config.fifo_block_ram_bits != 0 and bits >= config.fifo_block_ram_bits
+
+
 def buffered_fifo(config: AcceleratorConfig, *, width: int, depth: int) -> fifo.SyncFIFOBuffered:
     """A ``SyncFIFOBuffered`` of ``width`` bits and ``depth`` entries; a :class:`BlockRamFIFO`
     when ``config.fifo_block_ram_bits`` is not 0 and the FIFO stores at least that many bits
     (:func:`fifo_storage_bits`)."""
-    bits = fifo_storage_bits(width, depth)
-    block = config.fifo_block_ram_bits != 0 and bits >= config.fifo_block_ram_bits
+    block = wants_block_ram(config, fifo_storage_bits(width, depth))
     return (BlockRamFIFO if block else fifo.SyncFIFOBuffered)(width=width, depth=depth)

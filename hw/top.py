@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from amaranth import ClockDomain, ClockSignal, DomainRenamer, Module, ResetSignal, Signal, Value
+from amaranth import ClockDomain, ClockSignal, DomainRenamer, Module, ResetSignal, Shape, Signal, Value
 from amaranth.hdl import ResetInserter
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
@@ -38,6 +38,7 @@ from .compute_core import ComputeCore, connect_compute_datapath
 from .config import AcceleratorConfig
 from .controller import Dispatcher, Fetcher, InstructionLayout, Sequencer, TokenChannel
 from .csr import COUNTERS, CSR_ADDR_BITS, CSRBank
+from .fifo import wants_block_ram
 from .fw_engine import RAM_KINDS, FirmwareController
 from .interconnect import HalfRateRegister, ReadArbiter, StreamRegister
 from .isa import Queue
@@ -480,8 +481,10 @@ class Accelerator(wiring.Component):
 
         def crossing(name: str, shape, *, into_core: bool = True) -> StreamCrossing:
             w, r = (_CROSSING, _COMPUTE) if into_core else (_COMPUTE, _CROSSING)
-            x.submodules[name] = block = StreamCrossing(shape, depth=_CROSSING_DEPTH[name], w_domain=w,
-                                                       r_domain=r)
+            depth = _CROSSING_DEPTH[name]
+            block_ram = wants_block_ram(cfg, Shape.cast(shape).width * depth)
+            x.submodules[name] = block = StreamCrossing(shape, depth=depth, w_domain=w, r_domain=r,
+                                                       block_ram=block_ram)
             return block
 
         cmd = crossing("cmd", InstructionLayout())

@@ -16,7 +16,7 @@ from amaranth.back import rtlil
 from amaranth.lib import fifo
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.dma import GatherReader, read_run_fifo_depth
-from systolic.hw.fifo import RAM_STYLE, BlockRamFIFO, buffered_fifo, fifo_storage_bits
+from systolic.hw.fifo import RAM_STYLE, BlockRamAsyncFIFO, BlockRamFIFO, buffered_fifo, fifo_storage_bits
 from systolic.hw.rtlil import UNDEFINED_COLLISION, undefined_read_collisions
 from systolic.sim.tools import yosys_synth
 
@@ -145,3 +145,25 @@ def test_the_block_ram_fifo_needs_no_collision_logic_on_ice40() -> None:
     plain = _synth(fifo.SyncFIFOBuffered(width=48, depth=64), "ice40")
     assert marked["cells"].get("SB_RAM40_4K", 0) >= 1
     assert marked["luts"] < plain["luts"] and marked["ffs"] < plain["ffs"]
+
+
+def _async_rtlil(dut: fifo.AsyncFIFO) -> str:
+    return rtlil.convert(dut, ports=[dut.w_data, dut.w_en, dut.w_rdy, dut.r_data, dut.r_en, dut.r_rdy],
+                         name="top")
+
+
+def test_block_ram_async_fifo_is_block_ram_on_ecp5() -> None:
+    """The asynchronous FIFO of the clock-domain crossings: its storage (every entry) carries
+    ram_style = block and becomes a DP16KD with a clock per port, where the plain one is
+    distributed RAM."""
+    def make(kind: type) -> fifo.AsyncFIFO:
+        return kind(width=64, depth=8, w_domain="write", r_domain="read")
+
+    (attributes, memory), = _memories(_async_rtlil(make(BlockRamAsyncFIFO)))
+    assert memory.endswith("memory width 64 size 8 \\storage") and _STYLE in attributes
+    (attributes, _), = _memories(_async_rtlil(make(fifo.AsyncFIFO)))
+    assert _STYLE not in attributes
+    marked = yosys_synth(_async_rtlil(make(BlockRamAsyncFIFO)), "top", "ecp5", rtlil=True)
+    plain = yosys_synth(_async_rtlil(make(fifo.AsyncFIFO)), "top", "ecp5", rtlil=True)
+    assert marked["cells"].get("DP16KD", 0) >= 1 and marked["lutrams"] == 0
+    assert plain["cells"].get("DP16KD", 0) == 0 and plain["lutrams"] > 0

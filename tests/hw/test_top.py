@@ -531,3 +531,31 @@ def test_the_compute_clock_domains_are_local():
     outer.d.crossing += flags[1].eq(~flags[1])
     text = rtlil.convert(outer, ports=[accelerator.compute_clk, accelerator.irq, flags])
     assert "compute_clk" in text
+
+
+@pytest.mark.parametrize("threshold", [0, 1])
+def test_the_crossings_fifos_follow_fifo_block_ram_bits(threshold: int) -> None:
+    """With fifo_block_ram_bits the five clock-domain crossings' asynchronous FIFOs (every one
+    stores more than a bit) are marked for block RAM; without it none is."""
+    from amaranth.back import rtlil
+    from systolic.hw.fifo import RAM_STYLE
+    from systolic.hw.top import Accelerator
+
+    config = AcceleratorConfig(**SMALL, compute_clock_mhz=150.0, fifo_block_ram_bits=threshold)
+    text = rtlil.convert(Accelerator(config), ports=None)
+    marked, module, attributes = [], None, []
+    for line in text.splitlines():
+        words = line.split()
+        if words[:1] == ["module"]:
+            module = words[1]
+        elif words[:1] == ["attribute"]:
+            attributes.append(line.strip())
+        elif words[:1] == ["memory"]:
+            if f'attribute \\{RAM_STYLE[0]} "{RAM_STYLE[1]}"' in attributes:
+                marked.append(module)
+            attributes = []
+        elif words:
+            attributes = []
+    crossings = sorted(name.split(".")[-2] for name in marked if ".crossings." in name)
+    expected = ["acc_read_req", "acc_read_resp", "acc_write", "cmd", "spad_write"]
+    assert crossings == (expected if threshold else [])
