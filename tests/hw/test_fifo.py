@@ -16,7 +16,14 @@ from amaranth.back import rtlil
 from amaranth.lib import fifo
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.dma import GatherReader, read_run_fifo_depth
-from systolic.hw.fifo import RAM_STYLE, BlockRamAsyncFIFO, BlockRamFIFO, buffered_fifo, fifo_storage_bits
+from systolic.hw.fifo import (
+    RAM_STYLE,
+    BlockRamAsyncFIFO,
+    BlockRamFIFO,
+    buffered_fifo,
+    fifo_storage_bits,
+    wants_block_ram,
+)
 from systolic.hw.rtlil import UNDEFINED_COLLISION, undefined_read_collisions
 from systolic.sim.tools import yosys_synth
 
@@ -55,6 +62,9 @@ def test_block_ram_fifo_moves_the_same_items_in_the_same_cycles(depth: int) -> N
 
 
 def test_buffered_fifo_picks_block_ram_by_stored_bits() -> None:
+    assert not wants_block_ram(AcceleratorConfig(), 1 << 20)                  # 0: yosys chooses
+    assert [wants_block_ram(AcceleratorConfig(fifo_block_ram_bits=512), b) for b in (511, 512)] == \
+        [False, True]
     assert [fifo_storage_bits(48, d) for d in (0, 1, 2, 64)] == [0, 0, 48, 48 * 63]
     assert type(buffered_fifo(AcceleratorConfig(), width=64, depth=4096)) is fifo.SyncFIFOBuffered
     config = AcceleratorConfig(fifo_block_ram_bits=512)
