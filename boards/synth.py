@@ -210,6 +210,11 @@ class ClockPlan:
         return out
 
 
+def _check_mhz(board: Board, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise BoardError(f"the {name} of {board.name} must be a positive number of MHz, not {value!r}")
+
+
 def plan_clock(board: Board, mhz: float, compute_mhz: float | None = None) -> ClockPlan:
     """The PLL setting that makes ``mhz`` (MHz) from ``board``'s oscillator, or no PLL when the
     oscillator runs at exactly that frequency. With ``compute_mhz``, the PLL also makes the
@@ -217,13 +222,10 @@ def plan_clock(board: Board, mhz: float, compute_mhz: float | None = None) -> Cl
 
     Raises :class:`~systolic.boards.boards.BoardError` naming the board when the PLL cannot make
     the frequency (or the pair), or when the board cannot make a second clock (iCE40)."""
-    for name, value in (("clock", mhz), ("compute clock", compute_mhz)):
-        if value is None and name == "compute clock":
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise BoardError(f"the {name} of {board.name} must be a positive number of MHz, not {value!r}")
+    _check_mhz(board, "clock", mhz)
     hz = float(mhz) * 1e6
     if compute_mhz is not None:
+        _check_mhz(board, "compute clock", compute_mhz)
         if board.family != "ecp5":
             raise BoardError(f"cannot give {board.name} ({board.device.name}) a compute clock of its own "
                              f"({compute_mhz:g} MHz): its board top makes one clock (the {board.family} "

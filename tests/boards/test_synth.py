@@ -27,6 +27,7 @@ from systolic.boards.clocking import POR_SECONDS, ClockReset, PllError, ecp5_pll
 from systolic.boards.soc import SoC
 from systolic.boards.synth import (
     BoardTop,
+    ClockPlan,
     _timing,
     check_fit,
     clock_name,
@@ -278,6 +279,9 @@ def test_clock_plan_with_a_compute_clock() -> None:
     one = plan_clock(ulx3s, 75)
     assert (one.compute_hz, one.array_hz) == (None, 75e6) and "compute" not in one.to_dict()
     assert "CLKOS_DIV" not in one.to_dict()["pll"]
+    with pytest.raises(ValueError, match=r"^a compute clock needs an ECP5 PLL setting with a second output, "
+                                         r"not Ecp5Pll\(clki_div=1, "):
+        ClockPlan(ulx3s, 75e6, one.pll, 100e6)
 
 
 def test_board_top_drives_the_socs_compute_clock_from_clkos() -> None:
