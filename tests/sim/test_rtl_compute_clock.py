@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from systolic.sim.catalogue import CATALOGUE, GEMM_INT32_WRAP, RTL_CONFIGS
 from systolic.sim.golden import run_golden
-from systolic.sim.rtl import RTLJob, RTLRunner, RTLRunResult, compute_clock_wrapper
+from systolic.sim.rtl import RTLJob, RTLRunner, RTLRunResult, compute_clock_wrapper, compute_half_period_ps
 
 CONFIGS = {
     "ws4-faster": RTL_CONFIGS["ws4"].replace(clock_mhz=75.0, compute_clock_mhz=100.0),
@@ -55,6 +55,12 @@ def test_wrapper_makes_the_compute_clock() -> None:
     # 10 ns x 75 / 100 = 7.5 ns: half periods of 3.75 ns
     assert "#(3.750)" in text and ".compute_clk(compute_clk)" in text
     assert "#(1.370);" in text                   # the first rising edge, off clk's edges
+    # the simulated board's harness takes the same period (boards/simlink.py)
+    assert compute_half_period_ps(CONFIGS["ws4-faster"]) == 3750
+    assert compute_half_period_ps(CONFIGS["os4-slower"]) == round(10_000 * 75 / 56 / 2)
+    with pytest.raises(ValueError, match=r"^config [0-9a-f]{16} has one clock \(compute_clock_mhz = 0\): "
+                                         r"it has no compute clock$"):
+        compute_half_period_ps(RTL_CONFIGS["ws4"])
     assert "module systolic_top (" in text and "systolic_core core (" in text
     with pytest.raises(ValueError, match=r"^config [0-9a-f]{16} has one clock \(compute_clock_mhz = 0\): "
                                          r"its systolic_top needs no wrapper$"):
