@@ -15,12 +15,16 @@ A sweep size needs more multipliers than the device has DSP blocks (256 PEs agai
 the size is run again with that many more PEs multiplying in logic
 (``array_lut_multipliers``), up to every PE.
 
+Config files (``--configs FILE,...``, e.g. ``examples/ulx3s-85f-16x16-2clk.toml``) are built
+on the sweep board as they are, one row each (kind ``config``, the file in ``config_file``).
+
 Writes ``bench/results/board_sweep.json`` (the rows and every synth report) and prints a table.
 Each run takes minutes (a 16x16 SoC tens of minutes on a loaded two-core machine): run it in the
 background, e.g. ``nohup python bench/board_sweep.py > board_sweep.log 2>&1 &``.
 
 Run from the repository root: ``python bench/board_sweep.py [--boards icebreaker,...]
 [--sweep-board ulx3s-85f] [--sizes 4x4,8x8,16x16] [--sweep-mhz F] [--set FIELD=VALUE ...]
+[--configs FILE,...]
 [--seed 1] [--placer heap] [--time-limit MIN] [--work DIR] [--merge] [--merge-from FILE]``
 (``--time-limit``: nextpnr is stopped after MIN minutes and the row records how far it got, its
 stage, the arcs left to route and its Fmax estimate after placement; ``--placer``:
@@ -119,8 +123,13 @@ def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: 
             return _row(kind, board, config, mhz, None, message[:500], time.monotonic() - started)
 
 
-def _order(row: dict[str, Any]) -> tuple[str, int, str]:
-    return row["kind"], row["rows"] * row["cols"], row["board"]
+def _order(row: dict[str, Any]) -> tuple[str, int, str, str]:
+    return row["kind"], row["rows"] * row["cols"], row["board"], row.get("config_file", "")
+
+
+def _key(row: dict[str, Any]) -> tuple[str, str, int, int, str]:
+    """What a row measured: a later run of the same key replaces it (``--merge``)."""
+    return row["kind"], row["board"], row["rows"], row["cols"], row.get("config_file", "")
 
 
 def _control(row: dict[str, Any]) -> str:
@@ -133,18 +142,19 @@ def _control(row: dict[str, Any]) -> str:
 def _table(rows: list[dict[str, Any]]) -> str:
     header = (f"{'kind':<7}{'board':<16}{'array':>7}{'lutmul':>7}{'LUT4':>8}{'LUT%':>6}{'FF':>8}"
               f"{'DSP':>5}{'BRAM':>5}{'Fmax':>8}{'target':>8}{'timing':>8}{'GOPS':>7}{'min':>5}"
-              f"{'control':>16}")
+              f"{'control':>16}  file")
     lines = [header, "-" * len(header)]
     for r in rows:
         size = f"{r['rows']}x{r['cols']}"
         if "error" in r:
-            lines.append(f"{r['kind']:<7}{r['board']:<16}{size:>7}{r['lut_multipliers']:>7}  {r['error']}")
+            lines.append(f"{r['kind']:<7}{r['board']:<16}{size:>7}{r['lut_multipliers']:>7}  {r['error']}"
+                         + (f"  ({r['config_file']})" if r.get("config_file") else ""))
             continue
         lines.append(
             f"{r['kind']:<7}{r['board']:<16}{size:>7}{r['lut_multipliers']:>7}{r['luts']:>8}"
             f"{r['lut_percent']:>5.0f}%{r['ffs']:>8}{r['dsps']:>5}{r['brams']:>5}{r['fmax_mhz']:>8.1f}"
             f"{r['target_mhz']:>8.1f}{'met' if r['timing_met'] else 'MISS':>8}{r['peak_gops']:>7.2f}"
-            f"{r['seconds'] / 60:>5.0f}{_control(r):>16}")
+            f"{r['seconds'] / 60:>5.0f}{_control(r):>16}  {r.get('config_file', '')}".rstrip())
     return "\n".join(lines)
 
 
@@ -160,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="change a field of the sweep's configs (TOML value, applied after "
                              "rows/cols; repeatable); the presets are built as they are")
+    parser.add_argument("--configs", default="", help="comma-separated config files (TOML) to build "
+                        "on the sweep board as they are, a row each")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
     parser.add_argument("--placer", choices=PLACERS, default="heap", help="nextpnr placer")
     parser.add_argument("--time-limit", type=float, default=None, metavar="MIN",
@@ -179,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # the presets and the sweep sizes, smallest array first; a sweep size equal to the sweep
     # board's preset is built once and reported in both rows
-    jobs = [("preset", board, load_preset(board)) for board in filter(None, args.boards.split(","))]
+    # (kind, board, config, config file or "")
+    jobs = [("preset", board, load_preset(board), "") for board in filter(None, args.boards.split(","))]
     sweep = get_board(args.sweep_board)
     base = load_preset(sweep).to_dict()
     try:
@@ -193,26 +206,36 @@ def main(argv: list[str] | None = None) -> int:
                                                   "array_lut_multipliers": 0, **changes}, source="--set")
         except ConfigError as exc:
             parser.error(str(exc))
-        jobs.append(("sweep", sweep.name, config))
+        jobs.append(("sweep", sweep.name, config, ""))
+    for name in filter(None, args.configs.split(",")):
+        try:
+            config = AcceleratorConfig.from_toml(name)
+        except (OSError, ConfigError) as exc:
+            parser.error(f"--configs: {name}: {exc}")
+        jobs.append(("config", sweep.name, config, name))
     jobs.sort(key=lambda job: job[2].rows * job[2].cols)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    kept: dict[tuple[str, str, int, int], dict[str, Any]] = {}
-    redo = {(kind, board, config.rows, config.cols) for kind, board, config in jobs}
+    kept: dict[tuple[str, str, int, int, str], dict[str, Any]] = {}
+    redo = {(kind, board, config.rows, config.cols, file) for kind, board, config, file in jobs}
     for source in [*([args.out] if args.merge and args.out.is_file() else []), *args.merge_from]:
         for row in json.loads(source.read_text())["results"]:
-            key = (row["kind"], row["board"], row["rows"], row["cols"])
+            key = _key(row)
             if key not in redo:
                 kept[key] = row
     with tempfile.TemporaryDirectory(prefix="board-sweep-") as tmp:
         work = args.work or Path(tmp)
-        for kind, board, config in jobs:
+        for kind, board, config, file in jobs:
             twin = next((row for row in rows if row["board"] == board and row["kind"] != kind
+                         and {kind, row["kind"]} == {"preset", "sweep"}
                          and (row["rows"], row["cols"]) == (config.rows, config.cols)
                          and args.sweep_mhz is None), None)
             if twin is not None:
                 rows.append({**twin, "kind": kind})
+            elif kind == "config":
+                rows.append({**run_one(kind, board, config, work / kind / Path(file).stem, args.seed,
+                                       None, args.placer, time_limit), "config_file": file})
             else:
                 rows.append(run_one(kind, board, config, work / kind, args.seed,
                                     args.sweep_mhz if kind == "sweep" else None, args.placer, time_limit))

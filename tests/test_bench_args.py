@@ -60,6 +60,51 @@ def test_board_sweep_set_changes_the_sweep_configs_after_their_size(monkeypatch:
         (4, 4, 7, 65536), (16, 16, 7, 65536)]
 
 
+def test_board_sweep_config_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("rows = 5\n")
+    out = tmp_path / "sweep.json"
+    for name, message in ((tmp_path / "none.toml", "No such file"),
+                          (bad, "rows must be a power of two between 2 and 64, not 5")):
+        with pytest.raises(SystemExit) as exit_info:
+            _board_sweep().main(["--boards", "", "--sizes", "", "--configs", str(name), "--out", str(out)])
+        assert exit_info.value.code == 2
+        assert re.search(rf"^\S+: error: --configs: {re.escape(str(name))}: .*{message}",
+                         capsys.readouterr().err, re.M)
+    assert not out.exists()
+
+
+def test_board_sweep_builds_config_files_as_they_are(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    """A config file's row is built on the sweep board without --set, names its file, and is
+    kept apart from a sweep row of the same size when results are merged."""
+    import json
+
+    sweep = _board_sweep()
+    built = []
+
+    def fake_run_one(kind, board, config, work, *args):
+        built.append((kind, board, config, work))
+        return {"kind": kind, "board": board, "rows": config.rows, "cols": config.cols,
+                "lut_multipliers": config.array_lut_multipliers, "error": "not run"}
+
+    monkeypatch.setattr(sweep, "run_one", fake_run_one)
+    example = Path(__file__).resolve().parent.parent / "examples" / "ulx3s-85f-16x16-2clk.toml"
+    out = tmp_path / "sweep.json"
+    assert sweep.main(["--boards", "", "--sizes", "16x16", "--set", "dram_bytes=65536",
+                       "--configs", str(example), "--out", str(out)]) == 0
+    from systolic.hw.config import AcceleratorConfig
+
+    (kind, board, config, work), = [b for b in built if b[0] == "config"]
+    assert (board, config) == ("ulx3s-85f", AcceleratorConfig.from_toml(example))
+    assert work.name == "ulx3s-85f-16x16-2clk"
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["kind"], r.get("config_file")) for r in rows] == [("config", str(example)), ("sweep", None)]
+    # a later run of the sweep size alone keeps the config file's row
+    assert sweep.main(["--boards", "", "--sizes", "16x16", "--merge", "--out", str(out)]) == 0
+    assert [r["kind"] for r in json.loads(out.read_text())["results"]] == ["config", "sweep"]
+
+
 def test_board_sweep_row_of_a_two_clock_config_is_at_the_compute_clock() -> None:
     """A config with a compute clock of its own: the row's Fmax, target and peak GOPS are the
     array's (the compute clock's), the control clock's are columns of their own; one clock: the
