@@ -23,6 +23,14 @@ accumulator never use one (docs/arch-memory-sfu.md). In simulation the memory re
   placer put far away to the logic that uses the row has most of the cycle. A bank deeper than
   1024 rows stacks up to 8 DP16KD deep, chip-select decoded (CSDECODE), and picks the row from
   their output registers by the read address of two cycles before.
+* ECP5, elements of a multiple of 8 bits and :data:`DP16KD_WIDE_MIN_ROWS` to
+  :data:`DP16KD_WIDE_ROWS` rows: DP16KD instances in their 512 x 36 pseudo-dual-port mode (four
+  9-bit bytes: port A's 36 data inputs, DIA17:0 and DIB17:0, write the word at ADA13:5 with the
+  byte enables ADA3:0; port B reads the word at ADB13:5 onto DOA17:0 and DOB17:0), the mode
+  yosys maps such a memory to, so the bank takes the same block RAMs, but read through the
+  output register (REGMODE_A and REGMODE_B "OUTREG": which of the two governs the output
+  register in this mode is not documented, so both are set). Shallower banks are left to yosys
+  (distributed RAM for the smallest).
 """
 
 from __future__ import annotations
@@ -40,13 +48,17 @@ from amaranth.utils import exact_log2
 
 from .rtlil import UNDEFINED_COLLISION
 
-__all__ = ["BankRAM", "DP16KD_ROWS", "DP16KD_MAX_ROWS", "DP16KDPort", "dp16kd", "dp16kd_initval",
-           "uses_dp16kd"]
+__all__ = ["BankRAM", "DP16KD_ROWS", "DP16KD_MAX_ROWS", "DP16KD_WIDE_ROWS", "DP16KD_WIDE_MIN_ROWS",
+           "DP16KDPort", "dp16kd", "dp16kd_wide", "dp16kd_initval", "uses_dp16kd"]
 
 #: Rows of one DP16KD in the 1024 x 18 mode.
 DP16KD_ROWS = 1024
 #: Deepest bank built from DP16KD: 8 deep, decoded by the three chip-select pins.
 DP16KD_MAX_ROWS = 8 * DP16KD_ROWS
+#: Rows of one DP16KD in the 512 x 36 mode, the deepest bank built from it.
+DP16KD_WIDE_ROWS = 512
+#: The shallowest bank built from DP16KD in the 512 x 36 mode.
+DP16KD_WIDE_MIN_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -151,13 +163,52 @@ def dp16kd(m: Module, name: str, *, a: DP16KDPort | None = None, b: DP16KDPort |
 def uses_dp16kd(platform: Any, shape: ShapeLike, depth: int) -> bool:
     """Whether a :class:`BankRAM` of ``depth`` rows of ``shape`` is built from DP16KD instances
     on ``platform``: ECP5, elements (of an array layout; the whole row otherwise) a multiple of
-    8 bits wide, and :data:`DP16KD_ROWS` to :data:`DP16KD_MAX_ROWS` rows. A shallower bank would
-    take up to twice the block RAMs of yosys's mapping (its 512 x 36 mode, which has no output
-    register here), so it stays an amaranth memory."""
+    8 bits wide, and :data:`DP16KD_WIDE_MIN_ROWS` to :data:`DP16KD_WIDE_ROWS` rows (the 512 x 36
+    mode) or :data:`DP16KD_ROWS` to :data:`DP16KD_MAX_ROWS` rows (the 1024 x 18 mode)."""
     layout = shape if isinstance(shape, data.ArrayLayout) else None
     elem_bits = Shape.cast(layout.elem_shape).width if layout is not None else Shape.cast(shape).width
     return (getattr(platform, "family", None) == "ecp5" and elem_bits % 8 == 0
-            and DP16KD_ROWS <= depth <= DP16KD_MAX_ROWS)
+            and (DP16KD_WIDE_MIN_ROWS <= depth <= DP16KD_WIDE_ROWS
+                 or DP16KD_ROWS <= depth <= DP16KD_MAX_ROWS))
+
+
+def dp16kd_wide(m: Module, name: str, *, write_addr: ValueLike, byte_enables: ValueLike,
+                data: ValueLike, read_addr: ValueLike) -> Value:
+    """Add to ``m`` (as submodule ``name``) one ECP5 DP16KD in its 512 x 36 pseudo-dual-port
+    mode: at each clock edge it writes the enabled bytes (``byte_enables``, 4 bits) of ``data``
+    (32 bits, one byte to each 9-bit byte lane) to the word ``write_addr`` (up to 9 bits), and
+    reads the word ``read_addr``, whose 32 data bits it returns two cycles after the read
+    address, through the output register."""
+    write_addr, read_addr = Value.cast(write_addr), Value.cast(read_addr)
+    byte_enables, data = Value.cast(byte_enables), Value.cast(data)
+    assert len(write_addr) <= 9 and len(read_addr) <= 9 and len(byte_enables) == 4 and len(data) == 32
+    zero = Const(0, 1)
+    clock = ClockSignal("sync")
+    lanes = Cat(*(Cat(data[8 * i:8 * i + 8], zero) for i in range(4)))        # 36 bits
+    ports: dict[str, Any] = {
+        "p_DATA_WIDTH_A": 36, "p_DATA_WIDTH_B": 36, "p_REGMODE_A": "OUTREG", "p_REGMODE_B": "OUTREG",
+        "p_WRITEMODE_A": "NORMAL", "p_WRITEMODE_B": "NORMAL", "p_RESETMODE": "SYNC",
+        "p_ASYNC_RESET_RELEASE": "SYNC", "p_CSDECODE_A": "0b000", "p_CSDECODE_B": "0b000",
+        "p_CLKAMUX": "CLKA", "p_CLKBMUX": "CLKB", "p_GSR": "AUTO",
+        "i_CLKA": clock, "i_CEA": byte_enables.any(), "i_OCEA": 1, "i_WEA": 1, "i_RSTA": zero,
+        "i_CLKB": clock, "i_CEB": 1, "i_OCEB": 1, "i_WEB": zero, "i_RSTB": zero,
+    }
+    write_address = Cat(byte_enables, zero, write_addr, Const(0, 9 - len(write_addr)))
+    read_address = Cat(Const(0, 5), read_addr, Const(0, 9 - len(read_addr)))
+    for i in range(14):
+        ports[f"i_ADA{i}"] = write_address[i]
+        ports[f"i_ADB{i}"] = read_address[i]
+    for side in "AB":
+        for i in range(3):
+            ports[f"i_CS{side}{i}"] = zero
+    data_out = Signal(36, name=f"{name}_do")
+    for i in range(18):
+        ports[f"i_DIA{i}"] = lanes[i]
+        ports[f"i_DIB{i}"] = lanes[18 + i]
+        ports[f"o_DOA{i}"] = data_out[i]
+        ports[f"o_DOB{i}"] = data_out[18 + i]
+    m.submodules[name] = Instance("DP16KD", **ports)
+    return Cat(*(data_out[9 * i:9 * i + 8] for i in range(4)))
 
 
 class BankRAM(wiring.Component):
@@ -197,6 +248,8 @@ class BankRAM(wiring.Component):
 
     def elaborate(self, platform: Any) -> Module:
         if self._registered and uses_dp16kd(platform, self._shape, self._depth):
+            if self._depth <= DP16KD_WIDE_ROWS:
+                return self._elaborate_dp16kd_wide()
             return self._elaborate_dp16kd()
         m = Module()
         m.submodules.memory = memory = Memory(shape=self._shape, depth=self._depth, init=[],
@@ -213,16 +266,33 @@ class BankRAM(wiring.Component):
             m.d.comb += self.read_data.eq(read.data)
         return m
 
+    def _byte_enables(self, nbytes: int, padded: int) -> Value:
+        """One write enable per byte of the row (the enable of its element), zero up to ``padded``."""
+        row_bits = Shape.cast(self._shape).width
+        elem_bits = row_bits // self._elems
+        return Cat(*(self.write_en[8 * b // elem_bits] for b in range(nbytes)), Const(0, padded - nbytes))
+
+    def _elaborate_dp16kd_wide(self) -> Module:
+        m = Module()
+        row_bits = Shape.cast(self._shape).width
+        nbytes = row_bits // 8
+        tiles = (nbytes + 3) // 4                # DP16KD side by side: four bytes each
+        write_data = Cat(Value.cast(self.write_data), Const(0, 32 * tiles - row_bits))
+        byte_en = self._byte_enables(nbytes, 4 * tiles)
+        pieces = [dp16kd_wide(m, f"tile{t}", write_addr=self.write_addr, read_addr=self.read_addr,
+                              byte_enables=byte_en[4 * t:4 * t + 4], data=write_data[32 * t:32 * t + 32])
+                  for t in range(tiles)]
+        m.d.comb += self.read_data.eq(Cat(*pieces)[:row_bits])
+        return m
+
     def _elaborate_dp16kd(self) -> Module:
         m = Module()
         row_bits = Shape.cast(self._shape).width
-        elem_bits = row_bits // self._elems
         nbytes = row_bits // 8
         wide = (nbytes + 1) // 2                 # DP16KD side by side: two bytes each
         deep = self._depth // DP16KD_ROWS
         write_data = Cat(Value.cast(self.write_data), Const(0, 16 * wide - row_bits))
-        byte_en = Cat(*(self.write_en[8 * b // elem_bits] for b in range(nbytes)),
-                      Const(0, 2 * wide - nbytes))
+        byte_en = self._byte_enables(nbytes, 2 * wide)
         word_w, word_r = self.write_addr[:10], self.read_addr[:10]
         select_w = self.write_addr[10:13] if deep > 1 else 0
         select_r = self.read_addr[10:13] if deep > 1 else 0

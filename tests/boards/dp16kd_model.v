@@ -25,6 +25,17 @@
 //   20j + 17 to 20j (the layout yosys writes; tests/boards/test_bram_multiplier_ecp5.py checks
 //   hw/bankram.py's against it), the data latches and the output registers at 0 (after
 //   configuration, global set/reset).
+// The 512 x 36 pseudo-dual-port mode (DATA_WIDTH_A = DATA_WIDTH_B = 36, as yosys maps a 36-bit
+// wide memory, share/lattice/brams_map_16kd.v): port A writes, port B reads, both 36 bits wide.
+// * the write: at a rising CLKA edge with CEA and WEA high (and CSA2:0 equal to CSDECODE_A), the
+//   word ADA13:5 gets the 9-bit bytes of {DIB17:0, DIA17:0} whose enables ADA3:0 are high (byte k
+//   is bits 9k + 8 to 9k); ADA4 is not used;
+// * the read: at a rising CLKB edge with CEB high (and CSB2:0 equal to CSDECODE_B), the word
+//   ADB13:5 goes into the data latch; the output register loads the latch while OCEB is high (and
+//   CEB, with DP16KD_CE_GATES_OUTREG); {DOB17:0, DOA17:0} is the output register with REGMODE
+//   "OUTREG", else the latch. Which of REGMODE_A and REGMODE_B governs the output register in
+//   this mode is not verified here: the model requires them equal;
+// * the contents start at zero (INITVAL is not modelled in this mode: a nonzero one stops).
 // RSTA/RSTB (reset of the latch and output register), writes on port B, the other widths and write
 // modes are not modelled: using them stops the simulation with $fatal, so that nothing passes by
 // accident.
@@ -205,18 +216,52 @@ module DP16KD #(
         for (i = 0; i < 16; i = i + 1) mem[976 + i] = INITVAL_3D[20 * i +: 18];
         for (i = 0; i < 16; i = i + 1) mem[992 + i] = INITVAL_3E[20 * i +: 18];
         for (i = 0; i < 16; i = i + 1) mem[1008 + i] = INITVAL_3F[20 * i +: 18];
-        if (DATA_WIDTH_A != 18) $fatal(1, "DP16KD model: DATA_WIDTH_A %0d is not modelled", DATA_WIDTH_A);
+        if (WIDE) begin
+            if (REGMODE_A != REGMODE_B)
+                $fatal(1, "DP16KD model: in the 36-bit mode REGMODE_A and REGMODE_B must be equal");
+            for (i = 0; i < 1024; i = i + 1)
+                if (mem[i] != 18'd0) $fatal(1, "DP16KD model: INITVAL is not modelled in the 36-bit mode");
+        end else if (DATA_WIDTH_A != 18 || DATA_WIDTH_B != 18) begin
+            $fatal(1, "DP16KD model: DATA_WIDTH_A %0d, DATA_WIDTH_B %0d is not modelled", DATA_WIDTH_A,
+                   DATA_WIDTH_B);
+        end
         if (REGMODE_A != "NOREG" && REGMODE_A != "OUTREG")
             $fatal(1, "DP16KD model: REGMODE_A %s is not modelled", REGMODE_A);
         if (WRITEMODE_A != "NORMAL") $fatal(1, "DP16KD model: WRITEMODE_A %s is not modelled", WRITEMODE_A);
         if (CLKAMUX != "CLKA") $fatal(1, "DP16KD model: CLKAMUX %s is not modelled", CLKAMUX);
-        if (DATA_WIDTH_B != 18) $fatal(1, "DP16KD model: DATA_WIDTH_B %0d is not modelled", DATA_WIDTH_B);
         if (REGMODE_B != "NOREG" && REGMODE_B != "OUTREG")
             $fatal(1, "DP16KD model: REGMODE_B %s is not modelled", REGMODE_B);
         if (CLKBMUX != "CLKB") $fatal(1, "DP16KD model: CLKBMUX %s is not modelled", CLKBMUX);
     end
 
-    always @(posedge CLKA) begin
+    // the 512 x 36 mode
+    localparam WIDE = DATA_WIDTH_A == 36 && DATA_WIDTH_B == 36;
+    wire [17:0] dib = {DIB17, DIB16, DIB15, DIB14, DIB13, DIB12, DIB11, DIB10, DIB9, DIB8,
+                       DIB7, DIB6, DIB5, DIB4, DIB3, DIB2, DIB1, DIB0};
+    wire [35:0] di36 = {dib, dia};
+    reg [35:0] mem36 [0:511];
+    reg [35:0] latch36 = 36'd0;
+    reg [35:0] outreg36 = 36'd0;
+    integer j;
+    initial for (j = 0; j < 512; j = j + 1) mem36[j] = 36'd0;
+    always @(posedge CLKA) if (WIDE) begin
+        if (RSTA) $fatal(1, "DP16KD model: RSTA is not modelled");
+        if (CEA && WEA && chip_select == decode)
+            for (int k = 0; k < 4; k++)
+                if (ada[k]) mem36[ada[13:5]][9 * k +: 9] <= di36[9 * k +: 9];
+    end
+    always @(posedge CLKB) if (WIDE) begin
+        if (WEB || RSTB) $fatal(1, "DP16KD model: writes and reset on port B are not modelled");
+        if (CEB && chip_select_b == decode_b) latch36 <= mem36[adb[13:5]];
+`ifdef DP16KD_CE_GATES_OUTREG
+        if (OCEB && CEB) outreg36 <= latch36;
+`else
+        if (OCEB) outreg36 <= latch36;
+`endif
+    end
+    wire [35:0] do36 = REGMODE_B == "OUTREG" ? outreg36 : latch36;
+
+    always @(posedge CLKA) if (!WIDE) begin
         if (RSTA) $fatal(1, "DP16KD model: RSTA is not modelled");
         if (CEA && chip_select == decode) begin
             if (WEA) begin
@@ -232,7 +277,7 @@ module DP16KD #(
         if (OCEA) outreg <= latch;
 `endif
     end
-    always @(posedge CLKB) begin
+    always @(posedge CLKB) if (!WIDE) begin
         if (WEB || RSTB) $fatal(1, "DP16KD model: writes and reset on port B are not modelled");
         if (CEB && chip_select_b == decode_b) latch_b <= mem[word_b];
 `ifdef DP16KD_CE_GATES_OUTREG
@@ -241,8 +286,8 @@ module DP16KD #(
         if (OCEB) outreg_b <= latch_b;
 `endif
     end
-    wire [17:0] doa = REGMODE_A == "OUTREG" ? outreg : latch;
-    wire [17:0] dob = REGMODE_B == "OUTREG" ? outreg_b : latch_b;
+    wire [17:0] doa = WIDE ? do36[17:0] : REGMODE_A == "OUTREG" ? outreg : latch;
+    wire [17:0] dob = WIDE ? do36[35:18] : REGMODE_B == "OUTREG" ? outreg_b : latch_b;
     assign {DOA17, DOA16, DOA15, DOA14, DOA13, DOA12, DOA11, DOA10, DOA9, DOA8,
             DOA7, DOA6, DOA5, DOA4, DOA3, DOA2, DOA1, DOA0} = doa;
     assign {DOB17, DOB16, DOB15, DOB14, DOB13, DOB12, DOB11, DOB10, DOB9, DOB8,

@@ -1,7 +1,8 @@
 # amaranth: UnusedElaboratable=no
 """The scratchpad's and the accumulator's banks on ECP5 (hw/bankram.py): DP16KD instances read
-through port B's output register (REGMODE_B "OUTREG"), chip-select decoded when deeper than 1024
-rows; elsewhere (and for elements that are not whole bytes) an amaranth Memory and a register.
+through their output register (REGMODE "OUTREG"), in the 1024 x 18 mode (chip-select decoded
+when deeper than 1024 rows) or, for 128 to 512 rows, in the 512 x 36 mode; elsewhere (and for
+elements that are not whole bytes) an amaranth Memory and a register.
 
 * The ECP5 variant's Verilog: how many DP16KD instances with which parameters, for the banks of
   the board presets and the default config; which banks stay amaranth memories.
@@ -24,7 +25,7 @@ import re
 import pytest
 from amaranth.lib import data
 from systolic.hw.accumulator import ACC_BANKS, Accumulator, acc_row_layout
-from systolic.hw.bankram import DP16KD_MAX_ROWS, BankRAM, uses_dp16kd
+from systolic.hw.bankram import DP16KD_MAX_ROWS, DP16KD_WIDE_MIN_ROWS, BankRAM, uses_dp16kd
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.scratchpad import Scratchpad, spad_row_layout
 from systolic.sim.tools import to_verilog
@@ -46,24 +47,30 @@ def _layout(elems: int, bits: int) -> data.ArrayLayout:
 
 #: (name, elements, bits per element, rows): the 4x4 ULX3S sweep's scratchpad bank (4 DP16KD
 #: deep), the 16x16 preset's, a row of 32-bit elements, one 2 deep with an odd byte count, and
-#: the deepest (8 deep)
+#: the deepest (8 deep); in the 512 x 36 mode: the 16x16 accumulator's bank (16 DP16KD wide), a
+#: 16-byte scratchpad bank of 512 rows, and one of 3 bytes (a byte lane unused)
 _CASES = (("spad4", 4, 8, 4096), ("spad16", 16, 8, 1024), ("acc", 4, 32, 1024), ("deep2", 3, 8, 2048),
-          ("deep8", 2, 16, 8192))
+          ("deep8", 2, 16, 8192), ("acc16", 16, 32, 128), ("spad512", 16, 8, 512), ("odd36", 3, 8, 256))
 @pytest.mark.parametrize("name, elems, bits, rows", _CASES, ids=[c[0] for c in _CASES])
 def test_ecp5_banks_are_dp16kd_through_the_output_register(name, elems, bits, rows):
     layout = _layout(elems, bits)
     assert uses_dp16kd(_ECP5(), layout, rows)
     verilog = to_verilog(BankRAM(layout, rows), name, platform=_ECP5())
     instances = _instances(verilog)
-    deep = rows // 1024
-    wide = (elems * bits // 8 + 1) // 2
-    assert len(instances) == deep * wide
-    decodes = sorted(re.search(r'\.CSDECODE_B\("(0b\d{3})"\)', text)[1] for text in instances)
-    assert decodes == sorted(f"0b{d:03b}" for d in range(deep) for _ in range(wide))
+    if rows <= 512:                 # the 512 x 36 mode: four bytes a DP16KD
+        assert len(instances) == (elems * bits // 8 + 3) // 4
+        expected = (("DATA_WIDTH_A", r"32'(?:s)?d36"), ("DATA_WIDTH_B", r"32'(?:s)?d36"),
+                    ("REGMODE_B", '"OUTREG"'), ("REGMODE_A", '"OUTREG"'), ("CSDECODE_B", '"0b000"'))
+    else:
+        deep = rows // 1024
+        wide = (elems * bits // 8 + 1) // 2
+        assert len(instances) == deep * wide
+        decodes = sorted(re.search(r'\.CSDECODE_B\("(0b\d{3})"\)', text)[1] for text in instances)
+        assert decodes == sorted(f"0b{d:03b}" for d in range(deep) for _ in range(wide))
+        expected = (("DATA_WIDTH_A", r"32'(?:s)?d18"), ("DATA_WIDTH_B", r"32'(?:s)?d18"),
+                    ("REGMODE_B", '"OUTREG"'), ("REGMODE_A", '"NOREG"'))
     for text in instances:
-        for parameter, value in (("DATA_WIDTH_A", r"32'(?:s)?d18"), ("DATA_WIDTH_B", r"32'(?:s)?d18"),
-                                 ("REGMODE_B", '"OUTREG"'), ("REGMODE_A", '"NOREG"'),
-                                 ("WRITEMODE_A", '"NORMAL"')):
+        for parameter, value in (*expected, ("WRITEMODE_A", '"NORMAL"')):
             assert re.search(rf"\.{parameter}\({value}\)", text), (parameter, text[:400])
     assert not re.search(r"^\s*reg\s*\[\d+:0\]\s*\w+\s*\[", verilog, re.MULTILINE)   # no memory array
     assert "DP16KD" not in to_verilog(BankRAM(layout, rows), name)
@@ -80,8 +87,8 @@ def test_unregistered_banks_stay_amaranth_memories_on_ecp5():
 
 
 @pytest.mark.parametrize("layout, rows", [(_layout(4, 4), 1024), (_layout(2, 8), 2 * DP16KD_MAX_ROWS),
-                                          (_layout(4, 32), 512), (_layout(16, 32), 128)],
-                         ids=["nibbles", "too-deep", "shallow", "shallow-wide"])
+                                          (_layout(4, 4), 256), (_layout(16, 32), DP16KD_WIDE_MIN_ROWS // 2)],
+                         ids=["nibbles", "too-deep", "nibbles-wide", "too-shallow"])
 def test_other_banks_stay_amaranth_memories_on_ecp5(layout, rows):
     assert not uses_dp16kd(_ECP5(), layout, rows)
     verilog = to_verilog(BankRAM(layout, rows), "bank", platform=_ECP5())
@@ -90,18 +97,19 @@ def test_other_banks_stay_amaranth_memories_on_ecp5(layout, rows):
 
 @pytest.mark.parametrize("preset", ["ulx3s-85f", "orangecrab-25f", "default"])
 def test_the_presets_banks_take_no_more_block_rams(preset):
-    """A bank of the ECP5 presets (and of the default config) is built from DP16KD exactly when
-    it is at least 1024 rows deep, where the 1024 x 18 tiles use every row; then it takes one
-    DP16KD per two bytes of row per 1024 rows."""
+    """A bank of the ECP5 presets (and of the default config) of at least 1024 rows takes one
+    DP16KD in the 1024 x 18 mode per two bytes of row per 1024 rows (every row used); one of 128
+    to 512 rows one DP16KD in the 512 x 36 mode per four bytes of row, as yosys's mapping."""
     from systolic.boards.boards import load_preset
 
     config = AcceleratorConfig() if preset == "default" else load_preset(preset)
     for component, layout, rows, banks in (
             (Scratchpad(config), spad_row_layout(config), config.spad_bank_rows, config.scratchpad_banks),
             (Accumulator(config), acc_row_layout(config), config.acc_rows // ACC_BANKS, ACC_BANKS)):
-        assert uses_dp16kd(_ECP5(), layout, rows) == (rows >= 1024)
+        assert uses_dp16kd(_ECP5(), layout, rows) == (rows >= DP16KD_WIDE_MIN_ROWS)
         instances = _instances(to_verilog(component, "block", platform=_ECP5()))
-        expected = banks * (layout.size // 16) * (rows // 1024) if rows >= 1024 else 0
+        expected = (banks * (layout.size // 16) * (rows // 1024) if rows >= 1024 else
+                    banks * -(-layout.size // 32) if rows >= DP16KD_WIDE_MIN_ROWS else 0)
         assert len(instances) == expected, (preset, rows)
 
 
