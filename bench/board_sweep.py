@@ -210,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in filter(None, args.configs.split(",")):
         try:
             config = AcceleratorConfig.from_toml(name)
-        except (OSError, ConfigError) as exc:
-            parser.error(f"--configs: {name}: {exc}")
+        except ConfigError as exc:      # names the file when it cannot be read or is not TOML
+            parser.error(f"--configs: {exc}" if name in str(exc) else f"--configs: {name}: {exc}")
         jobs.append(("config", sweep.name, config, name))
     jobs.sort(key=lambda job: job[2].rows * job[2].cols)
 

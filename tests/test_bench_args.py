@@ -61,16 +61,18 @@ def test_board_sweep_set_changes_the_sweep_configs_after_their_size(monkeypatch:
 
 
 def test_board_sweep_config_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    bad = tmp_path / "bad.toml"
+    bad, broken = tmp_path / "bad.toml", tmp_path / "broken.toml"
     bad.write_text("rows = 5\n")
+    broken.write_text("rows = [\n")
     out = tmp_path / "sweep.json"
-    for name, message in ((tmp_path / "none.toml", "No such file"),
-                          (bad, "rows must be a power of two between 2 and 64, not 5")):
+    for name, message in ((tmp_path / "none.toml", "{}: cannot read config file: No such file or directory$"),
+                          (bad, "{}: rows must be a power of two between 2 and 64, not 5$"),
+                          (broken, "{}: not valid TOML: ")):
         with pytest.raises(SystemExit) as exit_info:
             _board_sweep().main(["--boards", "", "--sizes", "", "--configs", str(name), "--out", str(out)])
         assert exit_info.value.code == 2
-        assert re.search(rf"^\S+: error: --configs: {re.escape(str(name))}: .*{message}",
-                         capsys.readouterr().err, re.M)
+        pattern = re.escape(message.format(name)).replace(r"\$", "$")
+        assert re.search(rf"^\S+: error: --configs: {pattern}", capsys.readouterr().err, re.M)
     assert not out.exists()
 
 
