@@ -63,6 +63,7 @@ from systolic.hw.axi import (
     WriteDataLayout,
 )
 from systolic.hw.bankram import DP16KD_ROWS, DP16KDPort, dp16kd
+from systolic.hw.dsp import is_ecp5
 from systolic.hw.interconnect import StreamRegister
 
 __all__ = [
@@ -242,7 +243,7 @@ class _Core(wiring.Component):
         """Whether the banks are built from DP16KD instances for ``platform``: a banked "bram"
         memory on an ECP5 platform (``platform.family == "ecp5"``) whose banks are
         :data:`DP16KD_WORDS` deep (a 64-bit bus, up to 256 KiB)."""
-        return (getattr(platform, "family", None) == "ecp5" and self.bank_count > 1
+        return (is_ecp5(platform) and self.bank_count > 1
                 and self.depth // self.bank_count == DP16KD_WORDS)
 
     def _banked(self, m: Module, platform: Any) -> None:

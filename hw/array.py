@@ -33,6 +33,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .config import AcceleratorConfig
+from .dsp import is_ecp5
 from .pe import MAC_LATENCY, ProcessingElement, element_shapes
 
 __all__ = [
@@ -181,7 +182,7 @@ def _stall_register(m: Module, platform: Any, value: Value, name: str) -> Signal
     yosys does not merge the tree's identical registers back into one (generic elaboration uses a
     plain register; yosys may merge the leaves there)."""
     reg = Signal(name=name, init=1)
-    if getattr(platform, "family", None) == "ecp5":
+    if is_ecp5(platform):
         m.submodules[f"{name}_ff"] = Instance(
             "TRELLIS_FF", p_GSR="DISABLED", p_CEMUX="1", p_CLKMUX="CLK", p_LSRMUX="LSR",
             p_REGSET="SET", p_SRMODE="LSR_OVER_CE",

@@ -46,6 +46,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
+from .dsp import is_ecp5
 from .rtlil import UNDEFINED_COLLISION
 
 __all__ = ["BankRAM", "DP16KD_ROWS", "DP16KD_MAX_ROWS", "DP16KD_WIDE_ROWS", "DP16KD_WIDE_MIN_ROWS",
@@ -167,7 +168,7 @@ def uses_dp16kd(platform: Any, shape: ShapeLike, depth: int) -> bool:
     mode) or :data:`DP16KD_ROWS` to :data:`DP16KD_MAX_ROWS` rows (the 1024 x 18 mode)."""
     layout = shape if isinstance(shape, data.ArrayLayout) else None
     elem_bits = Shape.cast(layout.elem_shape).width if layout is not None else Shape.cast(shape).width
-    return (getattr(platform, "family", None) == "ecp5" and elem_bits % 8 == 0
+    return (is_ecp5(platform) and elem_bits % 8 == 0
             and (DP16KD_WIDE_MIN_ROWS <= depth <= DP16KD_WIDE_ROWS
                  or DP16KD_ROWS <= depth <= DP16KD_MAX_ROWS))
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, Shape, Signal, unsigned
+from amaranth import Cat, Const, Module, Mux, Shape, Signal, unsigned
 from amaranth.hdl import EnableInserter
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
@@ -53,6 +53,7 @@ from amaranth.lib.wiring import In, Out
 
 from .bankram import DP16KDPort, dp16kd
 from .config import BRAM_TABLE_ENTRIES, AcceleratorConfig, int_range, quarter_square_span
+from .dsp import is_ecp5, mult18x18d
 
 __all__ = ["ProcessingElement", "PipelinedMultiplier", "element_shapes", "MAC_LATENCY",
            "MULTIPLIER_KINDS", "MULTIPLIER_LATENCY"]
@@ -82,10 +83,6 @@ def element_shapes(config: AcceleratorConfig) -> tuple[Shape, Shape, Shape]:
 
 def _shape_range(shape: Shape) -> tuple[int, int]:
     return int_range(shape.width, shape.signed)
-
-
-def _is_ecp5(platform: Any) -> bool:
-    return getattr(platform, "family", None) == "ecp5"
 
 
 class PipelinedMultiplier(wiring.Component):
@@ -167,40 +164,13 @@ class PipelinedMultiplier(wiring.Component):
             return self._elaborate_logic(m)
         if self.kind == "bram":
             return self._elaborate_bram(m, platform)
-        if _is_ecp5(platform):
-            a = Signal(18)
-            b = Signal(18)
-            p = Signal(36)
+        if is_ecp5(platform):
+            # operand and product registers: the block's own (hw/dsp.py), then a fabric register
+            p = mult18x18d(m, "mult", self.a, self.b, input_registers=True, enable=self.enable)
             product = Signal.like(self.product, reset_less=True)
-            m.d.comb += [
-                a.eq(self.a),           # sign- or zero-extended by the operand's shape
-                b.eq(self.b),
-                self.product.eq(product),
-            ]
+            m.d.comb += self.product.eq(product)
             with m.If(self.enable):
                 m.d.sync += product.eq(p[:len(self.product)])
-            ports: dict[str, Any] = {}
-            for name in ("INPUTA", "INPUTB", "OUTPUT"):
-                ports[f"p_REG_{name}_CLK"] = "CLK0"
-                ports[f"p_REG_{name}_CE"] = "CE0"
-                ports[f"p_REG_{name}_RST"] = "RST0"
-            ports.update({f"i_A{n}": a[n] for n in range(18)})
-            ports.update({f"i_B{n}": b[n] for n in range(18)})
-            ports.update({f"i_C{n}": Const(0) for n in range(18)})
-            ports.update({f"o_P{n}": p[n] for n in range(36)})
-            m.submodules.mult = Instance(
-                "MULT18X18D",
-                p_RESETMODE="SYNC",
-                i_SIGNEDA=Const(int(self._a_shape.signed)),
-                i_SIGNEDB=Const(int(self._b_shape.signed)),
-                i_SOURCEA=Const(0), i_SOURCEB=Const(0),
-                # data registers need no reset (see _elaborate_logic): no reset net to the DSPs
-                i_CLK0=ClockSignal("sync"), i_CE0=self.enable, i_RST0=Const(0),
-                i_CLK1=Const(0), i_CE1=Const(0), i_RST1=Const(0),
-                i_CLK2=Const(0), i_CE2=Const(0), i_RST2=Const(0),
-                i_CLK3=Const(0), i_CE3=Const(0), i_RST3=Const(0),
-                **ports,
-            )
             return m
 
         a = Signal(self._a_shape, reset_less=True)
@@ -229,7 +199,7 @@ class PipelinedMultiplier(wiring.Component):
         # (an assignment extends an address by its own sign, then keeps index_bits: x mod depth)
         addresses = [Signal(index_bits, name=f"address_{n}") for n in range(2)]
         m.d.comb += [addresses[0].eq(self.a + self.b), addresses[1].eq(self.a - self.b)]
-        if _is_ecp5(platform) and width <= 16:
+        if is_ecp5(platform) and width <= 16:
             # one DP16KD, both ports read through their output registers (stage 2), whose
             # clock-to-output is far shorter than the block RAM's
             port = [DP16KDPort(addr=address, enable=self.enable, output_register=True,

@@ -33,10 +33,11 @@ Modes the config leaves out cost no logic: an ``act`` or ``pool`` code missing f
 ``config.sfu_residual`` there is no residual input or datapath. ``out_type=raw`` ignores ``act``,
 ``pool`` and ``residual`` (the ISA forbids combining them).
 
-Every 32x32 multiply is split into four partial products of 16-bit halves (the low half unsigned:
-one 18x18 DSP each on ECP5, one 16x16 SB_MAC16 each on iCE40) with registers before and after,
-then summed over the next two stages; all 64-bit arithmetic wraps modulo 2**64 exactly like the
-numpy int64 reference.
+Every 32x32 multiply (:class:`SplitMultiplier`) is split into four partial products of 16-bit
+halves (the low half unsigned: one 18x18 DSP each on ECP5, one 16x16 SB_MAC16 each on iCE40) with
+registers before and after (on ECP5 the one after is the DSP block's output register), then summed
+over the next two stages; all 64-bit arithmetic wraps modulo 2**64 exactly like the numpy int64
+reference.
 
 Rounding is half to even (:func:`~systolic.sim.arith.rounding_shift_even`): the shifter rounds
 half up, a tie is recognized from the bits it shifts out (the low ``shift`` bits of ``x + half``
@@ -56,12 +57,14 @@ from amaranth.lib.wiring import In, Out
 
 from .accumulator import acc_elem_shape
 from .config import AcceleratorConfig
+from .dsp import is_ecp5, mult18x18d
 from .fifo import buffered_fifo
 from .isa import HEADER_LAYOUT, LAYOUTS, Activation, Opcode, OutType, PoolMode
 from .requant_table import REQUANT_ENTRY
 
 __all__ = [
-    "SFU_REGS", "SFU_SETTINGS", "SFUPorts", "SpecialFunctionUnit", "SERIAL_LATENCY", "sfu_latency",
+    "SFU_REGS", "SFU_SETTINGS", "SFUPorts", "SpecialFunctionUnit", "SplitMultiplier", "SERIAL_LATENCY",
+    "SPLIT_MULTIPLIER_LATENCY", "sfu_latency",
     "sfu_input_layout",
     "sfu_output_layout", "output_elem_shape",
 ]
@@ -184,21 +187,55 @@ def _chunks(value: Value, width: int) -> list[tuple[Value, int]]:
     return [(value[:low], 0), (value[low:width].as_signed(), low)]
 
 
-class _Multiplier:
-    """``a * b`` over three pipeline stages: partial products (one 18x18 DSP each), then two
-    terms, then their sum (wrapped to ``wrap`` bits if given). Each stage is one adder deep."""
+class SplitMultiplier(wiring.Component):
+    """``product`` = ``a`` * ``b`` (signed operands, ``a_width`` and ``b_width`` bits), wrapped to
+    ``wrap`` bits if given (else exact: ``a_width + b_width`` bits), :data:`SPLIT_MULTIPLIER_LATENCY`
+    (3) cycles after the operands, over three stages that move every cycle: partial products of
+    operand chunks that fit one DSP multiplier each (:func:`_chunks`: a 32-bit operand splits into
+    an unsigned low half and a signed high half), then two terms, then their sum. Each stage is at
+    most one adder deep.
 
-    def __init__(self, m: Module, a: Value, a_width: int, b: Value, b_width: int, *, name: str,
-                 wrap: int | None) -> None:
+    On a Lattice ECP5 platform (``platform.family == "ecp5"``) each partial product is the
+    output register of one MULT18X18D (:func:`~systolic.hw.dsp.mult18x18d`, operands not
+    registered in the block: they come from registers already), so no route back from the DSP
+    row sits in the multiplier's stage; elsewhere it is a fabric register after a multiply that
+    yosys maps to a DSP block.
+
+    Raises :class:`ValueError` for an operand wider than two DSP multiplier inputs.
+    """
+
+    def __init__(self, a_width: int, b_width: int, *, wrap: int | None = None) -> None:
+        for name, width in (("a_width", a_width), ("b_width", b_width)):
+            if not 1 <= width <= 2 * _DSP_WIDTH - 1:
+                raise ValueError(f"{name} must be 1 to {2 * _DSP_WIDTH - 1} bits (two DSP multiplier "
+                                 f"inputs), not {width!r}")
+        self._a_width, self._b_width, self._wrap = a_width, b_width, wrap
+        super().__init__({
+            "a": In(signed(a_width)),
+            "b": In(signed(b_width)),
+            "product": Out(signed(wrap if wrap is not None else a_width + b_width)),
+        })
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        ecp5 = is_ecp5(platform)
+
         def register(suffix: str, value: Value) -> Signal:
-            reg = Signal(value.shape(), name=f"{name}_{suffix}")
+            reg = Signal(value.shape(), name=suffix)
             m.d.sync += reg.eq(value)
             return reg
 
         partials = []
-        for i, (a_chunk, a_weight) in enumerate(_chunks(a, a_width)):
-            for j, (b_chunk, b_weight) in enumerate(_chunks(b, b_width)):
-                partials.append((register(f"pp{i}{j}", a_chunk * b_chunk), a_weight + b_weight))
+        for i, (a_chunk, a_weight) in enumerate(_chunks(self.a, self._a_width)):
+            for j, (b_chunk, b_weight) in enumerate(_chunks(self.b, self._b_width)):
+                shape = (a_chunk * b_chunk).shape()
+                if ecp5:
+                    product = mult18x18d(m, f"mult{i}{j}", a_chunk, b_chunk, input_registers=False)
+                    partial = Signal(shape, name=f"pp{i}{j}")
+                    m.d.comb += partial.eq(product[:shape.width])     # the exact product fits
+                else:
+                    partial = register(f"pp{i}{j}", a_chunk * b_chunk)
+                partials.append((partial, a_weight + b_weight))
         if len(partials) == 4:
             # lo*lo is unsigned and below 2**(weight of hi*hi): hi*hi concatenates onto it.
             (ll, _), (lh, lh_weight), (hl, hl_weight), (hh, hh_weight) = partials
@@ -212,7 +249,20 @@ class _Multiplier:
             (base, _), middle, step = partials[0], Const(0), 0
         base, middle = register("base", base), register("middle", middle)
         total = base + (middle << step)
-        self.product = register("product", _wrap(total, wrap) if wrap is not None else total)
+        m.d.sync += self.product.eq(_wrap(total, self._wrap) if self._wrap is not None else total)
+        return m
+
+
+def _multiply(m: Module, name: str, a: Value, a_width: int, b: Value, b_width: int, *,
+              wrap: int | None) -> Value:
+    """``a * b`` from a :class:`SplitMultiplier` added to ``m`` as ``name``."""
+    m.submodules[name] = multiplier = SplitMultiplier(a_width, b_width, wrap=wrap)
+    m.d.comb += [multiplier.a.eq(a), multiplier.b.eq(b)]
+    return multiplier.product
+
+
+#: Cycles from a :class:`SplitMultiplier`'s operands to their product.
+SPLIT_MULTIPLIER_LATENCY = 3
 
 
 #: ``sfu_latency`` of the serial SFU (``sfu_engine = "serial"``, hw/sfu_serial.py), whose work
@@ -406,8 +456,13 @@ class SpecialFunctionUnit(SFUPorts):
                 avg_tie_out.eq(regs.avg_tie_out),
                 pool_count.eq(settings.pool_count),
                 count_zp_out.eq(regs.zp_out),
-                count_zp.eq(pool_count * count_zp_out),
             ]
+            if is_ecp5(platform):
+                # the output register of a DSP block (see SplitMultiplier)
+                product = mult18x18d(m, "count_zp_mult", pool_count, count_zp_out, input_registers=False)
+                m.d.comb += count_zp.eq(product)
+            else:
+                m.d.sync += count_zp.eq(pool_count * count_zp_out)
 
         # -- pipeline control: the stages move every cycle (no enable to fan out); the outputs
         # queue in a FIFO, and a beat is accepted only while its output is sure of a FIFO entry.
@@ -493,11 +548,10 @@ class SpecialFunctionUnit(SFUPorts):
         mult = lane_param("mult", entry_mult)
         for name in ("partial", "terms", "product"):
             valid, flags = next_stage(name, valid)
-        p = [_Multiplier(m, t[lane], acc_width, mult[lane], 32, name=f"p{lane}", wrap=_WORD).product
-             for lane in each_lane]
+        p = [_multiply(m, f"p{lane}", t[lane], acc_width, mult[lane], 32, wrap=_WORD) for lane in each_lane]
         if has_residual:
-            res_p = [_Multiplier(m, res_d[lane], len(res_d[lane]), res_mult, 32, name=f"res_p{lane}",
-                                 wrap=None).product for lane in each_lane]
+            res_p = [_multiply(m, f"res_p{lane}", res_d[lane], len(res_d[lane]), res_mult, 32, wrap=None)
+                     for lane in each_lane]
             # [S5r]: the residual term joins the product, so that one rounding covers both
             valid, flags = next_stage("residual", valid)
             p = [register(f"pr{lane}", _wrap(p[lane] + Mux(residual_on, res_p[lane], 0)))
@@ -596,8 +650,8 @@ class SpecialFunctionUnit(SFUPorts):
                        for lane in each_lane]
             for name in ("avg_partial", "avg_terms", "avg_product"):
                 valid = stage_valid(name, valid)
-            avg_p = [_Multiplier(m, centred[lane], _SUM_BITS + 1, avg_mult, 32, name=f"avg_p{lane}",
-                                 wrap=_WORD).product for lane in each_lane]
+            avg_p = [_multiply(m, f"avg_p{lane}", centred[lane], _SUM_BITS + 1, avg_mult, 32, wrap=_WORD)
+                     for lane in each_lane]
             valid = stage_valid("avg_round", valid)
             avg_x = [register(f"avg_x{lane}", _wrap(avg_p[lane] + avg_half)) for lane in each_lane]
             valid = stage_valid("avg_shift_coarse", valid)

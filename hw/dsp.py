@@ -1,0 +1,71 @@
+"""Lattice ECP5 DSP blocks instantiated directly, with the block's own registers in use.
+
+yosys maps a multiply to a combinational MULT18X18D and leaves the registers around it in the
+fabric, so the path from a fabric register through the DSP block to the next fabric register
+crosses two long routes (DSP blocks sit in fixed rows). :func:`mult18x18d` instantiates the
+block with its output register (and optionally its input registers) on the ``sync`` clock, so
+that at most one route sits in a register-to-register path through the multiplier.
+"""
+
+from typing import Any
+
+from amaranth import ClockSignal, Const, Instance, Module, Signal, signed
+from amaranth.hdl import Value
+
+__all__ = ["MULT18X18D_INPUT_BITS", "is_ecp5", "mult18x18d"]
+
+#: Width of a MULT18X18D operand: 18 bits signed (so 17 bits unsigned).
+MULT18X18D_INPUT_BITS = 18
+
+
+def is_ecp5(platform: Any) -> bool:
+    """Whether ``platform`` is a Lattice ECP5 platform (``platform.family == "ecp5"``): the
+    gateware then instantiates that family's primitives."""
+    return getattr(platform, "family", None) == "ecp5"
+
+
+def mult18x18d(m: Module, name: str, a: Value, b: Value, *, input_registers: bool,
+               enable: Value | int = 1) -> Signal:
+    """Add to ``m`` a MULT18X18D (submodule ``name``) whose output register holds ``a * b``, and
+    return that product (36 bits, signed).
+
+    ``a`` and ``b`` are sign- or zero-extended by their own shapes to 18-bit signed operands, so
+    each must fit one: at most 18 bits signed or 17 unsigned. With ``input_registers`` the block
+    also registers its operands (the product is then 2 cycles after them, otherwise 1). Every
+    register advances while ``enable`` is high and has no reset (data registers need none).
+
+    Raises :class:`ValueError` for an operand that does not fit.
+    """
+    operands = []
+    for operand_name, value in (("a", a), ("b", b)):
+        shape = Value.cast(value).shape()
+        if shape.width + (not shape.signed) > MULT18X18D_INPUT_BITS:
+            raise ValueError(f"operand {operand_name} must fit an 18-bit signed MULT18X18D input (at most 18 "
+                             f"bits signed or 17 unsigned), not {shape!r}")
+        operand = Signal(signed(MULT18X18D_INPUT_BITS), name=f"{name}_{operand_name}")
+        m.d.comb += operand.eq(value)           # sign- or zero-extended by the value's shape
+        operands.append(operand)
+    product = Signal(signed(2 * MULT18X18D_INPUT_BITS), name=f"{name}_p")
+    ports: dict[str, Any] = {}
+    for register, used in (("INPUTA", input_registers), ("INPUTB", input_registers), ("OUTPUT", True)):
+        ports[f"p_REG_{register}_CLK"] = "CLK0" if used else "NONE"
+        ports[f"p_REG_{register}_CE"] = "CE0"
+        ports[f"p_REG_{register}_RST"] = "RST0"
+    a18, b18 = operands
+    ports.update({f"i_A{n}": a18[n] for n in range(MULT18X18D_INPUT_BITS)})
+    ports.update({f"i_B{n}": b18[n] for n in range(MULT18X18D_INPUT_BITS)})
+    ports.update({f"i_C{n}": Const(0) for n in range(MULT18X18D_INPUT_BITS)})
+    ports.update({f"o_P{n}": product[n] for n in range(2 * MULT18X18D_INPUT_BITS)})
+    m.submodules[name] = Instance(
+        "MULT18X18D",
+        p_RESETMODE="SYNC",
+        # both operands arrive as 18-bit signed values
+        i_SIGNEDA=Const(1), i_SIGNEDB=Const(1),
+        i_SOURCEA=Const(0), i_SOURCEB=Const(0),
+        i_CLK0=ClockSignal("sync"), i_CE0=enable, i_RST0=Const(0),
+        i_CLK1=Const(0), i_CE1=Const(0), i_RST1=Const(0),
+        i_CLK2=Const(0), i_CE2=Const(0), i_RST2=Const(0),
+        i_CLK3=Const(0), i_CE3=Const(0), i_RST3=Const(0),
+        **ports,
+    )
+    return product
