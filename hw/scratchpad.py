@@ -103,10 +103,12 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
     the ones before it have been taken. A smaller ``depth`` (at least 1) saves its registers for a
     consumer that reads one row at a time.
 
-    With ``decoupled``, ``free`` comes from registers only: it does not count this cycle's take,
-    so ``resp.ready`` has no combinational path to the grant (the consumer's handshake and the
-    memory's arbitration are in different cycles); the queue then has one register more (default
-    ``depth`` ``latency`` + 1), which keeps one request per cycle.
+    With ``decoupled``, ``free`` is a register: it does not count this cycle's take, so
+    ``resp.ready`` has no combinational path to the grant (the consumer's handshake and the
+    memory's arbitration are in different cycles), and the grant logic starts at a flip-flop
+    (the count of rows owed is a register too, kept from each cycle's grant and take); the queue
+    then has one register more (default ``depth`` ``latency`` + 1), which keeps one request per
+    cycle.
 
     Returns ``free``: high in a cycle where a request may be granted; the caller's ``granted``
     must imply it.
@@ -123,12 +125,19 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
     valid = [resp.valid, *(Signal(name=f"{name}_queue{k}_valid") for k in range(1, depth))]
     taken = resp.valid & resp.ready
     owed = Signal(range(2 * depth + 1), name=f"{name}_owed")
-    free = Signal(name=f"{name}_free")
-    m.d.comb += [
-        owed.eq(sum(in_flight) + sum(valid)),
-        free.eq(owed < depth if decoupled else (owed < depth) | taken),
-        resp.payload.eq(rows[0]),
-    ]
+    if decoupled:
+        # owed and free are registers, kept from this cycle's grant and take: the grant logic
+        # starts at a flip-flop (the same values as counting the in-flight and queued rows)
+        free = Signal(name=f"{name}_free", init=1)
+        owed_next = owed + granted - taken
+        m.d.sync += [owed.eq(owed_next), free.eq(owed_next < depth)]
+    else:
+        free = Signal(name=f"{name}_free")
+        m.d.comb += [
+            owed.eq(sum(in_flight) + sum(valid)),
+            free.eq((owed < depth) | taken),
+        ]
+    m.d.comb += resp.payload.eq(rows[0])
     # after this cycle's take the queue moves up one entry; the arriving row goes behind the last
     # valid entry (entries are valid from the head on, without gaps)
     moved = [Mux(taken, valid[k + 1], valid[k]) if k + 1 < depth else ~taken & valid[k] for k in range(depth)]
