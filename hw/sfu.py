@@ -57,7 +57,7 @@ from amaranth.lib.wiring import In, Out
 
 from .accumulator import acc_elem_shape
 from .config import AcceleratorConfig
-from .dsp import is_ecp5, mult18x18d
+from .dsp import MULT18X18D_INPUT_BITS, is_ecp5, mult18x18d
 from .fifo import buffered_fifo
 from .isa import HEADER_LAYOUT, LAYOUTS, Activation, Opcode, OutType, PoolMode
 from .requant_table import REQUANT_ENTRY
@@ -87,7 +87,7 @@ SFU_SETTINGS = data.StructLayout({
 
 _WORD = 64          # width of the reference's int64 arithmetic
 _LOW_CHUNK = 16     # narrowest low chunk of a split operand (unsigned; up to 17 bits fit 18 signed)
-_DSP_WIDTH = 18     # operands up to this many bits (signed) are not split
+_DSP_WIDTH = MULT18X18D_INPUT_BITS   # operands up to this many bits (signed) are not split
 _NARROW = 19        # requantized values are clamped to 19 bits signed before the activation
 _SUM_BITS = 34      # average window sum: up to 65535 elements of at most 17 bits signed
 _FIFO_LATENCY = 2   # cycles from writing SyncFIFOBuffered to its output being valid
