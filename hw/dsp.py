@@ -25,33 +25,50 @@ def is_ecp5(platform: Any) -> bool:
 
 
 def mult18x18d(m: Module, name: str, a: Value, b: Value, *, input_registers: bool,
-               enable: Value | int = 1) -> Signal:
+               enable: Value | int = 1) -> Value:
     """Add to ``m`` a MULT18X18D (submodule ``name``) whose output register holds ``a * b``, and
-    return that product (36 bits, signed).
+    return that product (signed; below).
 
-    ``a`` and ``b`` are sign- or zero-extended by their own shapes to 18-bit signed operands, so
-    each must fit one: at most 18 bits signed or 17 unsigned. With ``input_registers`` the block
-    also registers its operands (the product is then 2 cycles after them, otherwise 1). Every
-    register advances while ``enable`` is high and has no reset (data registers need none).
+    ``a`` and ``b`` become 18-bit signed operands, so each must fit one: at most 18 bits signed
+    or 17 unsigned. An unsigned operand is zero-extended (its upper inputs are constants). A
+    signed operand narrower than 18 bits goes into the upper inputs, shifted left by the
+    difference, with zeros below, rather than sign-extended: nextpnr ties constant DSP inputs
+    in the block's interconnect (CIB), so an int8 operand takes 8 routed inputs instead of 18
+    (the sign bit's net would otherwise reach 11 of them), which matters where DSP blocks sit
+    side by side in their rows. The product is then ``a * b`` shifted left by the sum of the
+    shifts, and the returned value is the output register's bits above them: exactly ``a *
+    b``, signed, ``36 - shifts`` bits wide (16 for int8 times int8). With ``input_registers`` the
+    block also registers its operands (the product is then 2 cycles after them, otherwise 1).
+    Every register advances while ``enable`` is high and has no reset (data registers need none).
 
     Raises :class:`ValueError` for an operand that does not fit.
     """
-    operands = []
+    inputs = []
+    shift = 0
     for operand_name, value in (("a", a), ("b", b)):
-        shape = Value.cast(value).shape()
+        value = Value.cast(value)
+        shape = value.shape()
         if shape.width + (not shape.signed) > MULT18X18D_INPUT_BITS:
             raise ValueError(f"operand {operand_name} must fit an 18-bit signed MULT18X18D input (at most 18 "
                              f"bits signed or 17 unsigned), not {shape!r}")
-        operand = Signal(signed(MULT18X18D_INPUT_BITS), name=f"{name}_{operand_name}")
-        m.d.comb += operand.eq(value)           # sign- or zero-extended by the value's shape
-        operands.append(operand)
+        operand = Signal(shape, name=f"{name}_{operand_name}")
+        m.d.comb += operand.eq(value)
+        if shape.signed:
+            # in the upper inputs, constant zeros below (see the docstring)
+            low = MULT18X18D_INPUT_BITS - shape.width
+            shift += low
+            bits = [Const(0)] * low + [operand[n] for n in range(shape.width)]
+        else:
+            bits = [operand[n] for n in range(shape.width)]
+            bits += [Const(0)] * (MULT18X18D_INPUT_BITS - shape.width)
+        inputs.append(bits)
     product = Signal(signed(2 * MULT18X18D_INPUT_BITS), name=f"{name}_p")
     ports: dict[str, Any] = {}
     for register, used in (("INPUTA", input_registers), ("INPUTB", input_registers), ("OUTPUT", True)):
         ports[f"p_REG_{register}_CLK"] = "CLK0" if used else "NONE"
         ports[f"p_REG_{register}_CE"] = "CE0"
         ports[f"p_REG_{register}_RST"] = "RST0"
-    a18, b18 = operands
+    a18, b18 = inputs
     ports.update({f"i_A{n}": a18[n] for n in range(MULT18X18D_INPUT_BITS)})
     ports.update({f"i_B{n}": b18[n] for n in range(MULT18X18D_INPUT_BITS)})
     ports.update({f"i_C{n}": Const(0) for n in range(MULT18X18D_INPUT_BITS)})
@@ -68,4 +85,4 @@ def mult18x18d(m: Module, name: str, a: Value, b: Value, *, input_registers: boo
         i_CLK3=Const(0), i_CE3=Const(0), i_RST3=Const(0),
         **ports,
     )
-    return product
+    return product[shift:].as_signed()

@@ -53,7 +53,7 @@ from amaranth.lib.wiring import In, Out
 
 from .bankram import DP16KDPort, dp16kd
 from .config import BRAM_TABLE_ENTRIES, AcceleratorConfig, int_range, quarter_square_span
-from .dsp import is_ecp5, mult18x18d
+from .dsp import MULT18X18D_INPUT_BITS, is_ecp5, mult18x18d
 
 __all__ = ["ProcessingElement", "PipelinedMultiplier", "element_shapes", "MAC_LATENCY",
            "MULTIPLIER_KINDS", "MULTIPLIER_LATENCY"]
@@ -140,7 +140,7 @@ class PipelinedMultiplier(wiring.Component):
         self.kind = kind
         a_shape, b_shape = Shape.cast(a_shape), Shape.cast(b_shape)
         for name, shape in (("a_shape", a_shape), ("b_shape", b_shape)):
-            if shape.width + (not shape.signed) > 18:
+            if shape.width + (not shape.signed) > MULT18X18D_INPUT_BITS:
                 raise ValueError(f"{name} must fit an 18-bit signed multiplier input "
                                  f"(at most 18 bits signed or 17 unsigned), not {shape!r}")
         if kind == "bram":

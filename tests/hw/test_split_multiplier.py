@@ -10,6 +10,9 @@
   (tests/hw/mult18x18d_model.py), the same kinds of operands, a new pair every cycle, every
   product checked three cycles later by the testbench.
 * The SFU on ECP5 takes its multipliers' MULT18X18D instances and no others.
+* ``mult18x18d`` alone, in Verilator with the model: signed and unsigned operands of 1 to 18
+  bits (every pair of 8-bit values, random and extreme pairs of wider ones), a narrow signed
+  operand in the block's upper inputs with constant zeros below it.
 * The errors of both.
 """
 
@@ -21,6 +24,9 @@ import random
 import re
 
 import pytest
+from amaranth import Module, Shape, Signal, signed, unsigned
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.dsp import mult18x18d
@@ -176,10 +182,99 @@ def test_split_multiplier_rejects_operands_wider_than_two_dsp_inputs(a_width: in
 
 
 def test_mult18x18d_rejects_an_operand_wider_than_its_input() -> None:
-    from amaranth import Module, Signal, signed, unsigned
     m = Module()
     with pytest.raises(ValueError, match=r"^operand a must fit an 18-bit signed MULT18X18D input \(at most "
                                          r"18 bits signed or 17 unsigned\), not unsigned\(18\)$"):
         mult18x18d(m, "mult", Signal(unsigned(18)), Signal(signed(18)), input_registers=False)
     with pytest.raises(ValueError, match=r"^operand b must fit .* not signed\(19\)$"):
         mult18x18d(m, "mult", Signal(unsigned(17)), Signal(signed(19)), input_registers=True)
+
+
+class _DspProduct(wiring.Component):
+    """``product`` = ``a * b`` from :func:`mult18x18d`'s output register (one cycle later)."""
+
+    def __init__(self, a_shape: Shape, b_shape: Shape) -> None:
+        self._a_shape, self._b_shape = a_shape, b_shape
+        super().__init__({"a": In(a_shape), "b": In(b_shape),
+                          "product": Out((Signal(a_shape) * Signal(b_shape)).shape())})
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        m.d.comb += self.product.eq(mult18x18d(m, "mult", self.a, self.b, input_registers=False))
+        return m
+
+
+#: Operand shapes for mult18x18d alone: the PE's int8 and uint8 pairs, and the widest and
+#: narrowest of each signedness.
+DSP_SHAPES = [(signed(8), signed(8)), (signed(8), unsigned(8)), (unsigned(8), signed(8)),
+              (unsigned(8), unsigned(8)), (signed(1), signed(18)), (signed(18), unsigned(17)),
+              (unsigned(17), signed(5)), (signed(3), unsigned(1))]
+
+
+def test_mult18x18d_puts_a_narrow_signed_operand_in_its_upper_inputs() -> None:
+    """int8 x int8: A0..A9 and B0..B9 are constant zeros (no sign extension to route), the
+    operand's bits are A10..A17; the product is the output's bits 20..35. An unsigned operand is
+    zero-extended: its upper inputs are the constants."""
+    verilog = to_verilog(_DspProduct(signed(8), signed(8)), "d", platform=_Ecp5Stand())
+    for port in "AB":
+        for n in range(10):
+            assert re.search(rf"\.{port}{n}\(1'h0\)", verilog), (port, n)
+        for n in range(8):
+            assert re.search(rf"\.{port}{10 + n}\({port.lower()}\[{n}\]\)", verilog), (port, n)
+    verilog = to_verilog(_DspProduct(unsigned(8), signed(8)), "d", platform=_Ecp5Stand())
+    for n in range(8):
+        assert re.search(rf"\.A{n}\(a\[{n}\]\)", verilog), n
+    for n in range(8, 18):
+        assert re.search(rf"\.A{n}\(1'h0\)", verilog), n
+
+
+def _operand(name: str, shape: Shape, exhaustive_bits: str, mode: str, random_bits: str) -> str:
+    width = shape.width
+    if exhaustive_bits:
+        return f"  assign {name} = {exhaustive_bits};\n"
+    lo = 1 << (width - 1) if shape.signed else 0
+    hi = (1 << (width - 1)) - 1 if shape.signed else (1 << width) - 1
+    return (f"  assign {name} = {mode} == 0 ? {width}'d{lo} : {mode} == 1 ? {width}'d{hi} : "
+            f"{mode} == 2 ? {width}'d{(1 << width) - 1} : {mode} == 3 ? {width}'d0 : "
+            f"{mode} == 4 ? {width}'d1 : {random_bits};\n")
+
+
+@pytest.mark.slow
+def test_mult18x18d_products_on_verilator() -> None:
+    """Every shape of ``DSP_SHAPES`` beside each other in one testbench: shapes of at most 16
+    operand bits in all take every pair of values (a counter), the others random pairs with
+    minimum, maximum, all-ones, 0 and 1 mixed in; every product compared one cycle later."""
+    cycles = 1 << 16
+    sources = [mult18x18d_model()]
+    body = ["  logic [31:0] checked = 0, bad = 0;\n"]
+    for k, (a_shape, b_shape) in enumerate(DSP_SHAPES):
+        dut = _DspProduct(a_shape, b_shape)
+        sources.append(to_verilog(dut, f"dsp{k}", platform=_Ecp5Stand()))
+        wa, wb, wp = a_shape.width, b_shape.width, len(dut.product)
+        exhaustive = wa + wb <= 16
+        sign = {True: "signed ", False: ""}
+        body.append(f"  logic {sign[a_shape.signed]}[{wa - 1}:0] a{k};\n"
+                    f"  logic {sign[b_shape.signed]}[{wb - 1}:0] b{k};\n"
+                    f"  logic signed [{wp - 1}:0] p{k};\n  logic signed [63:0] e{k};\n")
+        body.append(_operand(f"a{k}", a_shape, f"cycle[{wa - 1}:0]" if exhaustive else "",
+                             f"x3[{4 * k + 2}:{4 * k}]", f"x1[{wa + k - 1}:{k}]"))
+        body.append(_operand(f"b{k}", b_shape, f"cycle[{wa + wb - 1}:{wa}]" if exhaustive else "",
+                             f"x3[{4 * k + 34}:{4 * k + 32}]", f"x2[{wb + k - 1}:{k}]"))
+        # the product as the operands' signedness has it, in 64 bits
+        ea = f"{{{{{64 - wa}{{a{k}[{wa - 1}]}}}}, a{k}}}" if a_shape.signed else f"64'(a{k})"
+        eb = f"{{{{{64 - wb}{{b{k}[{wb - 1}]}}}}, b{k}}}" if b_shape.signed else f"64'(b{k})"
+        body.append(f"  dsp{k} u{k}(.clk(clk), .rst(rst), .a(a{k}), .b(b{k}), .product(p{k}));\n"
+                    f"  always @(posedge clk) if (!rst) e{k} <= {ea} * {eb};\n")
+    compares = " + ".join(f"32'(p{k} != e{k}[{len(_DspProduct(*shapes).product) - 1}:0])"
+                          for k, shapes in enumerate(DSP_SHAPES))
+    body.append(f"""  always @(posedge clk) if (!rst && cycle >= 1 && cycle <= {cycles}) begin
+    checked <= checked + 1;
+    bad <= bad + ({compares});
+  end
+  final $display("compared %0d cycles, %0d mismatches", checked, bad);
+""")
+    sources.append(random_top("dsp_check", SEED, cycles + 1, "".join(body)))
+    output = run_clocked_testbench("dsp_check", sources)
+    checked, bad = map(int, re.search(r"compared (\d+) cycles, (\d+) mismatches", output).groups())
+    assert bad == 0, output
+    assert checked == cycles, output
