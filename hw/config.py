@@ -65,7 +65,8 @@ _DOC = {
     "scratchpad_banks": "scratchpad banks (ping-pong halves are made of banks)",
     "accumulator_bytes": "accumulator memory capacity, bytes",
     "memory_registers": "registers around every scratchpad and accumulator block RAM (requests "
-                        "beside the bank, the block RAM's output register, a data register): read "
+                        "beside the bank, the block RAM's output register, a data register) and "
+                        "between the compute unit and the scratchpad's and array's ports: read "
                         "latency 5 cycles, for 100 MHz on large FPGAs; false: read latency 2 and "
                         "far fewer flip-flops, for small, slow FPGAs",
     "requant_table_rows": "rows of the SFU's per-channel bias/multiplier/shift table",

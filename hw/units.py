@@ -400,6 +400,42 @@ class ComputeUnit(wiring.Component):
         if ws:
             m.d.comb += [preloads.w_data.eq(preload), preloads.w_en.eq(accept & op.preload)]
 
+        # With the memory registers, a read request reaches the scratchpad through a
+        # StreamRegister (the row counter and its address sum are then a cycle apart from the
+        # scratchpad's bank arbitration), and so does each row for the array (the array's
+        # readiness reaches the scratchpad's response queue a cycle later): two more requests
+        # in flight at most, so the metadata queues have two more entries.
+        registered = cfg.memory_registers
+        meta_depth = read_latency(cfg) + 1 + (2 if registered else 0)
+
+        def request(name, port):
+            """The stream the reader drives for ``port.req``: through a register or straight."""
+            local = stream.Signature(port.req.payload.shape()).create(path=(f"{name}_req",))
+            source = local
+            if registered:
+                stage = StreamRegister(port.req.payload.shape())
+                m.submodules[f"{name}_req_register"] = stage
+                wiring.connect(m, local, stage.i)
+                source = stage.o
+            m.d.comb += [port.req.valid.eq(source.valid), port.req.payload.eq(source.payload),
+                         source.ready.eq(port.req.ready)]
+            return local
+
+        def to_array(name, port, layout):
+            """The stream the unit drives for ``port`` (to the array), with ``layout`` (the
+            port's payload in ``beat`` and what travels with it): through a register or
+            straight; returns it and the payload the array sees."""
+            local = stream.Signature(layout).create(path=(name,))
+            source = local
+            if registered:
+                stage = StreamRegister(layout)
+                m.submodules[f"{name}_register"] = stage
+                wiring.connect(m, local, stage.i)
+                source = stage.o
+            m.d.comb += [port.valid.eq(source.valid), port.payload.eq(source.payload.beat),
+                         source.ready.eq(port.ready)]
+            return local, source.payload
+
         def reader(name, port, fifo_, layout, count_of, addr_of, meta_layout, meta_of):
             """Issue one scratchpad read per row of the head descriptor; queue per-row metadata
             for the response side."""
@@ -414,17 +450,18 @@ class ComputeUnit(wiring.Component):
             # buffered (its output is a register, not a distributed RAM's read: the array's
             # input handshake starts at a register): an entry is readable two cycles after it is
             # written, no later than the memory's response (read_latency >= 2); as many entries
-            # as the read_latency + 1 responses a decoupled scratchpad port owes at most, so a
-            # full queue never holds up a request
-            meta = buffered_fifo(cfg, width=meta_layout.size, depth=read_latency(cfg) + 1)
+            # as the read_latency + 1 responses a decoupled scratchpad port owes at most (and the
+            # two in the request register), so a full queue never holds up a request
+            meta = buffered_fifo(cfg, width=meta_layout.size, depth=meta_depth)
             m.submodules[f"{name}_meta"] = meta
+            req = request(name, port)
             m.d.comb += [
-                port.req.valid.eq(fifo_.r_rdy & meta.w_rdy),
-                port.req.payload.addr.eq(addr_of(head) + row),
+                req.valid.eq(fifo_.r_rdy & meta.w_rdy),
+                req.payload.addr.eq(addr_of(head) + row),
                 meta.w_data.eq(meta_of(head, row, last)),
-                meta.w_en.eq(port.req.valid & port.req.ready),
+                meta.w_en.eq(req.valid & req.ready),
             ]
-            with m.If(port.req.valid & port.req.ready):
+            with m.If(req.valid & req.ready):
                 with m.If(last):
                     m.d.sync += row.eq(0)
                     m.d.comb += fifo_.r_en.eq(1)
@@ -441,6 +478,8 @@ class ComputeUnit(wiring.Component):
             value = raw[:shape.width]
             return value.as_signed() if shape.signed else value
 
+        # a row for the array and its MACs (for the performance counters, when it enters)
+        beat_layout = data.StructLayout({"beat": input_layout(cfg), "row_macs": _row_macs_bits(cfg)})
         input_shape = input_layout(cfg)["data" if ws else "a"].shape.elem_shape
         weight_shape = (weight_layout(cfg)["data"] if ws else input_layout(cfg)["b"]).shape.elem_shape
 
@@ -454,14 +493,16 @@ class ComputeUnit(wiring.Component):
             wm = Signal(wmeta_layout)
             m.d.comb += wm.eq(wmeta.r_data)
             resp = self.read_b.resp.payload
+            weights, _ = to_array("weights", self.weights,
+                                  data.StructLayout({"beat": weight_layout(cfg)}))
             for j in range(C):
-                m.d.comb += self.weights.payload.data[j].eq(
+                m.d.comb += weights.payload.beat.data[j].eq(
                     Mux(wm.columns[j], element(resp, j, weight_shape), 0))
             m.d.comb += [
-                self.weights.payload.last.eq(wm.last),
-                self.weights.valid.eq(self.read_b.resp.valid & wmeta.r_rdy),
-                self.read_b.resp.ready.eq(self.weights.ready & wmeta.r_rdy),
-                wmeta.r_en.eq(self.weights.valid & self.weights.ready),
+                weights.payload.beat.last.eq(wm.last),
+                weights.valid.eq(self.read_b.resp.valid & wmeta.r_rdy),
+                self.read_b.resp.ready.eq(weights.ready & wmeta.r_rdy),
+                wmeta.r_en.eq(weights.valid & weights.ready),
             ]
             # inputs: m rows of A, new_weights on the first row of a preloading COMPUTE
             imeta_layout = data.StructLayout({"new_weights": 1, "last": 1, "row_macs": _row_macs_bits(cfg)})
@@ -470,14 +511,16 @@ class ComputeUnit(wiring.Component):
             im = Signal(imeta_layout)
             m.d.comb += im.eq(imeta.r_data)
             resp = self.read_a.resp.payload
+            inputs, arriving = to_array("inputs", self.inputs, beat_layout)
             for i in range(R):
-                m.d.comb += self.inputs.payload.data[i].eq(element(resp, i, input_shape))
+                m.d.comb += inputs.payload.beat.data[i].eq(element(resp, i, input_shape))
             m.d.comb += [
-                self.inputs.payload.new_weights.eq(im.new_weights),
-                self.inputs.payload.last.eq(im.last),
-                self.inputs.valid.eq(self.read_a.resp.valid & imeta.r_rdy),
-                self.read_a.resp.ready.eq(self.inputs.ready & imeta.r_rdy),
-                imeta.r_en.eq(self.inputs.valid & self.inputs.ready),
+                inputs.payload.beat.new_weights.eq(im.new_weights),
+                inputs.payload.beat.last.eq(im.last),
+                inputs.payload.row_macs.eq(im.row_macs),
+                inputs.valid.eq(self.read_a.resp.valid & imeta.r_rdy),
+                self.read_a.resp.ready.eq(inputs.ready & imeta.r_rdy),
+                imeta.r_en.eq(inputs.valid & inputs.ready),
             ]
         else:
             # k beats, each a row of A-transposed and a row of B (columns >= n zeroed)
@@ -487,17 +530,19 @@ class ComputeUnit(wiring.Component):
             a_row = Signal(16)
             b_row = Signal(16)
             # buffered, as in reader()
-            ameta = buffered_fifo(cfg, width=ameta_layout.size, depth=read_latency(cfg) + 1)
+            ameta = buffered_fifo(cfg, width=ameta_layout.size, depth=meta_depth)
             m.submodules.ameta = ameta
+            a_req = request("a", self.read_a)
+            b_req = request("b", self.read_b)
             # A and B are requested row by row, neither running ahead of the other
             both = Signal()
             m.d.comb += [
                 both.eq(feeds.r_rdy & ameta.w_rdy),
-                self.read_a.req.payload.addr.eq(a_head.a_addr + a_row),
-                self.read_b.req.payload.addr.eq(a_head.b_addr + b_row),
+                a_req.payload.addr.eq(a_head.a_addr + a_row),
+                b_req.payload.addr.eq(a_head.b_addr + b_row),
             ]
-            a_fire = self.read_a.req.valid & self.read_a.req.ready
-            b_fire = self.read_b.req.valid & self.read_b.req.ready
+            a_fire = a_req.valid & a_req.ready
+            b_fire = b_req.valid & b_req.ready
             # the two requests may be granted in different cycles (bank conflicts): a row
             # counter each, and the descriptor retires when both have issued row k-1
             a_done = Signal()
@@ -507,8 +552,8 @@ class ComputeUnit(wiring.Component):
             with m.If(b_fire):
                 m.d.sync += b_row.eq(b_row + 1)
             m.d.comb += [
-                self.read_a.req.valid.eq(both & (a_row <= b_row) & (a_row < a_head.k)),
-                self.read_b.req.valid.eq(both & (b_row <= a_row) & (b_row < a_head.k)),
+                a_req.valid.eq(both & (a_row <= b_row) & (a_row < a_head.k)),
+                b_req.valid.eq(both & (b_row <= a_row) & (b_row < a_head.k)),
                 a_done.eq((a_row + a_fire) == a_head.k),
                 b_done.eq((b_row + b_fire) == a_head.k),
                 ameta.w_data.eq(Cat(column_mask(a_head.n), a_row == a_head.k - 1, a_head.row_macs)),
@@ -521,23 +566,25 @@ class ComputeUnit(wiring.Component):
             m.d.comb += am.eq(ameta.r_data)
             a_resp = self.read_a.resp.payload
             b_resp = self.read_b.resp.payload
+            inputs, arriving = to_array("inputs", self.inputs, beat_layout)
             for i in range(R):
-                m.d.comb += self.inputs.payload.a[i].eq(element(a_resp, i, input_shape))
+                m.d.comb += inputs.payload.beat.a[i].eq(element(a_resp, i, input_shape))
             for j in range(C):
-                m.d.comb += self.inputs.payload.b[j].eq(Mux(am.columns[j], element(b_resp, j, weight_shape),
+                m.d.comb += inputs.payload.beat.b[j].eq(Mux(am.columns[j], element(b_resp, j, weight_shape),
                                                             0))
             beat = self.read_a.resp.valid & self.read_b.resp.valid & ameta.r_rdy
             m.d.comb += [
-                self.inputs.payload.last.eq(am.last),
-                self.inputs.valid.eq(beat),
-                self.read_a.resp.ready.eq(beat & self.inputs.ready),
-                self.read_b.resp.ready.eq(beat & self.inputs.ready),
-                ameta.r_en.eq(beat & self.inputs.ready),
+                inputs.payload.beat.last.eq(am.last),
+                inputs.payload.row_macs.eq(am.row_macs),
+                inputs.valid.eq(beat),
+                self.read_a.resp.ready.eq(beat & inputs.ready),
+                self.read_b.resp.ready.eq(beat & inputs.ready),
+                ameta.r_en.eq(beat & inputs.ready),
             ]
 
+        # MACs counted as a row enters the array
         m.d.comb += self.array_active.eq(self.inputs.valid & self.inputs.ready)
-        row_macs = im.row_macs if ws else am.row_macs
-        m.d.comb += self.macs.eq(Mux(self.array_active, row_macs, 0))
+        m.d.comb += self.macs.eq(Mux(self.array_active, arriving.row_macs, 0))
 
         # -- results -> accumulator -------------------------------------------------------------
         head = Signal(write_layout)
