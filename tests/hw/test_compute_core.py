@@ -1,13 +1,19 @@
 # amaranth: UnusedElaboratable=no
 """hw/compute_core.py: the compute core's ports are those of the units inside it (its behaviour
 with crossings around it is tests/hw/test_top.py's and tests/sim/test_rtl_compute_clock.py's),
-and a wrong argument is named."""
+and a wrong argument is named. The compute unit's registers (``memory_registers``) cut its
+handshakes with the scratchpad and the array (its results are tests/hw/test_top.py's)."""
+
+import random
 
 import pytest
+from amaranth.sim import Simulator
 from systolic.hw.accumulator import acc_dma_write_layout, acc_row_layout
 from systolic.hw.compute_core import ComputeCore
 from systolic.hw.config import AcceleratorConfig
+from systolic.hw.isa import Instruction, Opcode, encode
 from systolic.hw.scratchpad import spad_write_layout
+from systolic.hw.units import ComputeUnit
 
 
 def test_ports_carry_the_units_payloads():
@@ -23,3 +29,62 @@ def test_ports_carry_the_units_payloads():
 def test_config_type_error():
     with pytest.raises(TypeError, match=r"^config must be an AcceleratorConfig, not \{'rows': 4\}$"):
         ComputeCore({"rows": 4})
+
+
+def _handshakes(dataflow: str, memory_registers: bool) -> tuple[int, int]:
+    """Run a COMPUTE through a lone ComputeUnit with random readiness for 200 cycles; in each
+    cycle flip the array's readiness and see whether the unit's ``ready`` to the scratchpad's
+    responses changes. Returns the number of cycles where it did and the cycle of the first
+    request to the scratchpad (the command is offered from cycle 0)."""
+    config = AcceleratorConfig(rows=4, cols=4, dataflow=dataflow, scratchpad_bytes=4096,
+                               accumulator_bytes=2048, memory_registers=memory_registers)
+    dut = ComputeUnit(config)
+    ws = dataflow == "ws"
+    compute = Instruction(Opcode.COMPUTE, m=6 if ws else 4, k=4, n=4, preload=int(ws), a_addr=3, b_addr=40)
+    word = int.from_bytes(encode(compute), "little")
+    rng = random.Random(5)
+    dependent = 0
+    first_request = None
+    array_ready = [dut.inputs.ready] + ([dut.weights.ready] if ws else [])
+    ports = (dut.read_a, dut.read_b)
+
+    async def bench(ctx):
+        nonlocal dependent, first_request
+        ctx.set(dut.cmd.payload.word, word)
+        ctx.set(dut.cmd.valid, 1)
+        for port in ports:
+            ctx.set(port.resp.valid, 1)         # a row is always there: only the handshakes matter
+        for cycle in range(200):
+            if first_request is None and any(ctx.get(port.req.valid) for port in ports):
+                first_request = cycle
+            seen = set()
+            for ready in (0, 1):
+                for signal in array_ready:
+                    ctx.set(signal, ready)
+                seen.add(tuple(ctx.get(port.resp.ready) for port in ports))
+            dependent += len(seen) > 1
+            for signal in array_ready:
+                ctx.set(signal, rng.random() < 0.7)
+            for port in ports:
+                ctx.set(port.req.ready, rng.random() < 0.7)
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    return dependent, first_request
+
+
+@pytest.mark.parametrize("dataflow", ["ws", "os"])
+def test_the_compute_units_registers_cut_its_handshakes(dataflow: str) -> None:
+    """With ``memory_registers`` the array's readiness does not reach the scratchpad's response
+    handshake in the same cycle, and each request passes a register (a cycle later than without
+    it) before the scratchpad's arbitration: the 16x16 compute core's critical paths
+    (docs/boards.md). Without them the readiness does reach it, in some cycles."""
+    dependent, first = _handshakes(dataflow, memory_registers=True)
+    direct_dependent, direct_first = _handshakes(dataflow, memory_registers=False)
+    assert dependent == 0
+    assert direct_dependent > 0
+    assert first is not None and direct_first is not None
+    assert first == direct_first + 1, (first, direct_first)
