@@ -361,15 +361,20 @@ class ComputeUnit(wiring.Component):
         addr_bits = cfg.spad_addr_bits
         small_r, small_c = R.bit_length(), C.bit_length()
         rows_bits = min(cfg.spad_rows, cfg.acc_rows).bit_length() if ws else cfg.spad_rows.bit_length()
+        # WS counts rows up to m_last = m - 1 and k_last = k - 1, made as the COMPUTE is accepted, so
+        # that a row counter's last row is an equality of two registers (with row + 1 == m, the
+        # adder's carry chain and the comparison were the 16x16 compute core's critical path on
+        # the ULX3S-85F, into the descriptor queue's read)
         if ws:
-            feed_layout = data.StructLayout({"a_addr": addr_bits, "m": rows_bits, "preload": 1,
+            feed_layout = data.StructLayout({"a_addr": addr_bits, "m_last": rows_bits, "preload": 1,
                                              "row_macs": _row_macs_bits(cfg)})
-            preload_layout = data.StructLayout({"b_addr": addr_bits, "k": small_r, "n": small_c})
+            preload_layout = data.StructLayout({"b_addr": addr_bits, "k_last": small_r, "n": small_c})
+            write_layout = data.StructLayout({"acc_addr": cfg.acc_addr_bits, "m_last": rows_bits,
+                                              "accumulate": 1})
         else:
             feed_layout = data.StructLayout({"a_addr": addr_bits, "b_addr": addr_bits, "k": rows_bits,
                                              "n": small_c, "row_macs": _row_macs_bits(cfg)})
-        write_layout = data.StructLayout({"acc_addr": cfg.acc_addr_bits, "m": rows_bits if ws else small_r,
-                                          "accumulate": 1})
+            write_layout = data.StructLayout({"acc_addr": cfg.acc_addr_bits, "m": small_r, "accumulate": 1})
         m.submodules.feeds = feeds = buffered_fifo(cfg, width=feed_layout.size, depth=self.depth)
         m.submodules.writes = writes = buffered_fifo(cfg, width=write_layout.size, depth=self.depth)
         if ws:
@@ -381,14 +386,16 @@ class ComputeUnit(wiring.Component):
         m.d.comb += [
             feed.a_addr.eq(op.a_addr),
             feed.row_macs.eq(_small_product(op.k[:small_r] if ws else op.m[:small_r], op.n[:small_c])),
-            write.acc_addr.eq(op.acc_addr), write.m.eq(op.m), write.accumulate.eq(op.accumulate),
+            write.acc_addr.eq(op.acc_addr), write.accumulate.eq(op.accumulate),
         ]
         if ws:
             preload = Signal(preload_layout)
-            m.d.comb += [feed.m.eq(op.m), feed.preload.eq(op.preload),
-                         preload.b_addr.eq(op.b_addr), preload.k.eq(op.k), preload.n.eq(op.n)]
+            m_last = op.m[:rows_bits] - 1       # m >= 1, k >= 1 (ComputeCheck, the firmware)
+            m.d.comb += [feed.m_last.eq(m_last), feed.preload.eq(op.preload), write.m_last.eq(m_last),
+                         preload.b_addr.eq(op.b_addr), preload.k_last.eq(op.k[:small_r] - 1),
+                         preload.n.eq(op.n)]
         else:
-            m.d.comb += [feed.b_addr.eq(op.b_addr), feed.k.eq(op.k), feed.n.eq(op.n)]
+            m.d.comb += [feed.b_addr.eq(op.b_addr), feed.k.eq(op.k), feed.n.eq(op.n), write.m.eq(op.m)]
         room = feeds.w_rdy & writes.w_rdy & (preloads.w_rdy if ws else 1)
         accept = Signal()
         m.d.comb += [
@@ -436,17 +443,17 @@ class ComputeUnit(wiring.Component):
                          source.ready.eq(port.ready)]
             return local, source.payload
 
-        def reader(name, port, fifo_, layout, count_of, addr_of, meta_layout, meta_of):
+        def reader(name, port, fifo_, layout, last_of, addr_of, meta_layout, meta_of):
             """Issue one scratchpad read per row of the head descriptor; queue per-row metadata
             for the response side."""
             head = Signal(layout, name=f"{name}_head")
             m.d.comb += head.eq(fifo_.r_data)
             # the rows read lie in the scratchpad (the ISA), so the counter is no wider; its last
-            # row is found from row + 1, not count - 1 (see out_row below: timing on iCE40)
+            # row is the descriptor's (count - 1, made on accept)
             row = Signal(range(max(2, cfg.spad_rows)), name=f"{name}_row")
             next_row = Signal(len(row) + 1, name=f"{name}_next_row")
             last = Signal(name=f"{name}_last")
-            m.d.comb += [next_row.eq(row + 1), last.eq(next_row == count_of(head))]
+            m.d.comb += [next_row.eq(row + 1), last.eq(row == last_of(head))]
             # buffered (its output is a register, not a distributed RAM's read: the array's
             # input handshake starts at a register): an entry is readable two cycles after it is
             # written, no later than the memory's response (read_latency >= 2); as many entries
@@ -487,7 +494,7 @@ class ComputeUnit(wiring.Component):
             # weights: k rows of B, columns >= n zeroed (the column mask is made with the request,
             # not on the response path: timing), last on row k-1
             wmeta_layout = data.StructLayout({"columns": C, "last": 1})
-            wmeta = reader("weights", self.read_b, preloads, preload_layout, lambda h: h.k,
+            wmeta = reader("weights", self.read_b, preloads, preload_layout, lambda h: h.k_last,
                            lambda h: h.b_addr, wmeta_layout,
                            lambda h, r, last: Cat(column_mask(h.n), last))
             wm = Signal(wmeta_layout)
@@ -506,7 +513,7 @@ class ComputeUnit(wiring.Component):
             ]
             # inputs: m rows of A, new_weights on the first row of a preloading COMPUTE
             imeta_layout = data.StructLayout({"new_weights": 1, "last": 1, "row_macs": _row_macs_bits(cfg)})
-            imeta = reader("inputs", self.read_a, feeds, feed_layout, lambda h: h.m, lambda h: h.a_addr,
+            imeta = reader("inputs", self.read_a, feeds, feed_layout, lambda h: h.m_last, lambda h: h.a_addr,
                            imeta_layout, lambda h, r, last: Cat(h.preload & (r == 0), last, h.row_macs))
             im = Signal(imeta_layout)
             m.d.comb += im.eq(imeta.r_data)
@@ -590,9 +597,9 @@ class ComputeUnit(wiring.Component):
         head = Signal(write_layout)
         m.d.comb += head.eq(writes.r_data)
         # a WS COMPUTE's m rows lie in the accumulator (acc_addr + m <= acc_rows, the ISA), an OS
-        # tile's R rows; the counter is only as wide as that, and its last row is found from
-        # row + 1 (a comparison with a 16-bit m - 1 came out of yosys as a chain of 16 LUTs on
-        # iCE40, the UP5K's critical path)
+        # tile's R rows; the counter is only as wide as that, and its last row is the descriptor's
+        # m_last (WS; m - 1 made on accept from the bits a legal m has: a comparison with a 16-bit
+        # m - 1 here came out of yosys as a chain of 16 LUTs on iCE40, the UP5K's critical path)
         out_row = Signal(range(max(2, cfg.acc_rows, R)))
         out = self.acc_write.payload
         next_row = Signal(len(out_row) + 1)
@@ -608,7 +615,7 @@ class ComputeUnit(wiring.Component):
                 self.acc_write.valid.eq(self.outputs.valid & writes.r_rdy),
                 self.outputs.ready.eq(writes.r_rdy & self.acc_write.ready),
             ]
-            last_row = next_row == head.m
+            last_row = out_row == head.m_last
         else:
             # OS tiles drain all R rows; rows >= m are dropped
             m.d.comb += [
