@@ -415,30 +415,29 @@ class ComputeUnit(wiring.Component):
         registered = cfg.memory_registers
         meta_depth = read_latency(cfg) + 1 + (2 if registered else 0)
 
+        def staged(name, layout):
+            """A stream the unit drives and the one its consumer sees: the same stream, or (with
+            the memory registers) the two sides of a StreamRegister."""
+            local = stream.Signature(layout).create(path=(name,))
+            if not registered:
+                return local, local
+            stage = StreamRegister(layout)
+            m.submodules[f"{name}_register"] = stage
+            wiring.connect(m, local, stage.i)
+            return local, stage.o
+
         def request(name, port):
-            """The stream the reader drives for ``port.req``: through a register or straight."""
-            local = stream.Signature(port.req.payload.shape()).create(path=(f"{name}_req",))
-            source = local
-            if registered:
-                stage = StreamRegister(port.req.payload.shape())
-                m.submodules[f"{name}_req_register"] = stage
-                wiring.connect(m, local, stage.i)
-                source = stage.o
+            """The stream the reader drives for ``port.req``."""
+            local, source = staged(f"{name}_req", port.req.payload.shape())
             m.d.comb += [port.req.valid.eq(source.valid), port.req.payload.eq(source.payload),
                          source.ready.eq(port.req.ready)]
             return local
 
         def to_array(name, port, layout):
             """The stream the unit drives for ``port`` (to the array), with ``layout`` (the
-            port's payload in ``beat`` and what travels with it): through a register or
-            straight; returns it and the payload the array sees."""
-            local = stream.Signature(layout).create(path=(name,))
-            source = local
-            if registered:
-                stage = StreamRegister(layout)
-                m.submodules[f"{name}_register"] = stage
-                wiring.connect(m, local, stage.i)
-                source = stage.o
+            port's payload in ``beat`` and what travels with it); returns it and the payload
+            the array sees."""
+            local, source = staged(name, layout)
             m.d.comb += [port.valid.eq(source.valid), port.payload.eq(source.payload.beat),
                          source.ready.eq(port.ready)]
             return local, source.payload
