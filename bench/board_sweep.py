@@ -25,10 +25,11 @@ background, e.g. ``nohup python bench/board_sweep.py > board_sweep.log 2>&1 &``.
 Run from the repository root: ``python bench/board_sweep.py [--boards icebreaker,...]
 [--sweep-board ulx3s-85f] [--sizes 4x4,8x8,16x16] [--sweep-mhz F] [--set FIELD=VALUE ...]
 [--configs FILE,...]
-[--seed 1] [--placer heap] [--time-limit MIN] [--work DIR] [--merge] [--merge-from FILE]``
+[--seed 1] [--placer heap] [--router router1] [--time-limit MIN] [--work DIR] [--merge] [--merge-from FILE]``
 (``--time-limit``: nextpnr is stopped after MIN minutes and the row records how far it got, its
 stage, the arcs left to route and its Fmax estimate after placement; ``--placer``:
-nextpnr's placer, heap or static, see ``systolic synth``; ``--set`` changes a field of every
+nextpnr's placer, heap or static, ``--router`` its router, router1 or router2, see
+``systolic synth``; ``--set`` changes a field of every
 sweep config, after ``rows``/``cols`` and the logic multipliers, so that
 ``--set array_lut_multipliers=56`` starts there; ``--merge`` keeps the rows of an earlier
 results file that this run does not redo, ``--merge-from`` those of another run's file).
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from systolic.boards.boards import BOARDS, BoardError, FitError, get_board, load_preset
-from systolic.boards.synth import PLACERS, PlaceRouteTimeout, synth
+from systolic.boards.synth import PLACERS, ROUTERS, PlaceRouteTimeout, synth
 from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment, parse_size
 
 __all__ = ["run_one", "main"]
@@ -85,7 +86,7 @@ def _row(kind: str, board: str, config: AcceleratorConfig, mhz: float, report: d
 
 
 def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: int,
-            clock_mhz: float | None = None, placer: str = "heap",
+            clock_mhz: float | None = None, placer: str = "heap", router: str = "router1",
             time_limit: float | None = None) -> dict[str, Any]:
     """Synthesize ``config`` on ``board`` (into ``work``) at ``clock_mhz`` (default: the
     config's); when only DSP blocks are short, again with that many more PEs multiplying in
@@ -99,7 +100,8 @@ def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: 
               file=sys.stderr, flush=True)
         try:
             report = synth(board, config, work / f"{board}-{config.rows}x{config.cols}", seed=seed,
-                           clock_mhz=clock_mhz, placer=placer, time_limit=time_limit)
+                           clock_mhz=clock_mhz, placer=placer, router=router,
+                           time_limit=time_limit)
             return _row(kind, board, config, mhz, report, None, time.monotonic() - started)
         except PlaceRouteTimeout as exc:     # not an Fmax: how far nextpnr got, also in fields
             row = _row(kind, board, config, mhz, None, str(exc), time.monotonic() - started)
@@ -174,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                         "on the sweep board as they are, a row each")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
     parser.add_argument("--placer", choices=PLACERS, default="heap", help="nextpnr placer")
+    parser.add_argument("--router", choices=ROUTERS, default="router1", help="nextpnr router")
     parser.add_argument("--time-limit", type=float, default=None, metavar="MIN",
                         help="stop nextpnr after MIN minutes per run; the row then records the stage "
                              "reached and nextpnr's estimate after placement (default: no limit)")
@@ -235,13 +238,14 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({**twin, "kind": kind})
             elif kind == "config":
                 rows.append({**run_one(kind, board, config, work / kind / Path(file).stem, args.seed,
-                                       None, args.placer, time_limit), "config_file": file})
+                                       None, args.placer, args.router, time_limit), "config_file": file})
             else:
                 rows.append(run_one(kind, board, config, work / kind, args.seed,
-                                    args.sweep_mhz if kind == "sweep" else None, args.placer, time_limit))
+                                    args.sweep_mhz if kind == "sweep" else None, args.placer, args.router,
+                                    time_limit))
             # written after every run: a long sweep that is stopped keeps what it measured
             merged = sorted([*kept.values(), *rows], key=_order)
-            results = {"seed": args.seed, "placer": args.placer, "results": merged}
+            results = {"seed": args.seed, "placer": args.placer, "router": args.router, "results": merged}
             args.out.write_text(json.dumps(results, indent=1) + "\n")
             print(_table(rows), file=sys.stderr, flush=True)
 

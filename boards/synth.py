@@ -60,9 +60,9 @@ from systolic.sim.tools import (
 from .boards import Board, BoardError, FitError, get_board, load_preset
 from .clocking import ClockReset, Ecp5Pll, Ice40Pll, PllError, ecp5_pll, ice40_pll
 
-__all__ = ["CORES", "PLACERS", "ArrayCore", "make_core", "BoardTop", "ClockPlan", "plan_clock", "check_fit",
-           "tool_path", "synth", "summary_table", "resolve_config", "PlaceRouteTimeout", "nextpnr_progress",
-           "clock_name"]
+__all__ = ["CORES", "PLACERS", "ROUTERS", "ArrayCore", "make_core", "BoardTop", "ClockPlan", "plan_clock",
+           "check_fit", "tool_path", "synth", "summary_table", "resolve_config", "PlaceRouteTimeout",
+           "nextpnr_progress", "clock_name"]
 
 #: Cores :func:`synth` can put on a board.
 CORES = ("soc", "array")
@@ -70,6 +70,10 @@ CORES = ("soc", "array")
 #: ULX3S's 85F it places and routes the 4x4 SoC in about a third of heap's time, at a lower Fmax),
 #: both refined by simulated annealing; "sa" (annealing alone) is slower than either.
 PLACERS = ("heap", "static", "sa")
+#: nextpnr's routers: "router1" (nextpnr's default) and "router2" (negotiated congestion over the
+#: whole design at once; on the 4x4 ULX3S SoC it left overused wires where router1 finished,
+#: docs/boards.md).
+ROUTERS = ("router1", "router2")
 
 _NEXTPNR = {"ice40": "nextpnr-ice40", "ecp5": "nextpnr-ecp5"}
 _PACK = {"ice40": "icepack", "ecp5": "ecppack"}
@@ -535,14 +539,14 @@ def nextpnr_progress(log: str, target_mhz: float | None = None,
             "heap_stalled": heap_stalled}
 
 
-def _nextpnr(board: Board, build: Path, seed: int, placer: str, env: Mapping[str, str],
+def _nextpnr(board: Board, build: Path, seed: int, placer: str, router: str, env: Mapping[str, str],
              what: str, time_limit: float | None = None, target_mhz: float | None = None,
              compute_mhz: float | None = None) -> dict[str, Any]:
     family = board.family
     command = [*_nextpnr_command(board, env),
                "--asc" if family == "ice40" else "--textcfg", _PLACED[family],
                "--report", "nextpnr-report.json", "--log", "nextpnr.log",
-               "--seed", str(seed), "--placer", placer, "--timing-allow-fail", "--quiet"]
+               "--seed", str(seed), "--placer", placer, "--router", router, "--timing-allow-fail", "--quiet"]
     report = build / "nextpnr-report.json"
     report.unlink(missing_ok=True)
     (build / "nextpnr.log").unlink(missing_ok=True)
@@ -692,7 +696,7 @@ def resolve_config(board: str | Board, config: AcceleratorConfig | str | Path | 
 
 def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out_dir: str | Path, *,
           clock_mhz: float | None = None, seed: int = 1, core: str = "soc", baud: int | None = None,
-          placer: str = "heap", time_limit: float | None = None) -> dict[str, Any]:
+          placer: str = "heap", router: str = "router1", time_limit: float | None = None) -> dict[str, Any]:
     """Synthesize, place and route ``config`` (an :class:`AcceleratorConfig`, a TOML file, or
     None for the board's preset) on ``board`` into ``out_dir`` (created); returns the report,
     also written to ``out_dir/report.json``.
@@ -704,8 +708,9 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     placement seed; ``core``: "soc" (the SoC: accelerator, memory of ``config.dram_bytes``
     bytes, UART bridge) or "array" (:class:`ArrayCore`); ``baud``: the host link's rate
     (default: the board's), bits/s; ``placer``: nextpnr's placer, one of :data:`PLACERS`;
-    ``time_limit``: most seconds nextpnr may take (default: no limit),
-    past which it is stopped and :class:`PlaceRouteTimeout` says how far it got.
+    ``router``: nextpnr's router, one of :data:`ROUTERS`; ``time_limit``: most seconds nextpnr
+    may take (default: no limit), past which it is stopped and :class:`PlaceRouteTimeout` says
+    how far it got.
 
     Raises :class:`~systolic.boards.boards.BoardError` for an unknown board, a clock the PLL
     cannot make, a memory the board cannot hold or a design that does not fit the device, and
@@ -720,6 +725,8 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
         raise ValueError(f"seed must be a non-negative integer, not {seed!r}")
     if placer not in PLACERS:
         raise ValueError(f"placer must be one of {', '.join(repr(p) for p in PLACERS)}, not {placer!r}")
+    if router not in ROUTERS:
+        raise ValueError(f"router must be one of {', '.join(repr(r) for r in ROUTERS)}, not {router!r}")
     if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, int | float)
                                    or not time_limit > 0):
         raise ValueError(f"time_limit must be a positive number of seconds or None, not {time_limit!r}")
@@ -776,7 +783,7 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     usage = check_fit(board, cells, what=what, packed=packed)
 
     step = time.monotonic()
-    placed = _nextpnr(board, out, seed, placer, env, what, time_limit, clock.hz / 1e6, compute_target)
+    placed = _nextpnr(board, out, seed, placer, router, env, what, time_limit, clock.hz / 1e6, compute_target)
     seconds["nextpnr"] = time.monotonic() - step
 
     step = time.monotonic()
@@ -810,6 +817,7 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
         "peak_gops": round(2 * config.rows * config.cols * clock.array_hz / 1e9, 3),
         "seed": seed,
         "placer": placer,
+        "router": router,
         "tools": _tool_versions(board.family, out / "yosys.log"),
         "seconds": {k: round(v, 1) for k, v in seconds.items()},
         "files": {"bitstream": bitstream.name, "yosys_log": "yosys.log", "nextpnr_log": "nextpnr.log",

@@ -418,7 +418,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 # -- systolic synth ---------------------------------------------------------------------------------
 
 def _add_synth(sub: Any) -> None:
-    from systolic.boards.synth import CORES, PLACERS
+    from systolic.boards.synth import CORES, PLACERS, ROUTERS
 
     p = sub.add_parser("synth", help="synthesize, place and route the SoC for an FPGA board",
                        description="Build the SoC (accelerator, on-chip memory, UART host bridge) for "
@@ -437,6 +437,8 @@ def _add_synth(sub: Any) -> None:
     p.add_argument("--placer", choices=PLACERS, default=PLACERS[0],
                    help="nextpnr's placer: heap (default), static (faster on large designs, "
                         "usually a lower Fmax) or sa")
+    p.add_argument("--router", choices=ROUTERS, default=ROUTERS[0],
+                   help="nextpnr's router: router1 (default) or router2")
     p.add_argument("--time-limit", type=float, metavar="MIN",
                    help="stop nextpnr after MIN minutes and say how far it got (stage, arcs left, "
                         "its Fmax estimate after placement); default: no limit")
@@ -461,7 +463,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         config = AcceleratorConfig.from_dict(values, source="--set")
     try:
         report = synth(board, config, args.out, clock_mhz=args.clock_mhz, seed=args.seed,
-                       core=args.core, baud=args.baud, placer=args.placer,
+                       core=args.core, baud=args.baud, placer=args.placer, router=args.router,
                        time_limit=None if args.time_limit is None else args.time_limit * 60)
     except ToolError as exc:
         _report(exc)

@@ -381,7 +381,7 @@ def test_a_4x4_array_does_not_fit_icebreaker_dsps(tmp_path: Path) -> None:
     from systolic.boards.synth import _nextpnr
     with pytest.raises(BoardError, match=r"^config does not fit icebreaker \(iCE40UP5K\): needs 16 SB_MAC16, "
                                          r"the device has 8 \(nextpnr\)$"):
-        _nextpnr(get_board("icebreaker"), tmp_path, 1, "heap", _tool_env(), "config")
+        _nextpnr(get_board("icebreaker"), tmp_path, 1, "heap", "router1", _tool_env(), "config")
 
 
 def _tool_env() -> dict[str, str]:
@@ -452,6 +452,8 @@ def test_synth_argument_errors(tmp_path: Path) -> None:
         synth("icebreaker", SMALL, tmp_path, baud=0)
     with pytest.raises(ValueError, match=r"^placer must be one of 'heap', 'static', 'sa', not 'fast'$"):
         synth("icebreaker", SMALL, tmp_path, placer="fast")
+    with pytest.raises(ValueError, match=r"^router must be one of 'router1', 'router2', not 'router3'$"):
+        synth("icebreaker", SMALL, tmp_path, router="router3")
     with pytest.raises(TypeError, match=r"^config must be an AcceleratorConfig, a TOML file or None, not 5$"):
         synth("icebreaker", 5, tmp_path)
     for limit in (0, -1.5, True, "60"):
@@ -572,7 +574,8 @@ def test_nextpnr_past_the_time_limit_is_stopped_and_says_how_far_it_got(
     build.mkdir()
     env = _fake_nextpnr(tmp_path, log)
     with pytest.raises(PlaceRouteTimeout, match=rf"^{message}$") as caught:
-        _nextpnr(get_board("ulx3s-85f"), build, 1, "heap", env, "config", time_limit=3, target_mhz=100.0)
+        _nextpnr(get_board("ulx3s-85f"), build, 1, "heap", "router1", env, "config", time_limit=3,
+                 target_mhz=100.0)
     assert isinstance(caught.value, ToolError)
     assert caught.value.seconds == 3
     with pytest.raises(ProcessLookupError):         # stopped and reaped, not left running
@@ -646,7 +649,7 @@ def _check_report(report: dict, board_name: str, out: Path, mhz: float, *, dsps:
     board = get_board(board_name)
     assert json.loads((out / "report.json").read_text()) == report
     for key in ("board", "device", "target_mhz", "fmax_mhz", "timing_met", "resources", "tools", "seconds",
-                "clock", "critical_path", "synthesis", "seed", "placer"):
+                "clock", "critical_path", "synthesis", "seed", "placer", "router"):
         assert key in report, key
     assert report["board"] == board_name and report["device"] == board.part
     assert report["target_mhz"] == pytest.approx(mhz, rel=0.01)
@@ -699,13 +702,15 @@ def test_cli_synth_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixtur
     config = tmp_path / "small.toml"
     SMALL.save(config)
     status = main(["synth", "--board", "icebreaker", "--config", str(config), "--clock-mhz", "18",
-                   "--core", "array", "--placer", "static", "--out", str(tmp_path / "out")])
+                   "--core", "array", "--placer", "static", "--router", "router2",
+                   "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert status == 0, out
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["target_mhz"] == 18.0 and report["clock"]["pll"]["primitive"] == "SB_PLL40_PAD"
-    assert report["placer"] == "static"
-    assert "Running Static placer" in (tmp_path / "out" / "nextpnr.log").read_text()
+    assert report["placer"] == "static" and report["router"] == "router2"
+    log = (tmp_path / "out" / "nextpnr.log").read_text()
+    assert "Running Static placer" in log and "Router2" in log
     assert re.search(r"^SB_MAC16\s+4\s+8\s+50%$", out, re.M)
     assert re.search(r"^clock sync: Fmax [\d.]+ MHz, target 18\.0 MHz: met$", out, re.M)
 
