@@ -66,7 +66,8 @@ _DOC = {
     "accumulator_bytes": "accumulator memory capacity, bytes",
     "memory_registers": "registers around every scratchpad and accumulator block RAM (requests "
                         "beside the bank, the block RAM's output register, a data register) and "
-                        "between the compute unit and the scratchpad's and array's ports: read "
+                        "between the compute unit and the scratchpad's and array's ports (both "
+                        "ways): read "
                         "latency 5 cycles, for 100 MHz on large FPGAs; false: read latency 2 and "
                         "far fewer flip-flops, for small, slow FPGAs",
     "requant_table_rows": "rows of the SFU's per-channel bias/multiplier/shift table",

@@ -601,29 +601,38 @@ class ComputeUnit(wiring.Component):
         # m - 1 here came out of yosys as a chain of 16 LUTs on iCE40, the UP5K's critical path)
         out_row = Signal(range(max(2, cfg.acc_rows, R)))
         out = self.acc_write.payload
+        # with the memory registers, the array's result rows pass a StreamRegister: the array's
+        # output handshake (from its output-stall register) and this writer's row counter and
+        # descriptor queue are then a cycle apart (the 16x16 compute core's critical path on the
+        # ULX3S-85F at 934e02c, mostly routing across the core)
+        results = self.outputs
+        if registered:
+            m.submodules.results_register = results_register = StreamRegister(output_layout(cfg))
+            wiring.connect(m, wiring.flipped(self.outputs), results_register.i)
+            results = results_register.o
         next_row = Signal(len(out_row) + 1)
         m.d.comb += [
             out.addr.eq(head.acc_addr + out_row),
-            out.data.eq(self.outputs.payload.data),
+            out.data.eq(results.payload.data),
             out.accumulate.eq(head.accumulate),
             next_row.eq(out_row + 1),
         ]
         if ws:
             # the array returns exactly the m rows (m >= 1): no comparison with m but the last
             m.d.comb += [
-                self.acc_write.valid.eq(self.outputs.valid & writes.r_rdy),
-                self.outputs.ready.eq(writes.r_rdy & self.acc_write.ready),
+                self.acc_write.valid.eq(results.valid & writes.r_rdy),
+                results.ready.eq(writes.r_rdy & self.acc_write.ready),
             ]
             last_row = out_row == head.m_last
         else:
             # OS tiles drain all R rows; rows >= m are dropped
             m.d.comb += [
-                self.acc_write.valid.eq(self.outputs.valid & writes.r_rdy & (out_row < head.m)),
-                self.outputs.ready.eq(writes.r_rdy & ((out_row >= head.m) | self.acc_write.ready)),
+                self.acc_write.valid.eq(results.valid & writes.r_rdy & (out_row < head.m)),
+                results.ready.eq(writes.r_rdy & ((out_row >= head.m) | self.acc_write.ready)),
             ]
             last_row = out_row == R - 1
         completing = Signal()
-        with m.If(self.outputs.valid & self.outputs.ready):
+        with m.If(results.valid & results.ready):
             with m.If(last_row):
                 m.d.sync += out_row.eq(0)
                 m.d.comb += [writes.r_en.eq(1), completing.eq(1)]
