@@ -285,16 +285,23 @@ class SystolicArray(wiring.Component):
         pes = [[ProcessingElement(config, multiplier=kind(i * config.cols + j),
                                   psum_shape=column_sum_shape(config, i + 1) if ws else None)
                 for j in range(config.cols)] for i in range(config.rows)]
+        # the DSP blocks' clock enables: one per PE row with DSP PEs (ProcessingElement's
+        # dsp_enable), a leaf of that row's branch of the stall tree
+        dsp_enables = [[Signal(name=f"enable_dsp_{i}")] if any(pe.multiplier == "dsp" for pe in row) else []
+                       for i, row in enumerate(pes)]
         for i, row in enumerate(pes):
             for j, pe in enumerate(row):
                 m.submodules[f"pe_{i}_{j}"] = pe
                 m.d.comb += pe.enable.eq(pe_enables[i][j])
+                if pe.multiplier == "dsp":
+                    m.d.comb += pe.dsp_enable.eq(dsp_enables[i][0])
 
         if ws:
             valid, last, results = self._elaborate_ws(groups, enables["inputs"], pes)
         else:
             valid, last, results = self._elaborate_os(groups, enables["inputs"], pes)
-        self._elaborate_stall(m, platform, [[leaf] for leaf in enables.values()] + pe_enables,
+        self._elaborate_stall(m, platform, [[leaf] for leaf in enables.values()]
+                              + [row + dsp for row, dsp in zip(pe_enables, dsp_enables, strict=True)],
                               enables["outputs"], valid, last, results)
         return m
 
@@ -342,12 +349,16 @@ class SystolicArray(wiring.Component):
         push = Signal()
         pop = Signal()
         pipe = Signal(entry)
+        # equal to out_enable in every cycle; from 3 stages on a register of its own, because
+        # out_enable is the enable of the whole output de-skew (thousands of loads), and the
+        # output handshake from it was the 16x16 compute core's critical path on the ULX3S-85F
+        handshake = Signal(name="enable_output_handshake")
         m.d.comb += [
             pipe.data.as_value().eq(Cat(*results)),
             pipe.last.eq(last),
-            outputs.valid.eq(buffered | (valid & out_enable)),
+            outputs.valid.eq(buffered | (valid & handshake)),
             pop.eq(buffered & outputs.ready),
-            push.eq(valid & out_enable & (buffered | ~outputs.ready)),
+            push.eq(valid & handshake & (buffered | ~outputs.ready)),
             write.addr.eq(tail),
             write.data.eq(pipe),
             write.en.eq(1),
@@ -371,17 +382,21 @@ class SystolicArray(wiring.Component):
         # branches for the stages beyond 3. No register drives more than max(rows, cols) + 3.
         decision = _stall_register(m, platform, occupancy <= depth - stages, "stall_root")
         if stages == 1:
-            m.d.comb += [leaf.eq(decision) for leaf in leaves]
+            m.d.comb += [leaf.eq(decision) for leaf in [*leaves, handshake]]
             return
         for stage in range(3, stages):
             decision = _stall_register(m, platform, decision, f"stall_chain_{stage}")
         for n, branch in enumerate(branches):
             trunk = _stall_register(m, platform, decision, f"stall_branch_{n}")
+            outputs_branch = any(leaf is out_enable for leaf in branch)
             for k, leaf in enumerate(branch):
                 if stages == 2:
                     m.d.comb += leaf.eq(trunk)
                 else:
                     m.d.comb += leaf.eq(_stall_register(m, platform, trunk, f"stall_leaf_{n}_{k}"))
+            if outputs_branch:
+                m.d.comb += handshake.eq(trunk if stages == 2 else
+                                         _stall_register(m, platform, trunk, "stall_leaf_handshake"))
 
     def _elaborate_ws(self, groups: dict[str, Module], enable: Signal,
                       pes: list[list[ProcessingElement]]) -> tuple[Value, Value, list[Value]]:

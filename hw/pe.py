@@ -277,7 +277,12 @@ class ProcessingElement(wiring.Component):
     """One MAC cell of the systolic array, for the config's dataflow.
 
     Ports of every PE: ``enable`` (``In(1, init=1)``): the PE's registers advance only while it
-    is high (the array's global stall).
+    is high (the array's global stall). A PE whose multiplier is a DSP block also has
+    ``dsp_enable`` (``In(1, init=1)``), which must equal ``enable`` in every cycle: on ECP5 it is
+    the MULT18X18D's clock enable. The array drives it from a register shared by a PE row,
+    because the four multipliers of an ECP5 DSP block share four clock-enable lines: with a
+    register per PE (``enable``), nextpnr's analytic placer could not legalise a 16x16 SoC whose
+    other DSP blocks (the SFU's) have enables of their own.
 
     Ports of a weight-stationary PE (``config.dataflow == "ws"``):
 
@@ -333,6 +338,8 @@ class ProcessingElement(wiring.Component):
         self.multiplier = multiplier
         self.psum_shape = psum_shape
         members = {"enable": In(1, init=1)}
+        if multiplier == "dsp":
+            members["dsp_enable"] = In(1, init=1)
         if config.dataflow == "ws":
             members.update({
                 "a_in": In(input_shape), "a_out": Out(input_shape),
@@ -357,7 +364,9 @@ class ProcessingElement(wiring.Component):
         m = Module()
         m.submodules.multiplier = multiplier = PipelinedMultiplier(input_shape, weight_shape,
                                                                    kind=self.multiplier)
-        m.d.comb += multiplier.enable.eq(self.enable)
+        # the DSP block's clock enable (docstring); the multiplier's fabric register, if any,
+        # is under the cell's enable below as well
+        m.d.comb += multiplier.enable.eq(self.dsp_enable if self.multiplier == "dsp" else self.enable)
         if self.config.dataflow == "ws":
             self._elaborate_ws(m, multiplier)
         else:

@@ -54,3 +54,24 @@ def mult18x18d_model() -> str:
     lines += [f"  assign P{n} = rp[{n}];" for n in range(36)]
     lines.append("endmodule")
     return "\n".join(lines) + "\n"
+
+
+def trellis_ff_model() -> str:
+    """A behavioural model of the Lattice TRELLIS_FF in the one mode hw/array.py's stall tree
+    uses (clock on CLK, always enabled, LSR a synchronous set with priority); any other mode
+    stops the simulation."""
+    return """\
+/* verilator lint_off UNUSEDSIGNAL */
+module TRELLIS_FF #(
+  parameter GSR = "ENABLED", parameter CEMUX = "1", parameter CLKMUX = "CLK",
+  parameter LSRMUX = "LSR", parameter REGSET = "RESET", parameter SRMODE = "LSR_OVER_CE"
+) (input CLK, input LSR, input CE, input DI, input M, output reg Q);
+  initial begin
+    if (GSR != "DISABLED" || CEMUX != "1" || CLKMUX != "CLK" || LSRMUX != "LSR" || REGSET != "SET" ||
+        SRMODE != "LSR_OVER_CE")
+      $fatal(1, "TRELLIS_FF model: unsupported mode");
+    Q = 1'b1;
+  end
+  always @(posedge CLK) Q <= LSR ? 1'b1 : DI;
+endmodule
+"""

@@ -13,7 +13,7 @@ from systolic.hw.array import SystolicArray
 from systolic.hw.config import AcceleratorConfig
 from systolic.sim.tools import cocotb_build, cocotb_test, to_verilog
 
-from tests.hw.mult18x18d_model import mult18x18d_model
+from tests.hw.mult18x18d_model import mult18x18d_model, trellis_ff_model
 
 TOP = "systolic_array"
 SEED = 20240601
@@ -30,25 +30,35 @@ class _Ecp5Stand:
 BUILD_ARGS = ("--no-public-flat-rw", "--public-depth", "1", "-CFLAGS", "-O0")
 
 CASES = [
-    pytest.param("ws", 4, 4, False, {}, id="ws-4x4"),
-    pytest.param("ws", 8, 8, False, {}, id="ws-8x8"),
-    pytest.param("os", 4, 4, False, {}, id="os-4x4"),
-    pytest.param("os", 8, 8, False, {}, id="os-8x8"),
-    pytest.param("ws", 4, 4, True, {}, id="ws-4x4-ecp5"),
+    pytest.param("ws", 4, 4, False, {}, None, id="ws-4x4"),
+    pytest.param("ws", 8, 8, False, {}, None, id="ws-8x8"),
+    pytest.param("os", 4, 4, False, {}, None, id="os-4x4"),
+    pytest.param("os", 8, 8, False, {}, None, id="os-8x8"),
+    pytest.param("ws", 4, 4, True, {}, None, id="ws-4x4-ecp5"),
     # 16-bit operands: products wider than 18 bits, so the sign pins of the DSP matter
-    pytest.param("os", 4, 4, True, {"input_bits": 16, "weight_bits": 16}, id="os-4x4-int16-ecp5"),
+    pytest.param("os", 4, 4, True, {"input_bits": 16, "weight_bits": 16}, None, id="os-4x4-int16-ecp5"),
+    # the registered stall tree of large arrays (TRELLIS_FF instances), with the DSP blocks' clock
+    # enables a register per PE row and the output handshake's a register of its own
+    pytest.param("ws", 4, 4, True, {}, 3, id="ws-4x4-ecp5-stall3"),
+    pytest.param("os", 4, 4, True, {}, 3, id="os-4x4-ecp5-stall3"),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dataflow, rows, cols, ecp5, kwargs", CASES)
-def test_array_on_verilator(dataflow: str, rows: int, cols: int, ecp5: bool, kwargs: dict) -> None:
+@pytest.mark.parametrize("dataflow, rows, cols, ecp5, kwargs, stall_stages", CASES)
+def test_array_on_verilator(dataflow: str, rows: int, cols: int, ecp5: bool, kwargs: dict,
+                            stall_stages: int | None) -> None:
     config = AcceleratorConfig(rows=rows, cols=cols, dataflow=dataflow, **kwargs)
-    verilog = to_verilog(SystolicArray(config), TOP, platform=_Ecp5Stand() if ecp5 else None)
+    verilog = to_verilog(SystolicArray(config, stall_stages=stall_stages), TOP,
+                         platform=_Ecp5Stand() if ecp5 else None)
     if ecp5:
         assert verilog.count("MULT18X18D ") == rows * cols
         verilog += mult18x18d_model()
-    build = cocotb_build(verilog, TOP, config.hash_hex + ("-ecp5" if ecp5 else ""), build_args=BUILD_ARGS)
+    if stall_stages and ecp5:
+        assert verilog.count("TRELLIS_FF ") > rows * cols
+        verilog += trellis_ff_model()
+    tag = ("-ecp5" if ecp5 else "") + (f"-stall{stall_stages}" if stall_stages is not None else "")
+    build = cocotb_build(verilog, TOP, config.hash_hex + tag, build_args=BUILD_ARGS)
     results = cocotb_test(build, TOP, "tests.hw.cocotb_array", seed=SEED,
                           extra_env={"SYSTOLIC_ARRAY_CONFIG": json.dumps(config.to_dict())})
     shutil.rmtree(results.parent)       # a failed run keeps its directory for a look
