@@ -67,9 +67,8 @@ _DOC = {
     "memory_registers": "registers around every scratchpad and accumulator block RAM (requests "
                         "beside the bank, the block RAM's output register, a data register) and "
                         "between the compute unit and the scratchpad's and array's ports (both "
-                        "ways): read "
-                        "latency 5 cycles, for 100 MHz on large FPGAs; false: read latency 2 and "
-                        "far fewer flip-flops, for small, slow FPGAs",
+                        "ways): read latency 5 cycles, for 100 MHz on large FPGAs; false: read "
+                        "latency 2 and far fewer flip-flops, for small, slow FPGAs",
     "requant_table_rows": "rows of the SFU's per-channel bias/multiplier/shift table",
     "requant_row_words": "memory words per requantize-table row (1 to 64): more make the table's "
                          "block RAMs narrower and deeper (fewer of them on small FPGAs); a row then "
