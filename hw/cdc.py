@@ -4,9 +4,11 @@ Five blocks, each safe for any ratio of the two clocks (neither needs to be fast
 clocks need not be related):
 
 * :class:`StreamCrossing` — a stream through an asynchronous FIFO (Amaranth's ``AsyncFIFO``:
-  Gray-coded pointers, two-register synchronizers). Its write side also counts the items whose
-  read the other side has reported (``drained``), so that a producer can tell when items it
-  sent have been taken (a LOAD completes once its rows are written).
+  Gray-coded pointers, two-register synchronizers), and on either side, if asked, through a
+  stream register that keeps the FIFO's memory and pointers out of the paths of the logic
+  there. Its write side also counts the items whose read the other side has reported
+  (``drained``), so that a producer can tell when items it sent have been taken (a LOAD
+  completes once its rows are written).
 * :class:`DrainedGate` — events of the write side (a LOAD's last row sent) held back until every
   item sent up to them through one or more :class:`StreamCrossing` has been taken on the other
   side.
@@ -25,13 +27,14 @@ clocks need not be related):
 Units: counts are items or events; ``depth`` in entries.
 """
 
-from amaranth import Cat, Module, Mux, Shape, Signal
+from amaranth import Cat, DomainRenamer, Module, Mux, ResetInserter, Shape, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.fifo import AsyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from .fifo import BlockRamAsyncFIFO
+from .interconnect import StreamRegister
 
 __all__ = ["StreamCrossing", "DrainedGate", "EventCrossing", "CountCrossing", "ResetCrossing", "COUNT_BITS"]
 
@@ -66,10 +69,23 @@ class StreamCrossing(wiring.Component):
 
     ``block_ram``: the FIFO's storage carries yosys' ``ram_style = "block"``
     (:class:`~systolic.hw.fifo.BlockRamAsyncFIFO`; synthesis only, the behaviour is the same).
+
+    ``read_register``: the items leave through a :class:`~systolic.hw.interconnect.StreamRegister`
+    in ``r_domain``, so that neither the FIFO's read data (a block RAM's clock-to-output) nor its
+    read address (the pointer advanced by a read) is in a combinational path with the consumer's
+    logic: ``o`` comes from registers, and the FIFO is read whenever the register has room, not
+    when the consumer is ready. ``drained`` counts the items the consumer took from the register.
+    ``write_register``: the items enter through a ``StreamRegister`` in ``w_domain``, so that the
+    producer's ``valid`` and payload reach the FIFO's write port (and the block RAM's data inputs)
+    only from registers, and ``i.ready`` is a register. Each adds a cycle of its domain's latency
+    and up to two items of buffering. The read register is emptied with the FIFO's read side
+    when the write side is reset; items it holds may still be given out while that reset
+    crosses (up to a few ``r_domain`` cycles), so the consumer is to be reset with the write side
+    (the accelerator resets its compute core so, hw/top.py).
     """
 
     def __init__(self, shape, *, depth: int, w_domain: str = "sync", r_domain: str,
-                 block_ram: bool = False):
+                 block_ram: bool = False, read_register: bool = False, write_register: bool = False):
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 2 or depth & (depth - 1):
             raise ValueError(f"depth must be a power of two of at least 2, not {depth!r}")
         if depth >= 2 ** (COUNT_BITS - 1):
@@ -82,6 +98,8 @@ class StreamCrossing(wiring.Component):
         self.w_domain = w_domain
         self.r_domain = r_domain
         self.block_ram = bool(block_ram)
+        self.read_register = bool(read_register)
+        self.write_register = bool(write_register)
         super().__init__({
             "i": In(stream.Signature(shape)),
             "o": Out(stream.Signature(shape)),
@@ -95,10 +113,28 @@ class StreamCrossing(wiring.Component):
         kind = BlockRamAsyncFIFO if self.block_ram else AsyncFIFO
         m.submodules.fifo = fifo = kind(width=width, depth=self.depth, exact_depth=True,
                                         w_domain=self.w_domain, r_domain=self.r_domain)
-        m.d.comb += [
-            fifo.w_data.eq(self.i.payload), fifo.w_en.eq(self.i.valid), self.i.ready.eq(fifo.w_rdy),
-            self.o.payload.eq(fifo.r_data), self.o.valid.eq(fifo.r_rdy), fifo.r_en.eq(self.o.ready),
-        ]
+        # the FIFO's two sides, each directly on a port or through a register of its domain
+        w_side, r_side = self.i, self.o
+        if self.write_register:
+            m.submodules.w_register = w_register = DomainRenamer(self.w_domain)(StreamRegister(self.shape))
+            wiring.connect(m, wiring.flipped(self.i), w_register.i)
+            w_side = w_register.o
+            m.d.comb += w_side.ready.eq(fifo.w_rdy)
+        else:
+            m.d.comb += self.i.ready.eq(fifo.w_rdy)
+        if self.read_register:
+            # emptied with the FIFO's read side (whose reset follows the write side's); no read
+            # in the last cycle of that reset (r_rst, a register, is then still high), so that no
+            # item leaves the FIFO for a register being reset
+            m.submodules.r_register = r_register = ResetInserter({self.r_domain: fifo.r_rst})(
+                DomainRenamer(self.r_domain)(StreamRegister(self.shape)))
+            wiring.connect(m, r_register.o, wiring.flipped(self.o))
+            r_side = r_register.i
+            m.d.comb += fifo.r_en.eq(r_side.ready & ~fifo.r_rst)
+        else:
+            m.d.comb += fifo.r_en.eq(self.o.ready)
+        m.d.comb += [fifo.w_data.eq(w_side.payload), fifo.w_en.eq(w_side.valid),
+                     r_side.payload.eq(fifo.r_data), r_side.valid.eq(fifo.r_rdy)]
         with m.If(self.i.valid & self.i.ready):
             m.d[self.w_domain] += self.sent.eq(self.sent + 1)
         # items taken, counted in the read domain and sent back as a Gray code. The count
@@ -198,8 +234,9 @@ class CountCrossing(wiring.Component):
     Snapshots follow each other as fast as the handshake allows (about two synchronizer delays
     each way). A snapshot taken after an event in ``i_domain`` holds every increment up to it:
     the second snapshot to arrive after the event has crossed (as another signal of the same
-    two-register kind) was taken after it. The increments between two snapshots must sum to
-    less than ``2**total_bits``."""
+    two-register kind) was taken after it (each increment enters the running total through a
+    register, a cycle after its own; that snapshot is taken later still). The increments
+    between two snapshots must sum to less than ``2**total_bits``."""
 
     def __init__(self, increment_bits: dict[str, int], *, total_bits: int = 24, i_domain: str,
                  o_domain: str = "sync"):
@@ -238,7 +275,11 @@ class CountCrossing(wiring.Component):
             total = Signal(self.total_bits, name=f"total_{name}")
             snapshot = Signal(self.total_bits, name=f"snapshot_{name}")
             previous = Signal(self.total_bits, name=f"previous_{name}")
-            total_next = (total + getattr(self, f"i_{name}"))[:self.total_bits]
+            # the increment is registered as it arrives, so that the logic producing it (an
+            # array's handshake) reaches no adder in the cycle it changes
+            increment = Signal.like(getattr(self, f"i_{name}"), name=f"increment_{name}")
+            m.d[self.i_domain] += increment.eq(getattr(self, f"i_{name}"))
+            total_next = (total + increment)[:self.total_bits]
             m.d[self.i_domain] += total.eq(total_next)
             with m.If(take):
                 m.d[self.i_domain] += snapshot.eq(total_next)

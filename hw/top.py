@@ -483,8 +483,11 @@ class Accelerator(wiring.Component):
             w, r = (_CROSSING, _COMPUTE) if into_core else (_COMPUTE, _CROSSING)
             depth = _CROSSING_DEPTH[name]
             block_ram = wants_block_ram(cfg, Shape.cast(shape).width * depth)
+            # registers on the compute core's side: its logic meets neither the FIFO's block
+            # RAM nor its pointers in a cycle of the fast clock (hw/cdc.py)
             x.submodules[name] = block = StreamCrossing(shape, depth=depth, w_domain=w, r_domain=r,
-                                                       block_ram=block_ram)
+                                                       block_ram=block_ram, read_register=into_core,
+                                                       write_register=not into_core)
             return block
 
         cmd = crossing("cmd", InstructionLayout())

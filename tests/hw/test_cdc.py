@@ -34,10 +34,16 @@ def _simulate(dut, periods, *testbenches):
     sim.run()          # until the foreground testbenches are done
 
 
+#: (read_register, write_register)
+REGISTERS = [(False, False), (True, False), (False, True), (True, True)]
+
+
+@pytest.mark.parametrize("registers", REGISTERS)
 @pytest.mark.parametrize("periods", PERIODS)
-def test_stream_crossing_in_order_under_random_traffic(periods):
+def test_stream_crossing_in_order_under_random_traffic(periods, registers):
     rng = random.Random(sum(periods))
-    dut = StreamCrossing(16, depth=4, w_domain="sync", r_domain="fast")
+    dut = StreamCrossing(16, depth=4, w_domain="sync", r_domain="fast",
+                         read_register=registers[0], write_register=registers[1])
     items = [0, 0xFFFF] + [rng.randrange(1 << 16) for _ in range(300)] + [0xFFFF, 0]
     received, checks = [], []
     done = []
@@ -75,8 +81,55 @@ def test_stream_crossing_in_order_under_random_traffic(periods):
     assert done
     assert received == items
     # drained never ran ahead of sent (the difference would wrap to a large number) and the
-    # FIFO's depth bounds what is in flight besides the synchronizers' lag
-    assert max(checks) <= 4 + 2
+    # FIFO's depth (and each register's two entries) bound what is in flight besides the
+    # synchronizers' lag
+    assert max(checks) <= 4 + 2 + 2 * sum(registers)
+
+
+@pytest.mark.parametrize("registers", REGISTERS[1:])
+def test_stream_crossing_registers_buffer_and_drained_counts_the_consumer(registers):
+    """Each register holds two items more while the consumer waits, and ``drained`` counts
+    only what the consumer took, not what waits in the read register. (That the registers cut
+    the paths to the FIFO's pointers and memory is :class:`StreamRegister`'s property,
+    tests/hw/test_interconnect.py.)"""
+    read_register, write_register = registers
+    dut = StreamCrossing(8, depth=4, w_domain="sync", r_domain="fast",
+                         read_register=read_register, write_register=write_register)
+    result = {}
+
+    async def bench(ctx):
+        for _ in range(4):
+            await ctx.tick("sync")
+        # the consumer is not ready: at most the FIFO's 4 items and the registers' 2 each go in
+        ctx.set(dut.i.valid, 1)
+        sent = 0
+        for n in range(20):
+            ctx.set(dut.i.payload, n + 1)
+            _, _, accepted = await ctx.tick("sync").sample(dut.i.ready)
+            sent += accepted
+        ctx.set(dut.i.valid, 0)
+        for _ in range(30):
+            await ctx.tick("sync")
+        result["sent"] = sent
+        result["drained_before"] = ctx.get(dut.drained)
+        # the consumer takes one item: drained says one, a few cycles later
+        taken = []
+        ctx.set(dut.o.ready, 1)
+        while not taken:
+            _, _, valid, payload = await ctx.tick("fast").sample(dut.o.valid, dut.o.payload)
+            if valid:
+                taken.append(payload)
+        ctx.set(dut.o.ready, 0)
+        for _ in range(30):
+            await ctx.tick("sync")
+        result["taken"] = taken
+        result["drained_after"] = ctx.get(dut.drained)
+
+    _simulate(dut, PERIODS[0], (bench, False))
+    assert result["sent"] == 4 + 2 * read_register + 2 * write_register
+    assert result["drained_before"] == 0
+    assert result["taken"] == [1]
+    assert result["drained_after"] == 1
 
 
 def test_stream_crossing_depth_rule():
