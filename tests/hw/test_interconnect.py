@@ -17,7 +17,11 @@ from .test_scratchpad import collect, drive, simulate
 SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
 
 
-def _run(items: list[int], *, gap: float, stall: float, seed: int, kind: type = StreamRegister
+def _eager(width: int) -> StreamRegister:
+    return StreamRegister(width, eager_spare=True)
+
+
+def _run(items: list[int], *, gap: float, stall: float, seed: int, kind=StreamRegister
          ) -> tuple[list[int], list[tuple[int, int]]]:
     dut = kind(16)
     result: dict[str, object] = {}
@@ -32,8 +36,8 @@ def _run(items: list[int], *, gap: float, stall: float, seed: int, kind: type = 
     return result["in"], result["out"]
 
 
-@pytest.mark.parametrize("kind", [StreamRegister, HalfRateRegister], ids=["full", "half"])
-def test_random_traffic_keeps_order_and_every_item(kind: type) -> None:
+@pytest.mark.parametrize("kind", [StreamRegister, _eager, HalfRateRegister], ids=["full", "eager", "half"])
+def test_random_traffic_keeps_order_and_every_item(kind) -> None:
     rng = random.Random(SEED)
     items = [rng.choice([0, 0xFFFF, 0x8000, rng.randrange(1 << 16)]) for _ in range(400)]
     for gap, stall in ((0.0, 0.0), (0.3, 0.0), (0.0, 0.5), (0.4, 0.6), (0.0, 0.9)):
@@ -43,9 +47,10 @@ def test_random_traffic_keeps_order_and_every_item(kind: type) -> None:
         assert all(out_edge > in_edge for in_edge, (out_edge, _) in zip(accepted, taken, strict=True))
 
 
-def test_full_rate_with_one_cycle_of_latency() -> None:
+@pytest.mark.parametrize("kind", [StreamRegister, _eager], ids=["full", "eager"])
+def test_full_rate_with_one_cycle_of_latency(kind) -> None:
     items = list(range(50))
-    accepted, taken = _run(items, gap=0.0, stall=0.0, seed=SEED)
+    accepted, taken = _run(items, gap=0.0, stall=0.0, seed=SEED, kind=kind)
     assert accepted == list(range(1, 51))
     assert [edge for edge, _ in taken] == [edge + 1 for edge in accepted]
 
