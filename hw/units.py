@@ -620,18 +620,28 @@ class ComputeUnit(wiring.Component):
             out.accumulate.eq(head.accumulate),
             next_row.eq(out_row + 1),
         ]
+        # A result row's descriptor is always at the head of `writes` when the row arrives: it
+        # was written with the feeder's descriptor, whose first row enters the array at least
+        # array_latency cycles before its first result; the rows come back in order; and the
+        # buffered FIFO shows the next descriptor in the cycle after a read (no bubble). So the
+        # writer waits for the accumulator only, not for `writes`: its readiness is then the
+        # accumulator's (constant, hw/accumulator.py), and neither the result register's output
+        # enable nor the array's output handshake depends on the descriptor queue (that
+        # dependence was the 16x16 compute core's critical path at a1e361d). A row that came
+        # without its descriptor would be written with a wrong one, which the RTL tests' golden
+        # comparisons would show.
         if ws:
             # the array returns exactly the m rows (m >= 1): no comparison with m but the last
             m.d.comb += [
-                self.acc_write.valid.eq(results.valid & writes.r_rdy),
-                results.ready.eq(writes.r_rdy & self.acc_write.ready),
+                self.acc_write.valid.eq(results.valid),
+                results.ready.eq(self.acc_write.ready),
             ]
             last_row = out_row == head.m_last
         else:
             # OS tiles drain all R rows; rows >= m are dropped
             m.d.comb += [
-                self.acc_write.valid.eq(results.valid & writes.r_rdy & (out_row < head.m)),
-                results.ready.eq(writes.r_rdy & ((out_row >= head.m) | self.acc_write.ready)),
+                self.acc_write.valid.eq(results.valid & (out_row < head.m)),
+                results.ready.eq((out_row >= head.m) | self.acc_write.ready),
             ]
             last_row = out_row == R - 1
         completing = Signal()
