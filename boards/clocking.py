@@ -32,6 +32,7 @@ from typing import Any
 from amaranth import ClockDomain, ClockSignal, Const, Elaboratable, Instance, Module, Signal
 from amaranth.lib import io
 from amaranth.lib.cdc import FFSynchronizer
+from systolic.hw.dsp import global_buffer
 
 __all__ = [
     "PllError", "PLL_TOLERANCE", "POR_SECONDS", "Ice40Pll", "Ecp5Pll", "ice40_pll", "ecp5_pll",
@@ -350,17 +351,20 @@ class ClockReset(Elaboratable):
         m.domains.por = ClockDomain("por", reset_less=True, local=True)
         locked = Signal()
         timer = Signal(range(delay + 1))
-        ready = Signal()
+        reset = Signal(init=1)
         m.submodules.lock_sync = FFSynchronizer(self.locked, locked, o_domain="por", init=0)
-        m.d.comb += [
-            ClockSignal("por").eq(self.clk),
-            self.rst.eq(~ready),
-        ]
+        m.d.comb += ClockSignal("por").eq(self.clk)
         with m.If(~locked):
-            m.d.por += [timer.eq(0), ready.eq(0)]
+            m.d.por += [timer.eq(0), reset.eq(1)]
         with m.Elif(timer == delay):
-            m.d.por += ready.eq(1)
+            m.d.por += reset.eq(0)
         with m.Else():
             m.d.por += timer.eq(timer + 1)
+        # ECP5: the reset (a register) reaches its flip-flops over a global clock line
+        # (hw/dsp.py global_buffer), not the general routing
+        if self.family == "ecp5":
+            m.d.comb += self.rst.eq(global_buffer(m, "reset_buffer", reset))
+        else:
+            m.d.comb += self.rst.eq(reset)
         return m
 

@@ -1,4 +1,5 @@
-"""Lattice ECP5 DSP blocks instantiated directly, with the block's own registers in use.
+"""Lattice ECP5 primitives instantiated directly: DSP blocks with the block's own registers in
+use, and the clock network's buffer for a signal with thousands of loads.
 
 yosys maps a multiply to a combinational MULT18X18D and leaves the registers around it in the
 fabric, so the path from a fabric register through the DSP block to the next fabric register
@@ -12,7 +13,7 @@ from typing import Any
 from amaranth import ClockSignal, Const, Instance, Module, Signal, signed
 from amaranth.hdl import Value
 
-__all__ = ["MULT18X18D_INPUT_BITS", "is_ecp5", "mult18x18d"]
+__all__ = ["MULT18X18D_INPUT_BITS", "global_buffer", "is_ecp5", "mult18x18d"]
 
 #: Width of a MULT18X18D operand: 18 bits signed (so 17 bits unsigned).
 MULT18X18D_INPUT_BITS = 18
@@ -22,6 +23,19 @@ def is_ecp5(platform: Any) -> bool:
     """Whether ``platform`` is a Lattice ECP5 platform (``platform.family == "ecp5"``): the
     gateware then instantiates that family's primitives."""
     return getattr(platform, "family", None) == "ecp5"
+
+
+def global_buffer(m: Module, name: str, value: Value) -> Value:
+    """``value`` through a DCCA (submodule ``name``), the buffer in front of an ECP5 global
+    clock line, returned as the buffer's output.
+
+    For a register's output with thousands of loads, such as a clock domain's reset: nextpnr
+    routes a DCCA's output over the global network, into every tile the loads are in, to their
+    pins (a flip-flop's LSR input reaches the first eight global lines). The general routing then
+    carries no tree spanning the die for it, and the delay to every load is about the same."""
+    out = Signal(name=f"{name}_o")
+    m.submodules[name] = Instance("DCCA", i_CLKI=value, i_CE=Const(1), o_CLKO=out)
+    return out
 
 
 def mult18x18d(m: Module, name: str, a: Value, b: Value, *, input_registers: bool,

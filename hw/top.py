@@ -38,6 +38,7 @@ from .compute_core import ComputeCore, connect_compute_datapath
 from .config import AcceleratorConfig
 from .controller import Dispatcher, Fetcher, InstructionLayout, Sequencer, TokenChannel
 from .csr import COUNTERS, CSR_ADDR_BITS, CSRBank
+from .dsp import global_buffer, is_ecp5
 from .fifo import wants_block_ram
 from .fw_engine import RAM_KINDS, FirmwareController
 from .interconnect import HalfRateRegister, ReadArbiter, StreamRegister
@@ -165,11 +166,11 @@ class Accelerator(wiring.Component):
         if cfg.control == "firmware":
             self._elaborate_firmware(m, core, csr, start)
         else:
-            self._elaborate_hardware(m, core, csr, start, unit_reset, core_reset)
+            self._elaborate_hardware(m, core, csr, start, unit_reset, core_reset, platform)
         return m
 
     def _elaborate_hardware(self, m: Module, core: Module, csr: CSRBank, start: Signal,
-                            unit_reset: Signal, core_reset: Signal) -> None:
+                            unit_reset: Signal, core_reset: Signal, platform) -> None:
         cfg = self.config
         dual = bool(cfg.compute_clock_mhz)
         # -- blocks -----------------------------------------------------------------------------
@@ -183,7 +184,8 @@ class Accelerator(wiring.Component):
         if dual:
             # the compute core on its own clock, behind clock-domain crossings; `compute`,
             # `spad` and `acc` stand for its sync-side ports
-            compute, spad, acc, start = self._compute_core_crossings(m, load, start, core_reset)
+            compute, spad, acc, start = self._compute_core_crossings(m, load, start, core_reset,
+                                                                     platform)
         else:
             compute = self._compute_unit()
         store = StoreUnit(cfg)
@@ -438,8 +440,9 @@ class Accelerator(wiring.Component):
         ]
         return running
 
-    def _compute_core_crossings(self, m: Module, load: LoadUnit, start: Signal, core_reset: Signal
-                                ) -> tuple[SimpleNamespace, SimpleNamespace, SimpleNamespace, Signal]:
+    def _compute_core_crossings(self, m: Module, load: LoadUnit, start: Signal, core_reset: Signal,
+                                platform) -> tuple[SimpleNamespace, SimpleNamespace, SimpleNamespace,
+                                                   Signal]:
         """``config.compute_clock_mhz``: the compute core (:class:`ComputeCore`) in a clock domain
         of its own (``_COMPUTE``; clock: the port ``compute_clk``) and the crossings between it
         and the rest
@@ -455,8 +458,11 @@ class Accelerator(wiring.Component):
                                                            cycles=_COMPUTE_RESET_CYCLES)
         boot = Signal(init=1)
         m.d.sync += boot.eq(0)
+        # on ECP5 the reset (a register) reaches the core's ~18k flip-flops of a 16x16 array
+        # over a global clock line rather than the general routing (hw/dsp.py)
+        core_rst = global_buffer(m, "compute_reset_buffer", reset.reset) if is_ecp5(platform) else reset.reset
         m.d.comb += [reset.request.eq(core_reset | boot),
-                     ClockSignal(_COMPUTE).eq(self.compute_clk), ResetSignal(_COMPUTE).eq(reset.reset)]
+                     ClockSignal(_COMPUTE).eq(self.compute_clk), ResetSignal(_COMPUTE).eq(core_rst)]
         # boot covers the cycle between the top's reset and busy: no cycle out of reset in which
         # a crossing's sync side could take a count the compute side has not reset yet
         resetting = Signal()

