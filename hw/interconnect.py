@@ -97,28 +97,13 @@ class StreamRegister(_StreamStage):
     two sides: ``o.valid`` and ``o.payload`` come from registers, and ``i.ready`` is a register
     (high while the spare entry is empty), so a consumer's ``ready`` does not reach the producer
     in the same cycle. One cycle of latency; a transfer every cycle while ``o.ready`` stays high.
-    Items leave in order, none lost or repeated.
-
-    ``eager_spare``: the spare entry takes ``i.payload`` in every cycle it is empty, so its load
-    enable is a register (``~spare_valid``) rather than a function of ``i.valid`` and
-    ``o.ready``: for a wide payload whose producer's ``valid`` comes late (a systolic array's
-    output handshake), that enable's fan-out is then the only route in the path. The price is
-    in flip-flops: yosys no longer merges the entries' copies of repeated payload bits (the sign
-    extension of narrower values; 130 against 84 flip-flops for two 32-bit words of 20
-    significant bits)."""
-
-    def __init__(self, payload_shape: ShapeLike, *, eager_spare: bool = False):
-        self.eager_spare = bool(eager_spare)
-        super().__init__(payload_shape)
+    Items leave in order, none lost or repeated."""
 
     def elaborate(self, platform):
         m = Module()
         spare = Signal.like(self.i.payload)
         spare_valid = Signal()
         m.d.comb += self.i.ready.eq(~spare_valid)
-        if self.eager_spare:
-            with m.If(~spare_valid):
-                m.d.sync += spare.eq(self.i.payload)
         with m.If(~self.o.valid | self.o.ready):        # the output register is free this cycle
             m.d.sync += [
                 self.o.valid.eq(spare_valid | self.i.valid),
@@ -126,9 +111,7 @@ class StreamRegister(_StreamStage):
                 spare_valid.eq(0),
             ]
         with m.Elif(self.i.valid & ~spare_valid):       # the output waits: the item into the spare
-            m.d.sync += spare_valid.eq(1)
-            if not self.eager_spare:
-                m.d.sync += spare.eq(self.i.payload)
+            m.d.sync += [spare_valid.eq(1), spare.eq(self.i.payload)]
         return m
 
 

@@ -604,13 +604,11 @@ class ComputeUnit(wiring.Component):
         # with the memory registers, the array's result rows pass a StreamRegister: the array's
         # output handshake (from its output-stall register) and this writer's row counter and
         # descriptor queue are then a cycle apart (the 16x16 compute core's critical path on the
-        # ULX3S-85F at 934e02c, mostly routing across the core). Its spare entry loads whenever
-        # it is empty (eager_spare): its 320-bit load enable was the next one (the array's output
-        # valid -> the enable, 9.1 ns of routing, at 6a665df)
+        # ULX3S-85F at 934e02c, mostly routing across the core). The writer below is always
+        # ready, so the register's spare entry is never used (yosys removes it)
         results = self.outputs
         if registered:
-            m.submodules.results_register = results_register = StreamRegister(output_layout(cfg),
-                                                                               eager_spare=True)
+            m.submodules.results_register = results_register = StreamRegister(output_layout(cfg))
             wiring.connect(m, wiring.flipped(self.outputs), results_register.i)
             results = results_register.o
         next_row = Signal(len(out_row) + 1)
