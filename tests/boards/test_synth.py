@@ -309,7 +309,6 @@ def test_board_top_drives_the_socs_compute_clock_from_clkos() -> None:
         BoardTop(board, one, clock)
 
 
-
 @pytest.mark.parametrize("board_name, compute_mhz, buffers", [
     ("ulx3s-85f", 100, {"reset_buffer": "top.clock_reset", "compute_reset_buffer": "top.core.accelerator"}),
     ("ulx3s-85f", 0, {"reset_buffer": "top.clock_reset"}),
