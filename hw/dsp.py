@@ -1,5 +1,6 @@
 """Lattice ECP5 primitives instantiated directly: DSP blocks with the block's own registers in
-use, and the clock network's buffer for a signal with thousands of loads.
+use, carry chains whose look-up tables do more than yosys's adders, and the clock network's
+buffer for a signal with thousands of loads.
 
 yosys maps a multiply to a combinational MULT18X18D and leaves the registers around it in the
 fabric, so the path from a fabric register through the DSP block to the next fabric register
@@ -10,10 +11,11 @@ that at most one route sits in a register-to-register path through the multiplie
 
 from typing import Any
 
-from amaranth import ClockSignal, Const, Instance, Module, Signal, signed
+from amaranth import Cat, ClockSignal, Const, Instance, Module, Shape, Signal, signed
 from amaranth.hdl import Value
 
-__all__ = ["MULT18X18D_INPUT_BITS", "global_buffer", "is_ecp5", "mult18x18d"]
+__all__ = ["MULT18X18D_INPUT_BITS", "and_pair_sum", "and_pair_sum_shape", "global_buffer", "is_ecp5",
+           "mult18x18d"]
 
 #: Width of a MULT18X18D operand: 18 bits signed (so 17 bits unsigned).
 MULT18X18D_INPUT_BITS = 18
@@ -100,3 +102,97 @@ def mult18x18d(m: Module, name: str, a: Value, b: Value, *, input_registers: boo
         **ports,
     )
     return product[shift:].as_signed()
+
+
+def _lut4_index(a: int, b: int, c: int, d: int) -> int:
+    """Bit of a LUT4's INIT read for inputs A, B, C, D (each 0 or 1): D selects the upper byte."""
+    return a | b << 1 | c << 2 | d << 3
+
+
+def and_pair_sum_shape(a_shape: Shape, negative: str | None = None) -> Shape:
+    """The shape of :func:`and_pair_sum`'s result for a multiplicand of ``a_shape``: the
+    narrowest that holds every sum (signed when one can be negative).
+
+    Raises :class:`ValueError` for a ``negative`` other than None, ``"low"`` or ``"high"``."""
+    if negative not in (None, "low", "high"):
+        raise ValueError(f"negative must be None, 'low' or 'high', not {negative!r}")
+    a_shape = Shape.cast(a_shape)
+    if a_shape.signed:
+        a_lo, a_hi = -(1 << (a_shape.width - 1)), (1 << (a_shape.width - 1)) - 1
+    else:
+        a_lo, a_hi = 0, (1 << a_shape.width) - 1
+    term = (min(0, a_lo), max(0, a_hi))                 # a partial product's range
+    ranges = {"low": term, "high": (2 * term[0], 2 * term[1])}
+    if negative is not None:
+        lo, hi = ranges[negative]
+        ranges[negative] = (-hi, -lo)
+    return Shape.cast(range(ranges["low"][0] + ranges["high"][0], ranges["low"][1] + ranges["high"][1] + 1))
+
+
+def and_pair_sum(m: Module, name: str, a: Value, low: Value, high: Value, *,
+                 negative: str | None = None) -> Value:
+    """Add to ``m`` a CCU2C carry chain (submodules ``name_0``, ``name_1``, ...) that computes
+    ``(a if low else 0) + 2 * (a if high else 0)``, with the term ``negative`` names (``"low"``,
+    ``"high"`` or None) subtracted instead, and return the sum: two partial products of a
+    shift-and-add multiplier, added by one chain with the ANDs inside it.
+
+    yosys maps such a sum to AND gates in LUT4s and an adder whose CCU2C look-up tables only
+    XOR their two inputs: about three LUT4 positions per bit. Each half of a CCU2C has a LUT4 of
+    its own four inputs (A, B, C, D) whose output is the bit's propagate, while its generate is
+    the same table read with C = D = 0. So the propagate of bit k is ``(A & B) ^ (C & D)`` with
+    the two partial-product bits' operands on the four inputs (the subtracted term's AND
+    inverted, on A and B, and a carry of 1 into the chain), and the generate, the table at C = D
+    = 0, is then the A-B term, which is the carry out whenever the two terms are equal: one LUT4
+    position per bit.
+
+    ``a``: the multiplicand (signed or unsigned); ``low``, ``high``: one bit each. The result is
+    exact, of :func:`and_pair_sum_shape`.
+
+    Raises :class:`ValueError` for a ``negative`` other than those three, or ``low``/``high``
+    wider than one bit.
+    """
+    a = Value.cast(a)
+    low, high = Value.cast(low), Value.cast(high)
+    for bit_name, bit in (("low", low), ("high", high)):
+        if len(bit) != 1:
+            raise ValueError(f"{bit_name} must be one bit wide, not {len(bit)}")
+    shape = a.shape()
+    result_shape = and_pair_sum_shape(shape, negative)
+    width = result_shape.width
+
+    def a_bit(k: int) -> Value:
+        if k < 0:
+            return Const(0)
+        if k >= shape.width:
+            return a[-1] if shape.signed else Const(0)
+        return a[k]
+
+    result = Signal(result_shape, name=f"{name}_sum")
+    carry: Value = Const(1 if negative else 0)
+    sums = []
+    for cell in range(-(-width // 2)):
+        ports: dict[str, Any] = {}
+        for half in range(2):
+            k = 2 * cell + half
+            terms = {"low": (a_bit(k), low), "high": (a_bit(k - 1), high)}
+            # the subtracted term (if any) on A and B: the table read at C = D = 0 is then it
+            first = negative or "low"
+            second = "high" if first == "low" else "low"
+            (pa, pb), (pc, pd) = terms[first], terms[second]
+            invert = negative is not None
+            init = 0
+            for index in range(16):
+                va, vb, vc, vd = (index >> 0) & 1, (index >> 1) & 1, (index >> 2) & 1, (index >> 3) & 1
+                if ((va & vb) ^ invert) ^ (vc & vd):
+                    init |= 1 << _lut4_index(va, vb, vc, vd)
+            ports[f"p_INIT{half}"] = Const(init, 16)
+            ports[f"p_INJECT1_{half}"] = "NO"
+            ports.update({f"i_A{half}": pa, f"i_B{half}": pb, f"i_C{half}": pc, f"i_D{half}": pd})
+            out = Signal(name=f"{name}_s{k}")
+            ports[f"o_S{half}"] = out
+            sums.append(out)
+        cout = Signal(name=f"{name}_c{cell}")
+        m.submodules[f"{name}_{cell}"] = Instance("CCU2C", i_CIN=carry, o_COUT=cout, **ports)
+        carry = cout
+    m.d.comb += result.eq(Cat(*sums[:width]))
+    return result

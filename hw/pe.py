@@ -53,7 +53,7 @@ from amaranth.lib.wiring import In, Out
 
 from .bankram import DP16KDPort, dp16kd
 from .config import BRAM_TABLE_ENTRIES, AcceleratorConfig, int_range, quarter_square_span
-from .dsp import MULT18X18D_INPUT_BITS, is_ecp5, mult18x18d
+from .dsp import MULT18X18D_INPUT_BITS, and_pair_sum, is_ecp5, mult18x18d
 
 __all__ = ["ProcessingElement", "PipelinedMultiplier", "element_shapes", "MAC_LATENCY",
            "MULTIPLIER_KINDS", "MULTIPLIER_LATENCY"]
@@ -123,7 +123,9 @@ class PipelinedMultiplier(wiring.Component):
       two-input adders whose levels are spread over the 3 register stages (one adder level per
       stage for 8-bit ``b``), so the latency is the same 3 cycles. The operands are not registered
       first (the PE's operands come from registers already): each stage is at most the AND of a
-      partial product and one or two carry chains.
+      partial product and one or two carry chains. On ECP5 each pair of partial products is
+      added by one CCU2C chain that also makes their ANDs (:func:`~systolic.hw.dsp.and_pair_sum`):
+      37 CCU2C and no LUT4 for int8 times int8, where yosys makes the ANDs in 64 LUT4s of their own.
 
     ``a``: ``In(a_shape)``; ``b``: ``In(b_shape)``; ``product``: ``Out`` of the exact product
     shape (a_bits + b_bits wide, one more when exactly one operand is signed);
@@ -161,7 +163,7 @@ class PipelinedMultiplier(wiring.Component):
     def elaborate(self, platform) -> Module:
         m = Module()
         if self.kind == "logic":
-            return self._elaborate_logic(m)
+            return self._elaborate_logic(m, platform)
         if self.kind == "bram":
             return self._elaborate_bram(m, platform)
         if is_ecp5(platform):
@@ -221,7 +223,7 @@ class PipelinedMultiplier(wiring.Component):
             m.d.sync += product.eq(squares[0][:width] - squares[1][:width])
         return m
 
-    def _elaborate_logic(self, m: Module) -> Module:
+    def _elaborate_logic(self, m: Module, platform: Any) -> Module:
         # Partial products a * b[i] * 2**i (the top one subtracted for a signed b), summed by a
         # tree of two-input adders whose levels are spread over the three register stages, one
         # adder level per stage for 8-bit weights: no stage holds more than one carry chain
@@ -232,18 +234,31 @@ class PipelinedMultiplier(wiring.Component):
         # unshifted relative to their lowest term, so the pipeline registers stay narrow. Data
         # registers have no reset: a value matters only with a valid operand, and the control
         # that marks valid operands is reset (fewer reset and routing nets in a large array).
+        # On ECP5 the first level adds each pair of partial products in one CCU2C chain whose
+        # look-up tables also make the ANDs (hw/dsp.py ``and_pair_sum``): one LUT4 position per
+        # bit instead of about three.
         width = self._b_shape.width
         nodes: list[tuple[Any, int, int]] = []
         for i in range(width):
             negative = self._b_shape.signed and i == width - 1
             nodes.append((Mux(self.b[i], self.a, 0), i, -1 if negative else 1))
+
+        def add_pair(n: int, first: bool) -> tuple[Any, int, int]:
+            low, high = nodes[n], nodes[n + 1]
+            if first and is_ecp5(platform):         # two partial products (shifts n and n + 1)
+                negative = "low" if low[2] < 0 else "high" if high[2] < 0 else None
+                return and_pair_sum(m, f"pp_{n}", self.a, self.b[n], self.b[n + 1], negative=negative), n, 1
+            return _add_nodes(low, high)
+
         levels = (width - 1).bit_length()           # adder levels of the tree
+        first = True
         for stage in range(MULTIPLIER_LATENCY):
             stage_levels = -(-levels // (MULTIPLIER_LATENCY - stage))    # ceil
             levels -= stage_levels
             for _ in range(stage_levels):
-                nodes = [_add_nodes(*nodes[n:n + 2]) if n + 1 < len(nodes) else nodes[n]
+                nodes = [add_pair(n, first) if n + 1 < len(nodes) else nodes[n]
                          for n in range(0, len(nodes), 2)]
+                first = False
             if stage == MULTIPLIER_LATENCY - 1:
                 (value, shift, sign), = nodes
                 total = value if sign > 0 else -value

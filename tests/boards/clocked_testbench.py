@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from typing import Any
 
 from systolic.sim.tools import (
     VERILATOR_WAIVERS,
@@ -104,3 +105,26 @@ def check_variant_summaries(output: str, cases: int, min_reads: int) -> None:
     for case, reads, generic_bad, ecp5_bad in summaries:
         assert (int(generic_bad), int(ecp5_bad)) == (0, 0), (case, output)
         assert int(reads) >= min_reads, (case, output)
+
+
+def operand_declarations(k: int, a_shape: Any, b_shape: Any, product_width: int) -> str:
+    """SystemVerilog declarations of a multiplier testbench's operands ``a{k}``, ``b{k}`` (of
+    the Amaranth shapes ``a_shape``, ``b_shape``) and its product ``p{k}`` (signed)."""
+    sign = {True: "signed ", False: ""}
+    return (f"  logic {sign[a_shape.signed]}[{a_shape.width - 1}:0] a{k};\n"
+            f"  logic {sign[b_shape.signed]}[{b_shape.width - 1}:0] b{k};\n"
+            f"  logic signed [{product_width - 1}:0] p{k};\n")
+
+
+def operand_assign(name: str, shape: Any, exhaustive_bits: str, mode: str, random_bits: str) -> str:
+    """An ``assign`` of the operand ``name`` (of the Amaranth shape ``shape``): the bits
+    ``exhaustive_bits`` (a counter's) when given, otherwise by the 3-bit ``mode`` the minimum,
+    the maximum, all ones, 0 or 1, else ``random_bits``."""
+    width = shape.width
+    if exhaustive_bits:
+        return f"  assign {name} = {exhaustive_bits};\n"
+    lo = 1 << (width - 1) if shape.signed else 0
+    hi = (1 << (width - 1)) - 1 if shape.signed else (1 << width) - 1
+    return (f"  assign {name} = {mode} == 0 ? {width}'d{lo} : {mode} == 1 ? {width}'d{hi} : "
+            f"{mode} == 2 ? {width}'d{(1 << width) - 1} : {mode} == 3 ? {width}'d0 : "
+            f"{mode} == 4 ? {width}'d1 : {random_bits};\n")

