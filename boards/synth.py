@@ -53,6 +53,7 @@ from systolic.sim.tools import (
     ToolError,
     YosysSilentExit,
     classic_abc_commands,
+    exit_status,
     raise_yosys_failure,
     tool_env,
 )
@@ -583,11 +584,14 @@ def _nextpnr(board: Board, build: Path, seed: int, placer: str, router: str, env
     if (build / "nextpnr.log").is_file():
         output += (build / "nextpnr.log").read_text(errors="replace")
     if result.returncode != 0 or not report.is_file() or not (build / _PLACED[family]).is_file():
+        if result.returncode < 0:   # stopped from outside: its log ends in progress lines
+            raise ToolError(f"{_NEXTPNR[family]} {exit_status(result.returncode)} (log in "
+                            f"{build / 'nextpnr.log'})")
         capacity = _nextpnr_capacity_error(board, output, what)
         if capacity is not None:
             raise capacity
         errors = [line for line in output.splitlines() if "ERROR" in line]
-        raise ToolError(f"{_NEXTPNR[family]} failed with status {result.returncode} (log in "
+        raise ToolError(f"{_NEXTPNR[family]} {exit_status(result.returncode)} (log in "
                         f"{build / 'nextpnr.log'}):\n" + "\n".join(errors or output.splitlines()[-20:]))
     return json.loads(report.read_text())
 
@@ -607,8 +611,9 @@ def _pack_only(board: Board, build: Path, env: Mapping[str, str]) -> dict[str, i
     if result.returncode != 0 or not used:
         output = (result.stdout + result.stderr + text).splitlines()
         errors = list(dict.fromkeys(line for line in output if "ERROR" in line))   # log and stderr
-        raise ToolError(f"{_NEXTPNR[family]} --pack-only failed with status {result.returncode} "
-                        f"(log in {log}):\n" + "\n".join(errors or output[-20:]))
+        raise ToolError(f"{_NEXTPNR[family]} --pack-only {exit_status(result.returncode)} "
+                        f"(log in {log})" + (":\n" + "\n".join(errors or output[-20:])
+                                             if result.returncode >= 0 else ""))
     return used
 
 
@@ -622,7 +627,7 @@ def _pack(board: Board, build: Path, env: Mapping[str, str]) -> Path:
                    "--bit", bitstream.name]
     result = _run(command, build, env)
     if result.returncode != 0 or not bitstream.is_file():
-        raise ToolError(f"{_PACK[family]} failed with status {result.returncode}:\n"
+        raise ToolError(f"{_PACK[family]} {exit_status(result.returncode)}:\n"
                         + (result.stdout + result.stderr).strip())
     return bitstream
 

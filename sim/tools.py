@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,13 +34,25 @@ __all__ = [
     "tool_env", "to_verilog", "verilator_lint", "yosys_synth", "build_cache_dir", "build_lock", "design_hash",
     "cocotb_build", "cocotb_test", "waves_enabled", "SYNTH_FAMILIES", "strip_build", "CELL_KINDS",
     "raise_yosys_failure", "YosysSilentExit",
-    "classic_abc_commands",
+    "classic_abc_commands", "exit_status",
 ]
 
 
 class ToolError(RuntimeError):
     """An external tool is missing or reported errors; the message names the tool and quotes
     its output."""
+
+
+def exit_status(returncode: int) -> str:
+    """How a tool's run ended, for a message after its name: "failed with status N", or for a
+    process stopped by a signal (``subprocess``'s negative return code) "was stopped by signal
+    SIGNAME (N)"."""
+    if returncode < 0:
+        try:
+            return f"was stopped by signal {signal.Signals(-returncode).name} ({-returncode})"
+        except ValueError:
+            return f"was stopped by signal {-returncode}"
+    return f"failed with status {returncode}"
 
 
 #: Verilator warnings that Amaranth's generated Verilog raises by construction, waived for
@@ -307,10 +320,13 @@ class YosysSilentExit(ToolError):
 
 def raise_yosys_failure(result: subprocess.CompletedProcess[str], what: str) -> NoReturn:
     """Raise for the failed yosys run ``result`` (``what``: how to name the run in the message):
-    :class:`ToolError` quoting its ERROR lines, or, when it printed none (YoWASP's ABC9 exits so on
+    :class:`ToolError` quoting its ERROR lines (or saying which signal stopped it), or, when it
+    printed none (YoWASP's ABC9 exits so on
     some netlists, see :func:`classic_abc_commands`), :class:`YosysSilentExit` quoting the
     last 20 lines of its output, which callers catch to retry with classic ABC."""
     output = (result.stdout or "") + (result.stderr or "")
+    if result.returncode < 0:       # stopped from outside: no ERROR line to quote, nothing to retry
+        raise ToolError(f"{what} {exit_status(result.returncode)}")
     errors = [line for line in output.splitlines() if "ERROR" in line]
     if not errors:
         tail = "\n".join(output.strip().splitlines()[-20:])

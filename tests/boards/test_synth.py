@@ -568,9 +568,9 @@ def test_nextpnr_progress_sees_the_analytic_placer_stall() -> None:
     assert nextpnr_progress(_STALLED_LOG.rsplit("Info: Running", 1)[0])["heap_stalled"] is False
 
 
-def _fake_nextpnr(tmp_path: Path, log: str) -> dict[str, str]:
+def _fake_nextpnr(tmp_path: Path, log: str, end: str = "time.sleep(120)") -> dict[str, str]:
     """A tool environment whose nextpnr-ecp5 writes its PID (``fake.pid``) and ``log`` (to its
-    --log file) in its working directory, then sleeps."""
+    --log file) in its working directory, then runs the Python statement ``end`` (sleeps)."""
     script = tmp_path / "fake-nextpnr"
     (tmp_path / "fake.log").write_text(log)
     script.write_text(f"#!{sys.executable}\n"
@@ -579,7 +579,7 @@ def _fake_nextpnr(tmp_path: Path, log: str) -> dict[str, str]:
                       "log = sys.argv[sys.argv.index('--log') + 1]\n"
                       f"source = pathlib.Path({str(tmp_path / 'fake.log')!r})\n"
                       "pathlib.Path(log).write_text(source.read_text())\n"
-                      "time.sleep(120)\n")
+                      f"{end}\n")
     script.chmod(0o755)
     return {**tool_env(), "NEXTPNR_ECP5": str(script)}
 
@@ -619,6 +619,19 @@ def test_nextpnr_past_the_time_limit_is_stopped_and_says_how_far_it_got(
         stopped = caught.value
         assert (stopped.stage, stopped.placed_mhz, stopped.arcs_total) == ("placement", {}, None)
     assert caught.value.heap_stalled == (cut == "stalled")
+
+
+def test_nextpnr_stopped_by_a_signal_says_so(tmp_path: Path) -> None:
+    """A nextpnr killed from outside (here it sends itself SIGTERM) is named with the signal,
+    not as a failure with a status, and its log's progress lines are not quoted."""
+    from systolic.boards.synth import _nextpnr
+
+    build = tmp_path / "build"
+    build.mkdir()
+    env = _fake_nextpnr(tmp_path, _PLACED_LOG, "import signal; os.kill(os.getpid(), signal.SIGTERM)")
+    with pytest.raises(ToolError, match=r"^nextpnr-ecp5 was stopped by signal SIGTERM \(15\) \(log in "
+                                        r"\S*nextpnr\.log\)$"):
+        _nextpnr(get_board("ulx3s-85f"), build, 1, "heap", "router1", env, "config")
 
 
 _CONFLICT = ("Warning: multiple conflicting drivers for top.\\core.load.rows.data [4]:\n"

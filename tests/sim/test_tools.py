@@ -179,6 +179,17 @@ def test_yosys_failure_messages() -> None:
                r"\nline 10\n(.|\n)*line 29$")
     with pytest.raises(tools.YosysSilentExit, match=message):
         tools.raise_yosys_failure(silent, "yosys synth_ecp5 of 'top'")
+    killed = subprocess.CompletedProcess(["yosys"], -9, lines, "")     # not retried: no silent exit
+    with pytest.raises(tools.ToolError, match=r"^yosys synth_ecp5 of 'top' was stopped by signal "
+                                              r"SIGKILL \(9\)$") as info:
+        tools.raise_yosys_failure(killed, "yosys synth_ecp5 of 'top'")
+    assert not isinstance(info.value, tools.YosysSilentExit)
+
+
+def test_exit_status_names_a_signal() -> None:
+    assert tools.exit_status(2) == "failed with status 2"
+    assert tools.exit_status(-15) == "was stopped by signal SIGTERM (15)"
+    assert tools.exit_status(-200) == "was stopped by signal 200"
 
 
 def test_classic_abc_commands_errors() -> None:
