@@ -181,15 +181,16 @@ def test_and_pair_sum_every_input_on_verilator() -> None:
 
 
 def test_ecp5_logic_multiplier_has_no_and_gates() -> None:
-    """int8 x int8: the ECP5 elaboration maps to carry chains and flip-flops only; the generic
-    one needs a LUT4 per partial-product bit besides the same chains."""
+    """int8 x int8: the ECP5 elaboration maps to carry chains and flip-flops only, about half
+    the LUT4 positions of the generic one, which needs a LUT4 for most partial-product bits."""
     ecp5 = yosys_synth(to_verilog(PipelinedMultiplier(signed(8), signed(8), kind="logic"), "mul",
                                   platform=_Ecp5Stand()), "mul", "ecp5")
     generic = yosys_synth(to_verilog(PipelinedMultiplier(signed(8), signed(8), kind="logic"), "mul"),
                           "mul", "ecp5")
     assert ecp5["luts"] == 0, ecp5
-    assert ecp5["carry"] <= generic["carry"], (ecp5, generic)
     assert generic["luts"] >= 8 * 7, generic
+    # LUT4 positions (a CCU2C holds two): about half
+    assert 2 * ecp5["carry"] < 0.6 * (generic["luts"] + 2 * generic["carry"]), (ecp5, generic)
 
 
 def test_and_pair_sum_errors() -> None:
