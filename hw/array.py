@@ -26,14 +26,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, ResetSignal, Shape, Signal, Value
+from amaranth import Cat, Const, Module, Mux, Shape, Signal, Value
 from amaranth.hdl import EnableInserter
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .config import AcceleratorConfig
-from .dsp import is_ecp5
+from .dsp import fabric_register
 from .pe import MAC_LATENCY, ProcessingElement, element_shapes
 
 __all__ = [
@@ -178,18 +178,9 @@ def _delay(m: Module, value: Value, cycles: int, name: str, *, reset_less: bool 
 
 
 def _stall_register(m: Module, platform: Any, value: Value, name: str) -> Signal:
-    """A register of the stall tree, 1 at reset. On ECP5 a ``TRELLIS_FF`` instance, so that
-    yosys does not merge the tree's identical registers back into one (generic elaboration uses a
-    plain register; yosys may merge the leaves there)."""
-    reg = Signal(name=name, init=1)
-    if is_ecp5(platform):
-        m.submodules[f"{name}_ff"] = Instance(
-            "TRELLIS_FF", p_GSR="DISABLED", p_CEMUX="1", p_CLKMUX="CLK", p_LSRMUX="LSR",
-            p_REGSET="SET", p_SRMODE="LSR_OVER_CE",
-            i_CLK=ClockSignal("sync"), i_LSR=ResetSignal("sync"), i_DI=value, o_Q=reg)
-    else:
-        m.d.sync += reg.eq(value)
-    return reg
+    """A register of the stall tree, 1 at reset; on ECP5 one that yosys does not merge with the
+    tree's identical registers (hw/dsp.py ``fabric_register``)."""
+    return fabric_register(m, name, value, init=1, platform=platform)
 
 
 class SystolicArray(wiring.Component):

@@ -11,11 +11,11 @@ that at most one route sits in a register-to-register path through the multiplie
 
 from typing import Any
 
-from amaranth import Cat, ClockSignal, Const, Instance, Module, Shape, Signal, signed
+from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, ResetSignal, Shape, Signal, signed
 from amaranth.hdl import Value
 
-__all__ = ["MULT18X18D_INPUT_BITS", "and_pair_sum", "and_pair_sum_shape", "global_buffer", "is_ecp5",
-           "mult18x18d"]
+__all__ = ["MULT18X18D_INPUT_BITS", "and_pair_sum", "and_pair_sum_shape", "fabric_register",
+           "global_buffer", "is_ecp5", "mult18x18d", "select_add"]
 
 #: Width of a MULT18X18D operand: 18 bits signed (so 17 bits unsigned).
 MULT18X18D_INPUT_BITS = 18
@@ -167,32 +167,100 @@ def and_pair_sum(m: Module, name: str, a: Value, low: Value, high: Value, *,
             return a[-1] if shape.signed else Const(0)
         return a[k]
 
+    # the subtracted term (if any) on A and B: the table read at C = D = 0 is then it
+    first = negative or "low"
+    second = "high" if first == "low" else "low"
+    invert = negative is not None
+    table = _table(lambda a, b, c, d: ((a & b) ^ invert) ^ (c & d))
+    bits = []
+    for k in range(width):
+        terms = {"low": (a_bit(k), low), "high": (a_bit(k - 1), high)}
+        bits.append((table, (*terms[first], *terms[second])))
     result = Signal(result_shape, name=f"{name}_sum")
-    carry: Value = Const(1 if negative else 0)
+    m.d.comb += result.eq(Cat(*_ccu2c_chain(m, name, bits, 1 if negative else 0)))
+    return result
+
+
+def _ccu2c_chain(m: Module, name: str, bits: list[tuple[int, tuple[Value, Value, Value, Value]]],
+                 carry_in: int) -> list[Signal]:
+    """A chain of CCU2C (submodules ``name_0``, ...) whose bit k has the LUT4 table ``bits[k][0]``
+    on the inputs ``bits[k][1]`` (A, B, C, D), carry in ``carry_in``; returns the sum bits. A bit
+    of the last cell beyond ``bits`` has an all-zero table on constant inputs."""
     sums = []
-    for cell in range(-(-width // 2)):
+    carry: Value = Const(carry_in)
+    padded = bits + [(0, (Const(0),) * 4)] * (len(bits) % 2)
+    for cell in range(len(padded) // 2):
         ports: dict[str, Any] = {}
         for half in range(2):
-            k = 2 * cell + half
-            terms = {"low": (a_bit(k), low), "high": (a_bit(k - 1), high)}
-            # the subtracted term (if any) on A and B: the table read at C = D = 0 is then it
-            first = negative or "low"
-            second = "high" if first == "low" else "low"
-            (pa, pb), (pc, pd) = terms[first], terms[second]
-            invert = negative is not None
-            init = 0
-            for index in range(16):
-                va, vb, vc, vd = (index >> 0) & 1, (index >> 1) & 1, (index >> 2) & 1, (index >> 3) & 1
-                if ((va & vb) ^ invert) ^ (vc & vd):
-                    init |= 1 << _lut4_index(va, vb, vc, vd)
-            ports[f"p_INIT{half}"] = Const(init, 16)
-            ports[f"p_INJECT1_{half}"] = "NO"
-            ports.update({f"i_A{half}": pa, f"i_B{half}": pb, f"i_C{half}": pc, f"i_D{half}": pd})
-            out = Signal(name=f"{name}_s{k}")
-            ports[f"o_S{half}"] = out
+            init, (pa, pb, pc, pd) = padded[2 * cell + half]
+            out = Signal(name=f"{name}_s{2 * cell + half}")
+            ports.update({f"p_INIT{half}": Const(init, 16), f"p_INJECT1_{half}": "NO",
+                          f"i_A{half}": pa, f"i_B{half}": pb, f"i_C{half}": pc, f"i_D{half}": pd,
+                          f"o_S{half}": out})
             sums.append(out)
         cout = Signal(name=f"{name}_c{cell}")
         m.submodules[f"{name}_{cell}"] = Instance("CCU2C", i_CIN=carry, o_COUT=cout, **ports)
         carry = cout
-    m.d.comb += result.eq(Cat(*sums[:width]))
-    return result
+    return sums[:len(bits)]
+
+
+def _table(function: Any) -> int:
+    """The LUT4 INIT of ``function(a, b, c, d)`` (each 0 or 1, returning 0 or 1)."""
+    return sum(1 << _lut4_index(a, b, c, d) for a in (0, 1) for b in (0, 1) for c in (0, 1) for d in (0, 1)
+               if function(a, b, c, d))
+
+
+def select_add(m: Module, name: str, select: Value, when_set: Value, when_clear: Value, addend: Value,
+               *, width: int, platform: Any) -> Value:
+    """``(when_set if select else when_clear) + addend``, wrapped to ``width`` bits (each operand
+    extended by its own shape), for an accumulator whose newest result is forwarded into its
+    adder.
+
+    On ECP5 one CCU2C chain (submodules ``name_0``, ...) also makes the select: bit k's table,
+    on ``addend[k]``, ``select``, ``when_set[k]``, ``when_clear[k]`` (A to D), is ``A ^ (B ? C :
+    D)``, the bit's propagate, and read at C = D = 0 it is A, the addend's bit, which is the carry
+    out whenever the two bits are equal (hw/dsp.py ``and_pair_sum`` explains the generate). So
+    ``select`` reaches the chain with no LUT before it, where yosys puts a LUT level (the select)
+    between it and an adder whose tables only XOR. Elsewhere: ``Mux`` and ``+``.
+
+    Returns an unsigned value of ``width`` bits. Raises :class:`ValueError` for a ``select``
+    wider than one bit or a ``width`` below 1."""
+    select, when_set, when_clear, addend = map(Value.cast, (select, when_set, when_clear, addend))
+    if len(select) != 1:
+        raise ValueError(f"select must be one bit wide, not {len(select)}")
+    if not isinstance(width, int) or width < 1:
+        raise ValueError(f"width must be a positive integer, not {width!r}")
+    if not is_ecp5(platform):
+        total = Signal(width, name=f"{name}_sum")
+        m.d.comb += total.eq(Mux(select, when_set, when_clear) + addend)
+        return total
+
+    def bit(value: Value, k: int) -> Value:
+        if k < len(value):
+            return value[k]
+        return value[-1] if value.shape().signed else Const(0)
+
+    table = _table(lambda a, b, c, d: a ^ (c if b else d))
+    bits = [(table, (bit(addend, k), select, bit(when_set, k), bit(when_clear, k))) for k in range(width)]
+    total = Signal(width, name=f"{name}_sum")
+    m.d.comb += total.eq(Cat(*_ccu2c_chain(m, name, bits, 0)))
+    return total
+
+
+def fabric_register(m: Module, name: str, value: Value, *, init: int, platform: Any) -> Signal:
+    """A one-bit register of ``value`` on the ``sync`` clock, reset to ``init`` (0 or 1). On
+    ECP5 a ``TRELLIS_FF`` instance (submodule ``name_ff``), so that yosys does not merge
+    registers of the same value back into one: copies of a register with many loads (a stall
+    tree's leaves, a select of every bit of a wide row) each keep their share of the loads.
+    Elsewhere a plain register (yosys may merge copies)."""
+    if init not in (0, 1):
+        raise ValueError(f"init must be 0 or 1, not {init!r}")
+    reg = Signal(name=name, init=init)
+    if is_ecp5(platform):
+        m.submodules[f"{name}_ff"] = Instance(
+            "TRELLIS_FF", p_GSR="DISABLED", p_CEMUX="1", p_CLKMUX="CLK", p_LSRMUX="LSR",
+            p_REGSET="SET" if init else "RESET", p_SRMODE="LSR_OVER_CE",
+            i_CLK=ClockSignal("sync"), i_LSR=ResetSignal("sync"), i_DI=value, o_Q=reg)
+    else:
+        m.d.sync += reg.eq(value)
+    return reg

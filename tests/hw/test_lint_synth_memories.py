@@ -16,7 +16,9 @@ with 2 lanes and all features, for one); ``yosys_synth`` then maps the ECP5 LUTs
 from __future__ import annotations
 
 import json
+import re
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -142,3 +144,31 @@ def test_sfu_synthesizes_for_ice40() -> None:
     # SB_MAC16 is 16 x 16: each 18 x 18 partial product takes more than one
     assert result["dsps"] >= _sfu_partial_products(SFU_ICE40) == 21, result
     assert result["brams"] >= 1, result     # the output FIFO
+
+
+class _Ecp5Stand:
+    """Stands in for an Amaranth Lattice ECP5 platform: elaboration reads only ``family``."""
+    family = "ecp5"
+
+
+def test_ecp5_accumulator_selects_the_newest_result_in_its_adders(tmp_path: Path) -> None:
+    """On ECP5 each column's adder is one CCU2C chain (16 cells for 32 bits) that also selects the
+    newest result (hw/dsp.py ``select_add``), each selected by a register of its own that yosys
+    keeps (a TRELLIS_FF per column); the generic elaboration has neither."""
+    verilog = to_verilog(Accumulator(MEMORIES), "acc", platform=_Ecp5Stand())
+    chain = r"^\s*CCU2C\s*#\(.*?\)\s*\\?add(\d+)_(\d+)\s*\("
+    chains = re.findall(chain, verilog, re.MULTILINE | re.DOTALL)
+    cells_per_chain = -(-MEMORIES.acc_bits // 2)
+    assert sorted(chains) == sorted((str(c), str(n)) for c in range(MEMORIES.cols)
+                                    for n in range(cells_per_chain))
+    register = r"^\s*TRELLIS_FF\s*#\(.*?\)\s*\\?newest(\d+)_ff\s*\("
+    copies = re.findall(register, verilog, re.MULTILINE | re.DOTALL)
+    assert sorted(copies) == [str(c) for c in range(MEMORIES.cols)]
+    generic = to_verilog(Accumulator(MEMORIES), "acc")
+    assert "CCU2C" not in generic and "TRELLIS_FF" not in generic
+    # synthesis keeps every copy: none merged back into one register
+    netlist = tmp_path / "acc.json"
+    yosys_synth(verilog, "acc", "ecp5", netlist=netlist)
+    cells = json.loads(netlist.read_text())["modules"]["acc"]["cells"]
+    kept = [name for name, cell in cells.items() if cell["type"] == "TRELLIS_FF" and "newest" in name]
+    assert len(kept) == MEMORIES.cols, kept

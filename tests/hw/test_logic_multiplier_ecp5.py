@@ -23,7 +23,7 @@ import pytest
 from amaranth import Module, Shape, Signal, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
-from systolic.hw.dsp import and_pair_sum, and_pair_sum_shape
+from systolic.hw.dsp import and_pair_sum, and_pair_sum_shape, fabric_register, select_add
 from systolic.hw.pe import MULTIPLIER_LATENCY, PipelinedMultiplier
 from systolic.sim.tools import to_verilog, yosys_synth
 
@@ -199,3 +199,83 @@ def test_and_pair_sum_errors() -> None:
         and_pair_sum(m, "x", Signal(signed(8)), Signal(), Signal(), negative="both")
     with pytest.raises(ValueError, match=r"^high must be one bit wide, not 2$"):
         and_pair_sum(m, "x", Signal(signed(8)), Signal(), Signal(2))
+
+
+class _SelectAdd(wiring.Component):
+    def __init__(self, width: int, shapes: tuple[Shape, Shape, Shape], ecp5: bool) -> None:
+        self._width, self._ecp5 = width, ecp5
+        set_shape, clear_shape, addend_shape = shapes
+        super().__init__({"select": In(1), "when_set": In(set_shape), "when_clear": In(clear_shape),
+                          "addend": In(addend_shape), "total": Out(width)})
+
+    def elaborate(self, platform):
+        m = Module()
+        total = select_add(m, "add", self.select, self.when_set, self.when_clear, self.addend,
+                           width=self._width, platform=_Ecp5Stand() if self._ecp5 else None)
+        m.d.comb += self.total.eq(total)
+        return m
+
+
+#: (width, operand shapes) of select_add: operands as wide as the sum (as the accumulator's),
+#: narrower ones extended by their own signedness, an odd width.
+SELECT_ADD_CASES = [(4, (unsigned(4), unsigned(4), unsigned(4))), (5, (signed(3), unsigned(2), signed(5))),
+                    (32, (signed(32), signed(32), signed(32))), (7, (unsigned(3), signed(4), unsigned(7)))]
+
+
+@pytest.mark.slow
+def test_select_add_on_verilator() -> None:
+    """``select_add`` on ECP5 beside its generic elaboration: every input of the narrow cases (a
+    counter), random ones with extremes mixed in for 32 bits; both must equal the sum the
+    testbench computes."""
+    sources = [ecp5_cell_models("LUT4", "LUT2", "CCU2C")]
+    body = ["  logic [31:0] checked = 0, bad = 0;\n"]
+    flags, limits = [], []
+    for k, (width, shapes) in enumerate(SELECT_ADD_CASES):
+        for variant, ecp5 in (("e", True), ("g", False)):
+            sources.append(to_verilog(_SelectAdd(width, shapes, ecp5), f"sel{variant}{k}"))
+        inputs = sum(shape.width for shape in shapes) + 1
+        exhaustive = inputs <= 16
+        limits.append(1 << inputs if exhaustive else 20000)
+        names = ("s", "c", "d")
+        offset = 1
+        for name, shape, source in zip(names, shapes, ("x1", "x2", "x3"), strict=True):
+            sign = "signed " if shape.signed else ""
+            bits = f"cycle[{offset + shape.width - 1}:{offset}]" if exhaustive else ""
+            body.append(f"  logic {sign}[{shape.width - 1}:0] {name}{k};\n")
+            body.append(operand_assign(f"{name}{k}", shape, bits, f"{source}[63:61]",
+                                       f"{source}[{shape.width - 1}:0]"))
+            offset += shape.width
+        ext = {name: _extend(f"{name}{k}", shape) for name, shape in zip(names, shapes, strict=True)}
+        body.append(f"""  logic sel{k};
+  assign sel{k} = {"cycle[0]" if exhaustive else "x2[40]"};
+  logic [{width - 1}:0] te{k}, tg{k}, expected{k};
+  assign expected{k} = {width}'((sel{k} ? {ext["s"]} : {ext["c"]}) + {ext["d"]});
+  sele{k} ue{k}(.select(sel{k}), .when_set(s{k}), .when_clear(c{k}), .addend(d{k}), .total(te{k}));
+  selg{k} ug{k}(.select(sel{k}), .when_set(s{k}), .when_clear(c{k}), .addend(d{k}), .total(tg{k}));
+  logic in{k}, bad{k};
+  assign in{k} = !rst && cycle < {limits[-1]};
+  assign bad{k} = in{k} && (te{k} != expected{k} || tg{k} != expected{k});
+  always @(posedge clk) if (bad{k}) $display("case {k}: ecp5 %0d, generic %0d, expected %0d", te{k}, tg{k},
+                                             expected{k});
+""")
+        flags.append(k)
+    counted = " + ".join(f"32'(in{k})" for k in flags)
+    mismatched = " + ".join(f"32'(bad{k})" for k in flags)
+    body.append(f"  always @(posedge clk) begin\n    checked <= checked + {counted};\n"
+                f"    bad <= bad + {mismatched};\n  end\n")
+    body.append('  final $display("compared %0d sums, %0d mismatches", checked, bad);\n')
+    sources.append(random_top("select_add_check", 1, max(limits), "".join(body)))
+    output = run_clocked_testbench("select_add_check", sources)
+    checked, bad = map(int, re.search(r"compared (\d+) sums, (\d+) mismatches", output).groups())
+    assert bad == 0, output
+    assert checked == sum(limits), output
+
+
+def test_select_add_and_fabric_register_errors() -> None:
+    m = Module()
+    with pytest.raises(ValueError, match=r"^select must be one bit wide, not 2$"):
+        select_add(m, "x", Signal(2), Signal(8), Signal(8), Signal(8), width=8, platform=None)
+    with pytest.raises(ValueError, match=r"^width must be a positive integer, not 0$"):
+        select_add(m, "x", Signal(), Signal(8), Signal(8), Signal(8), width=0, platform=None)
+    with pytest.raises(ValueError, match=r"^init must be 0 or 1, not 2$"):
+        fabric_register(m, "x", Signal(), init=2, platform=None)
