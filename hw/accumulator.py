@@ -245,8 +245,6 @@ class Accumulator(wiring.Component):
         # match wins: the beat now adding (in results[0] next cycle), else the newest matching one
         # of the older results, chosen here into `older`. The accumulate flag is folded into the
         # selects (0 + data overwrites). ------------------------------------------------------------
-        use_older = Signal()  # the add takes `older` (below: `newest`, the result of the beat now adding)
-        use_bank = Signal(ACC_BANKS)   # ... the row in this bank's data register
         older = Signal(row_layout)
         # The address comparisons are made a cycle earlier still (t+2), between the beat then a
         # stage before `decide` and what will be ahead of it in t+3 (every stage and result moves
@@ -267,27 +265,33 @@ class Accumulator(wiring.Component):
             pick.eq(Cat(*(early_match[j + 1] & ~Cat(*early_match[1:j + 1]).any()
                           for j in range(len(results))))),
         ]
-        # `newest`: one register per column, each the select of that column's adder (a copy per
-        # column keeps the select's loads, 32 adder bits, near it)
-        newest = [fabric_register(m, f"newest{c}", decide_accumulate & match[0], init=0, platform=platform)
-                  for c in range(cols)]
-        m.d.sync += [
-            use_older.eq(decide_accumulate & ~match[0] & match[1:].any()),
-            use_bank.eq(Mux(decide_accumulate & ~match.any(), 1 << decide_addr[index_bits:], 0)),
-            older.eq(functools.reduce(operator.or_, (Mux(pick[j], results[j][2].as_value(), 0)
-                                                    for j in range(len(results))))),
-        ]
+        # The selects of the add: `newest` (the result of the beat now adding), `use_older` (`older`),
+        # `use_bank[k]` (the row in bank k's data register). One copy of each per column, so that
+        # a select's loads (that column's 32 adder bits) sit near it rather than 32 x cols bits
+        # spread over the core (on ECP5 registers yosys does not merge, hw/dsp.py).
+        selects = {
+            "newest": decide_accumulate & match[0],
+            "use_older": decide_accumulate & ~match[0] & match[1:].any(),
+            **{f"use_bank{k}": decide_accumulate & ~match.any() & (decide_addr[index_bits:] == k)
+               for k in range(ACC_BANKS)},
+        }
+        copies = [{name: fabric_register(m, f"{name}_{c}", value, init=0, platform=platform)
+                   for name, value in selects.items()} for c in range(cols)]
+        m.d.sync += older.eq(functools.reduce(operator.or_, (Mux(pick[j], results[j][2].as_value(), 0)
+                                                             for j in range(len(results)))))
 
         # -- stage ADD_STAGE (t+4): add; the old row is the newest result or an AND-OR of the other
         # one-hot selects (all 0: overwrite). On ECP5 the newest result's select is made inside
         # the adder's carry chain (hw/dsp.py ``select_add``), the critical path of a 16x16 core --
         result = Signal(row_layout)
         for c in range(cols):
-            sources = [(use_older, older[c]), *((use_bank[k], bank_data[k][c]) for k in range(ACC_BANKS))]
+            select = copies[c]
+            sources = [(select["use_older"], older[c]),
+                       *((select[f"use_bank{k}"], bank_data[k][c]) for k in range(ACC_BANKS))]
             other = Signal(acc_elem_shape(cfg), name=f"other{c}")
             m.d.comb += other.eq(functools.reduce(operator.or_, (Mux(sel, v, 0) for sel, v in sources)))
-            m.d.comb += result[c].eq(select_add(m, f"add{c}", newest[c], results[0][2][c], other, add_data[c],
-                                                width=cfg.acc_bits, platform=platform))     # wraps
+            m.d.comb += result[c].eq(select_add(m, f"add{c}", select["newest"], results[0][2][c], other,
+                                                add_data[c], width=cfg.acc_bits, platform=platform))  # wraps
 
         # the result into results[0] (t+5), then one register further each cycle
         previous = (add_valid, add_addr, result)

@@ -153,22 +153,25 @@ class _Ecp5Stand:
 
 def test_ecp5_accumulator_selects_the_newest_result_in_its_adders(tmp_path: Path) -> None:
     """On ECP5 each column's adder is one CCU2C chain (16 cells for 32 bits) that also selects the
-    newest result (hw/dsp.py ``select_add``), each selected by a register of its own that yosys
-    keeps (a TRELLIS_FF per column); the generic elaboration has neither."""
+    newest result (hw/dsp.py ``select_add``), and every select of the add (newest, older, each
+    bank) is a register per column that yosys keeps (TRELLIS_FF); the generic elaboration has
+    neither."""
     verilog = to_verilog(Accumulator(MEMORIES), "acc", platform=_Ecp5Stand())
     chain = r"^\s*CCU2C\s*#\(.*?\)\s*\\?add(\d+)_(\d+)\s*\("
     chains = re.findall(chain, verilog, re.MULTILINE | re.DOTALL)
     cells_per_chain = -(-MEMORIES.acc_bits // 2)
     assert sorted(chains) == sorted((str(c), str(n)) for c in range(MEMORIES.cols)
                                     for n in range(cells_per_chain))
-    register = r"^\s*TRELLIS_FF\s*#\(.*?\)\s*\\?newest(\d+)_ff\s*\("
+    register = r"^\s*TRELLIS_FF\s*#\(.*?\)\s*\\?(newest|use_older|use_bank0|use_bank1)_(\d+)_ff\s*\("
     copies = re.findall(register, verilog, re.MULTILINE | re.DOTALL)
-    assert sorted(copies) == [str(c) for c in range(MEMORIES.cols)]
+    assert sorted(copies) == sorted((name, str(c)) for c in range(MEMORIES.cols)
+                                    for name in ("newest", "use_older", "use_bank0", "use_bank1"))
     generic = to_verilog(Accumulator(MEMORIES), "acc")
     assert "CCU2C" not in generic and "TRELLIS_FF" not in generic
     # synthesis keeps every copy: none merged back into one register
     netlist = tmp_path / "acc.json"
     yosys_synth(verilog, "acc", "ecp5", netlist=netlist)
     cells = json.loads(netlist.read_text())["modules"]["acc"]["cells"]
-    kept = [name for name, cell in cells.items() if cell["type"] == "TRELLIS_FF" and "newest" in name]
-    assert len(kept) == MEMORIES.cols, kept
+    kept = [name for name, cell in cells.items() if cell["type"] == "TRELLIS_FF"
+            and re.search(r"(newest|use_older|use_bank\d)_\d+", name)]
+    assert len(kept) == 4 * MEMORIES.cols, kept
