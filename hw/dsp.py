@@ -219,7 +219,7 @@ def select_add(m: Module, name: str, select: Value, when_set: Value, when_clear:
     On ECP5 one CCU2C chain (submodules ``name_0``, ...) also makes the select: bit k's table,
     on ``addend[k]``, ``select``, ``when_set[k]``, ``when_clear[k]`` (A to D), is ``A ^ (B ? C :
     D)``, the bit's propagate, and read at C = D = 0 it is A, the addend's bit, which is the carry
-    out whenever the two bits are equal (hw/dsp.py ``and_pair_sum`` explains the generate). So
+    out whenever the two bits are equal (:func:`and_pair_sum` explains the generate). So
     ``select`` reaches the chain with no LUT before it, where yosys puts a LUT level (the select)
     between it and an adder whose tables only XOR. Elsewhere: ``Mux`` and ``+``.
 
@@ -252,7 +252,12 @@ def fabric_register(m: Module, name: str, value: Value, *, init: int, platform: 
     ECP5 a ``TRELLIS_FF`` instance (submodule ``name_ff``), so that yosys does not merge
     registers of the same value back into one: copies of a register with many loads (a stall
     tree's leaves, a select of every bit of a wide row) each keep their share of the loads.
-    Elsewhere a plain register (yosys may merge copies)."""
+    Elsewhere a plain register (yosys may merge copies).
+
+    Raises :class:`ValueError` for a ``value`` wider than one bit or an ``init`` other than 0, 1."""
+    value = Value.cast(value)
+    if len(value) != 1:
+        raise ValueError(f"value must be one bit wide, not {len(value)}")
     if init not in (0, 1):
         raise ValueError(f"init must be 0 or 1, not {init!r}")
     reg = Signal(name=name, init=init)

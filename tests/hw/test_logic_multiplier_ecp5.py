@@ -279,3 +279,5 @@ def test_select_add_and_fabric_register_errors() -> None:
         select_add(m, "x", Signal(), Signal(8), Signal(8), Signal(8), width=0, platform=None)
     with pytest.raises(ValueError, match=r"^init must be 0 or 1, not 2$"):
         fabric_register(m, "x", Signal(), init=2, platform=None)
+    with pytest.raises(ValueError, match=r"^value must be one bit wide, not 3$"):
+        fabric_register(m, "x", Signal(3), init=0, platform=None)
