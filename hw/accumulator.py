@@ -282,7 +282,8 @@ class Accumulator(wiring.Component):
 
         # -- stage ADD_STAGE (t+4): add; the old row is the newest result or an AND-OR of the other
         # one-hot selects (all 0: overwrite). On ECP5 the newest result's select is made inside
-        # the adder's carry chain (hw/dsp.py ``select_add``), the critical path of a 16x16 core --
+        # the adder's carry chain (hw/dsp.py ``select_add``): this stage was the critical path of
+        # the 16x16 compute core (docs/arch-memory-sfu.md) -------------------------------------------
         result = Signal(row_layout)
         for c in range(cols):
             select = copies[c]

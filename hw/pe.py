@@ -228,10 +228,10 @@ class PipelinedMultiplier(wiring.Component):
         # Partial products a * b[i] * 2**i (the top one subtracted for a signed b), summed by a
         # tree of two-input adders whose levels fill the three register stages two at a time
         # (8-bit weights: two levels, one, then a register for the route to the PE's adder): two
-        # short carry chains (12 and 13 bits for int8) per stage stay far below 10 ns, and each
-        # level folded into the one before saves its register (81 -> 57 flip-flops for int8,
-        # against one level per stage). The operands come straight from registers of the PE (``a_in``
-        # is the left neighbour's ``a_out``, ``b`` the active weight register), so there is no
+        # short carry chains (about 10 bits each for int8) per stage stay far below 10 ns, and
+        # each level folded into the one before saves its register (81 -> 57 flip-flops for
+        # int8, against one level per stage). The operands come straight from registers of the
+        # PE (``a_in`` is the left neighbour's ``a_out``, ``b`` the active weight register), so there is no
         # operand register stage. Each node is (value, weight shift, sign); sums are kept
         # unshifted relative to their lowest term, so the pipeline registers stay narrow. Data
         # registers have no reset: a value matters only with a valid operand, and the control
