@@ -321,9 +321,9 @@ class YosysSilentExit(ToolError):
 def raise_yosys_failure(result: subprocess.CompletedProcess[str], what: str) -> NoReturn:
     """Raise for the failed yosys run ``result`` (``what``: how to name the run in the message):
     :class:`ToolError` quoting its ERROR lines (or saying which signal stopped it), or, when it
-    printed none (YoWASP's ABC9 exits so on
-    some netlists, see :func:`classic_abc_commands`), :class:`YosysSilentExit` quoting the
-    last 20 lines of its output, which callers catch to retry with classic ABC."""
+    printed none (YoWASP's ABC9 exits so on some netlists, see :func:`classic_abc_commands`),
+    :class:`YosysSilentExit` quoting the last 20 lines of its output, which callers catch to
+    retry with classic ABC."""
     output = (result.stdout or "") + (result.stderr or "")
     if result.returncode < 0:       # stopped from outside: no ERROR line to quote, nothing to retry
         raise ToolError(f"{what} {exit_status(result.returncode)}")

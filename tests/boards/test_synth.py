@@ -623,8 +623,9 @@ def test_nextpnr_past_the_time_limit_is_stopped_and_says_how_far_it_got(
 
 def test_nextpnr_stopped_by_a_signal_says_so(tmp_path: Path) -> None:
     """A nextpnr killed from outside (here it sends itself SIGTERM) is named with the signal,
-    not as a failure with a status, and its log's progress lines are not quoted."""
-    from systolic.boards.synth import _nextpnr
+    not as a failure with a status, and its log's progress lines are not quoted; so is its
+    packing-only run."""
+    from systolic.boards.synth import _nextpnr, _pack_only
 
     build = tmp_path / "build"
     build.mkdir()
@@ -632,6 +633,9 @@ def test_nextpnr_stopped_by_a_signal_says_so(tmp_path: Path) -> None:
     with pytest.raises(ToolError, match=r"^nextpnr-ecp5 was stopped by signal SIGTERM \(15\) \(log in "
                                         r"\S*nextpnr\.log\)$"):
         _nextpnr(get_board("ulx3s-85f"), build, 1, "heap", "router1", env, "config")
+    with pytest.raises(ToolError, match=r"^nextpnr-ecp5 --pack-only was stopped by signal SIGTERM "
+                                        r"\(15\) \(log in \S*pack\.log\)$"):
+        _pack_only(get_board("ulx3s-85f"), build, env)
 
 
 _CONFLICT = ("Warning: multiple conflicting drivers for top.\\core.load.rows.data [4]:\n"
