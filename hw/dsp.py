@@ -14,6 +14,8 @@ from typing import Any
 from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, ResetSignal, Shape, Signal, signed
 from amaranth.hdl import Value
 
+from .config import int_range
+
 __all__ = ["MULT18X18D_INPUT_BITS", "and_pair_sum", "and_pair_sum_shape", "fabric_register",
            "global_buffer", "is_ecp5", "mult18x18d", "select_add"]
 
@@ -117,10 +119,7 @@ def and_pair_sum_shape(a_shape: Shape, negative: str | None = None) -> Shape:
     if negative not in (None, "low", "high"):
         raise ValueError(f"negative must be None, 'low' or 'high', not {negative!r}")
     a_shape = Shape.cast(a_shape)
-    if a_shape.signed:
-        a_lo, a_hi = -(1 << (a_shape.width - 1)), (1 << (a_shape.width - 1)) - 1
-    else:
-        a_lo, a_hi = 0, (1 << a_shape.width) - 1
+    a_lo, a_hi = int_range(a_shape.width, a_shape.signed)
     term = (min(0, a_lo), max(0, a_hi))                 # a partial product's range
     ranges = {"low": term, "high": (2 * term[0], 2 * term[1])}
     if negative is not None:
