@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import importlib
+import inspect
 import json
 import shutil
 import subprocess
@@ -81,7 +82,9 @@ def _build(module: str, name: str, *args: Callable[[AcceleratorConfig], Any], ta
         cls = getattr(importlib.import_module(f"systolic.{module}"), name)
         if takes_config and not args and not kwargs:
             return cls(config)
-        return cls(*(f(config) for f in args), **{k: f(config) for k, f in kwargs.items()})
+        # (a --baseline revision's class may take fewer keywords: it is built as it was then)
+        accepted = inspect.signature(cls).parameters
+        return cls(*(f(config) for f in args), **{k: f(config) for k, f in kwargs.items() if k in accepted})
     return make
 
 
@@ -90,7 +93,19 @@ def _counter_increment_bits(config: AcceleratorConfig) -> int:
     return counter_increment_bits(config)
 
 
-#: Units by name: a function from the configuration to the component.
+def _store_read_queue(config: AcceleratorConfig) -> int:
+    from systolic.hw.accumulator import store_read_queue
+    return store_read_queue(config)
+
+
+def _accumulator_forwards(config: AcceleratorConfig) -> bool:
+    from systolic.hw.units import accumulator_forwards
+    return accumulator_forwards(config)
+
+
+#: Units by name: a function from the configuration to the component (the accumulator and the
+#: compute core as the accelerator builds them: its read queue for the store path, forwarding
+#: only for the output-stationary dataflow).
 UNITS: dict[str, Callable[[AcceleratorConfig], wiring.Component]] = {
     "gather_reader": _build("hw.dma", "GatherReader"),          # LOAD and residual reads
     "scatter_writer": _build("hw.dma", "ScatterWriter"),        # STORE writes
@@ -98,10 +113,11 @@ UNITS: dict[str, Callable[[AcceleratorConfig], wiring.Component]] = {
     "sfu": _build("hw.sfu", "SpecialFunctionUnit"),
     "store_unit": _build("hw.units", "StoreUnit"),              # SFU + ScatterWriter + walk
     "requant_table": _build("hw.requant_table", "RequantTable"),
-    "accumulator": _build("hw.accumulator", "Accumulator"),
+    "accumulator": _build("hw.accumulator", "Accumulator", lambda c: c, read_queue=_store_read_queue,
+                          forwarding=_accumulator_forwards),
     "compute_unit": _build("hw.units", "ComputeUnit"),
     # the compute unit, scratchpad, accumulator and array together (hw/compute_core.py)
-    "compute_core": _build("hw.compute_core", "ComputeCore"),
+    "compute_core": _build("hw.compute_core", "ComputeCore", lambda c: c, acc_read_queue=_store_read_queue),
     "fetcher": _build("hw.controller", "Fetcher"),
     "dispatcher": _build("hw.controller", "Dispatcher"),       # + its three instruction queues
     "sequencer": _build("hw.controller", "Sequencer", takes_config=False),

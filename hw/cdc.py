@@ -34,7 +34,7 @@ from amaranth.lib.fifo import AsyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from .fifo import BlockRamAsyncFIFO
-from .interconnect import StreamRegister
+from .interconnect import HalfRateRegister, StreamRegister
 
 __all__ = ["StreamCrossing", "DrainedGate", "EventCrossing", "CountCrossing", "ResetCrossing", "COUNT_BITS"]
 
@@ -77,20 +77,26 @@ class StreamCrossing(wiring.Component):
     when the consumer is ready. ``drained`` counts the items the consumer took from the register.
     ``write_register``: the items enter through a ``StreamRegister`` in ``w_domain``, so that the
     producer's ``valid`` and payload reach the FIFO's write port (and the block RAM's data inputs)
-    only from registers, and ``i.ready`` is a register. Each adds a cycle of its domain's latency
-    and up to two items of buffering. The read register is emptied with the FIFO's read side
+    only from registers, and ``i.ready`` is a register; ``write_register="half"`` makes that
+    register a :class:`~systolic.hw.interconnect.HalfRateRegister` (one item, no spare entry and
+    no multiplexer per bit, an item every other cycle at most), for a producer that never offers
+    items faster. Each adds a cycle of its domain's latency and up to two items of buffering (the
+    half-rate register one). The read register is emptied with the FIFO's read side
     when the write side is reset; items it holds may still be given out while that reset
     crosses (up to a few ``r_domain`` cycles), so the consumer is to be reset with the write side
     (the accelerator resets its compute core so, hw/top.py).
     """
 
     def __init__(self, shape, *, depth: int, w_domain: str = "sync", r_domain: str,
-                 block_ram: bool = False, read_register: bool = False, write_register: bool = False):
+                 block_ram: bool = False, read_register: bool = False,
+                 write_register: bool | str = False):
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 2 or depth & (depth - 1):
             raise ValueError(f"depth must be a power of two of at least 2, not {depth!r}")
         if depth >= 2 ** (COUNT_BITS - 1):
             raise ValueError(f"depth must be below 2**(COUNT_BITS - 1) = {2 ** (COUNT_BITS - 1)}, "
                              f"not {depth}")
+        if not (isinstance(write_register, bool) or write_register == "half"):
+            raise ValueError(f"write_register must be False, True or 'half', not {write_register!r}")
         if w_domain == r_domain:
             raise ValueError(f"w_domain and r_domain must differ, both are {w_domain!r}")
         self.shape = shape
@@ -99,7 +105,7 @@ class StreamCrossing(wiring.Component):
         self.r_domain = r_domain
         self.block_ram = bool(block_ram)
         self.read_register = bool(read_register)
-        self.write_register = bool(write_register)
+        self.write_register = write_register
         super().__init__({
             "i": In(stream.Signature(shape)),
             "o": Out(stream.Signature(shape)),
@@ -116,7 +122,8 @@ class StreamCrossing(wiring.Component):
         # the FIFO's two sides, each directly on a port or through a register of its domain
         w_side, r_side = self.i, self.o
         if self.write_register:
-            m.submodules.w_register = w_register = DomainRenamer(self.w_domain)(StreamRegister(self.shape))
+            register = HalfRateRegister if self.write_register == "half" else StreamRegister
+            m.submodules.w_register = w_register = DomainRenamer(self.w_domain)(register(self.shape))
             wiring.connect(m, wiring.flipped(self.i), w_register.i)
             w_side = w_register.o
             m.d.comb += w_side.ready.eq(fifo.w_rdy)

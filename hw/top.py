@@ -30,7 +30,7 @@ from amaranth.hdl import ResetInserter
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from .accumulator import Accumulator
+from .accumulator import Accumulator, store_read_queue
 from .array import SystolicArray
 from .axi import BURST_INCR
 from .cdc import CountCrossing, DrainedGate, EventCrossing, ResetCrossing, StreamCrossing
@@ -45,7 +45,7 @@ from .interconnect import HalfRateRegister, ReadArbiter, StreamRegister
 from .isa import Queue
 from .requant_table import RequantTable
 from .scratchpad import Scratchpad
-from .units import ComputeCheck, ComputeUnit, LoadUnit, StoreUnit
+from .units import ComputeCheck, ComputeUnit, LoadUnit, StoreUnit, accumulator_forwards
 
 __all__ = ["Accelerator", "top_ports", "counter_increment_bits", "COMPUTE_COUNTERS", "COMPUTE_COUNT_BITS"]
 
@@ -207,7 +207,8 @@ class Accelerator(wiring.Component):
             m.submodules[f"cmd_{q.name.lower()}"] = ResetInserter(unit_reset)(register)
         if not dual:
             core.submodules.spad = spad = Scratchpad(cfg)
-            core.submodules.acc = acc = Accumulator(cfg)
+            core.submodules.acc = acc = Accumulator(cfg, read_queue=store_read_queue(cfg),
+                                                    forwarding=accumulator_forwards(cfg))
         core.submodules.table = table = RequantTable(cfg)
         if not dual:
             core.submodules.array = array = SystolicArray(cfg)
@@ -360,7 +361,7 @@ class Accelerator(wiring.Component):
         core.submodules.compute = compute
         core.submodules.spad = spad = Scratchpad(cfg)
         # the core reads one accumulator element at a time: one response queue entry
-        core.submodules.acc = acc = Accumulator(cfg, read_queue=1)
+        core.submodules.acc = acc = Accumulator(cfg, read_queue=1, forwarding=accumulator_forwards(cfg))
         core.submodules.array = array = SystolicArray(cfg)
         core.d.comb += [
             fw.start.eq(start), fw.prog_addr.eq(csr.prog_addr), fw.prog_len.eq(csr.prog_len),
@@ -474,7 +475,7 @@ class Accelerator(wiring.Component):
         m.d.sync += start_held.eq((start | start_held) & resetting)
 
         m.submodules.compute_core = core = DomainRenamer(_COMPUTE)(
-            ComputeCore(cfg, depth=self._compute_unit_depth()))
+            ComputeCore(cfg, depth=self._compute_unit_depth(), acc_read_queue=store_read_queue(cfg)))
         # the crossings' clk side runs in the domain _CROSSING: clk, its reset the top's reset,
         # the soft reset and `resetting` together, a domain reset of its own so that the
         # asynchronous FIFOs see it (they reset their other side from their write side's reset
@@ -485,22 +486,26 @@ class Accelerator(wiring.Component):
         x = Module()
         m.submodules.crossings = x
 
-        def crossing(name: str, shape, *, into_core: bool = True) -> StreamCrossing:
+        def crossing(name: str, shape, *, into_core: bool = True, half_rate: bool = False) -> StreamCrossing:
             w, r = (_CROSSING, _COMPUTE) if into_core else (_COMPUTE, _CROSSING)
             depth = _CROSSING_DEPTH[name]
             block_ram = wants_block_ram(cfg, Shape.cast(shape).width * depth)
             # registers on the compute core's side: its logic meets neither the FIFO's block
-            # RAM nor its pointers in a cycle of the fast clock (hw/cdc.py)
-            x.submodules[name] = block = StreamCrossing(shape, depth=depth, w_domain=w, r_domain=r,
-                                                       block_ram=block_ram, read_register=into_core,
-                                                       write_register=not into_core)
+            # RAM nor its pointers in a cycle of the fast clock (hw/cdc.py); a half-rate one for
+            # a stream out of the core that never has an item in two cycles running
+            x.submodules[name] = block = StreamCrossing(
+                shape, depth=depth, w_domain=w, r_domain=r, block_ram=block_ram, read_register=into_core,
+                write_register=False if into_core else "half" if half_rate else True)
             return block
 
         cmd = crossing("cmd", InstructionLayout())
         spad_write = crossing("spad_write", core.spad_write.payload.shape())
         acc_write = crossing("acc_write", core.acc_write.payload.shape())
         acc_read_req = crossing("acc_read_req", core.acc_read.req.payload.shape())
-        acc_read_resp = crossing("acc_read_resp", core.acc_read.resp.payload.shape(), into_core=False)
+        # an accumulator read port that owes one response at a time gives a row at most every
+        # read latency (2 or more) cycles
+        acc_read_resp = crossing("acc_read_resp", core.acc_read.resp.payload.shape(), into_core=False,
+                                 half_rate=store_read_queue(cfg) == 1)
         wiring.connect(m, cmd=cmd.o, core=core.cmd)
         wiring.connect(m, spad_write=spad_write.o, core=core.spad_write)
         wiring.connect(m, acc_write=acc_write.o, core=core.acc_write)

@@ -13,15 +13,11 @@ from systolic.hw.array import SystolicArray
 from systolic.hw.config import AcceleratorConfig
 from systolic.sim.tools import cocotb_build, cocotb_test, to_verilog
 
+from tests.hw.ecp5_stand import Ecp5Stand
 from tests.hw.mult18x18d_model import mult18x18d_model, trellis_ff_model
 
 TOP = "systolic_array"
 SEED = 20240601
-
-
-class _Ecp5Stand:
-    """Stands in for an Amaranth Lattice ECP5 platform: elaboration reads only ``family``."""
-    family = "ecp5"
 
 
 #: Only the array's ports are visible to cocotb (it drives and reads nothing else), and the C++ is
@@ -50,7 +46,7 @@ def test_array_on_verilator(dataflow: str, rows: int, cols: int, ecp5: bool, kwa
                             stall_stages: int | None) -> None:
     config = AcceleratorConfig(rows=rows, cols=cols, dataflow=dataflow, **kwargs)
     verilog = to_verilog(SystolicArray(config, stall_stages=stall_stages), TOP,
-                         platform=_Ecp5Stand() if ecp5 else None)
+                         platform=Ecp5Stand() if ecp5 else None)
     if ecp5:
         assert verilog.count("MULT18X18D ") == rows * cols
         verilog += mult18x18d_model()

@@ -35,7 +35,12 @@ def _simulate(dut, periods, *testbenches):
 
 
 #: (read_register, write_register)
-REGISTERS = [(False, False), (True, False), (False, True), (True, True)]
+REGISTERS = [(False, False), (True, False), (False, True), (True, True), (False, "half"), (True, "half")]
+
+
+def _held(register: bool | str) -> int:
+    """Items a crossing's register holds: a StreamRegister two, a HalfRateRegister one."""
+    return 1 if register == "half" else 2 * register
 
 
 @pytest.mark.parametrize("registers", REGISTERS)
@@ -83,12 +88,13 @@ def test_stream_crossing_in_order_under_random_traffic(periods, registers):
     # drained never ran ahead of sent (the difference would wrap to a large number) and the
     # FIFO's depth (and each register's two entries) bound what is in flight besides the
     # synchronizers' lag
-    assert max(checks) <= 4 + 2 + 2 * sum(registers)
+    assert max(checks) <= 4 + 2 + sum(_held(register) for register in registers)
 
 
 @pytest.mark.parametrize("registers", REGISTERS[1:])
 def test_stream_crossing_registers_buffer_and_drained_counts_the_consumer(registers):
-    """Each register holds two items more while the consumer waits, and ``drained`` counts
+    """Each register holds two items more while the consumer waits (a half-rate one one item),
+    and ``drained`` counts
     only what the consumer took, not what waits in the read register. (That the registers cut
     the paths to the FIFO's pointers and memory is :class:`StreamRegister`'s property,
     tests/hw/test_interconnect.py.)"""
@@ -126,7 +132,7 @@ def test_stream_crossing_registers_buffer_and_drained_counts_the_consumer(regist
         result["drained_after"] = ctx.get(dut.drained)
 
     _simulate(dut, PERIODS[0], (bench, False))
-    assert result["sent"] == 4 + 2 * read_register + 2 * write_register
+    assert result["sent"] == 4 + _held(read_register) + _held(write_register)
     assert result["drained_before"] == 0
     assert result["taken"] == [1]
     assert result["drained_after"] == 1
@@ -139,6 +145,8 @@ def test_stream_crossing_depth_rule():
         StreamCrossing(8, depth=128, r_domain="fast")
     with pytest.raises(ValueError, match=r"^w_domain and r_domain must differ, both are 'sync'$"):
         StreamCrossing(8, depth=4, r_domain="sync")
+    with pytest.raises(ValueError, match=r"^write_register must be False, True or 'half', not 'spare'$"):
+        StreamCrossing(8, depth=4, r_domain="fast", write_register="spare")
 
 
 @pytest.mark.parametrize("periods", PERIODS)

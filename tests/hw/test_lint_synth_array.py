@@ -14,6 +14,8 @@ from systolic.hw.array import SystolicArray
 from systolic.hw.config import AcceleratorConfig
 from systolic.sim.tools import build_cache_dir, design_hash, to_verilog, verilator_lint, yosys_synth
 
+from tests.hw.ecp5_stand import Ecp5Stand
+
 LINT_CONFIGS = {
     "ws-2x2": dict(rows=2, cols=2, dataflow="ws"),
     "os-2x2": dict(rows=2, cols=2, dataflow="os"),
@@ -22,11 +24,6 @@ LINT_CONFIGS = {
     "ws-2x4-unsigned": dict(rows=2, cols=4, dataflow="ws", input_signed=False, weight_signed=False,
                             acc_signed=False),
 }
-
-
-class _Ecp5Stand:
-    """Stands in for an Amaranth Lattice ECP5 platform: elaboration reads only ``family``."""
-    family = "ecp5"
 
 
 def _synth(config: AcceleratorConfig, family: str, *, platform: Any = None,
@@ -65,16 +62,16 @@ def test_ecp5_elaboration_uses_registered_mult18x18d(dataflow: str) -> None:
     """On an ECP5 platform every PE's multiplier is one MULT18X18D instance (with its input and
     output registers), and synth_ecp5 accepts it."""
     config = AcceleratorConfig(rows=2, cols=2, dataflow=dataflow)
-    verilog = to_verilog(SystolicArray(config), "systolic_array", platform=_Ecp5Stand())
+    verilog = to_verilog(SystolicArray(config), "systolic_array", platform=Ecp5Stand())
     assert verilog.count("MULT18X18D ") == 4
     assert verilog.count('.REG_INPUTA_CLK("CLK0")') == 4
     assert verilog.count('.REG_OUTPUT_CLK("CLK0")') == 4
-    result = _synth(config, "ecp5", platform=_Ecp5Stand())
+    result = _synth(config, "ecp5", platform=Ecp5Stand())
     assert result["dsps"] == result["cells"]["MULT18X18D"] == 4
 
 
 @pytest.mark.parametrize("family, dsp_cell, platform", [
-    ("ice40", "SB_MAC16", None), ("ecp5", "MULT18X18D", _Ecp5Stand()),
+    ("ice40", "SB_MAC16", None), ("ecp5", "MULT18X18D", Ecp5Stand()),
 ])
 def test_array_lut_multipliers_leave_dsp_blocks_free(family: str, dsp_cell: str, platform: Any) -> None:
     """array_lut_multipliers PEs multiply in logic: 3 of the 4 PEs of a 2x2 array use no DSP
@@ -88,7 +85,7 @@ def test_array_lut_multipliers_leave_dsp_blocks_free(family: str, dsp_cell: str,
 
 
 @pytest.mark.parametrize("family, dsp_cell, platform, brams", [
-    ("ice40", "SB_MAC16", None, 4), ("ecp5", "MULT18X18D", _Ecp5Stand(), 1),
+    ("ice40", "SB_MAC16", None, 4), ("ecp5", "MULT18X18D", Ecp5Stand(), 1),
 ])
 def test_array_bram_multipliers_use_block_ram(family: str, dsp_cell: str, platform: Any, brams: int) -> None:
     """array_bram_multipliers PEs multiply by a quarter-square table in block RAM: 2 of the 4 PEs
@@ -121,9 +118,9 @@ def test_ecp5_stall_tree_survives_synthesis() -> None:
     for stages, registers in [(2, 1 + 2 + 3), (3, 1 + (2 + 3) + (8 + 3) + 2 + 1),
                               (4, 2 + (2 + 3) + (8 + 3) + 2 + 1)]:
         verilog = to_verilog(SystolicArray(config, stall_stages=stages), "systolic_array",
-                             platform=_Ecp5Stand())
+                             platform=Ecp5Stand())
         assert verilog.count("TRELLIS_FF ") == registers, stages
-    tree = _synth(config, "ecp5", platform=_Ecp5Stand(), stall_stages=2)
-    single = _synth(config, "ecp5", platform=_Ecp5Stand(), stall_stages=1)
+    tree = _synth(config, "ecp5", platform=Ecp5Stand(), stall_stages=2)
+    single = _synth(config, "ecp5", platform=Ecp5Stand(), stall_stages=1)
     assert tree["ffs"] >= single["ffs"] + 5
     assert tree["lutrams"] > 0

@@ -35,6 +35,8 @@ from systolic.sim.tools import (
     yosys_synth,
 )
 
+from tests.hw.ecp5_stand import Ecp5Stand
+
 BLOCKS = {"Scratchpad": Scratchpad, "Accumulator": Accumulator, "RequantTable": RequantTable,
           "SpecialFunctionUnit": SpecialFunctionUnit}
 
@@ -146,17 +148,12 @@ def test_sfu_synthesizes_for_ice40() -> None:
     assert result["brams"] >= 1, result     # the output FIFO
 
 
-class _Ecp5Stand:
-    """Stands in for an Amaranth Lattice ECP5 platform: elaboration reads only ``family``."""
-    family = "ecp5"
-
-
 def test_ecp5_accumulator_selects_the_newest_result_in_its_adders(tmp_path: Path) -> None:
     """On ECP5 each column's adder is one CCU2C chain (16 cells for 32 bits) that also selects the
     newest result (hw/dsp.py ``select_add``), and every select of the add (newest, older, each
     bank) is a register per column that yosys keeps (TRELLIS_FF); the generic elaboration has
     neither."""
-    verilog = to_verilog(Accumulator(MEMORIES), "acc", platform=_Ecp5Stand())
+    verilog = to_verilog(Accumulator(MEMORIES), "acc", platform=Ecp5Stand())
     chain = r"^\s*CCU2C\s*#\(.*?\)\s*\\?add(\d+)_(\d+)\s*\("
     chains = re.findall(chain, verilog, re.MULTILINE | re.DOTALL)
     cells_per_chain = -(-MEMORIES.acc_bits // 2)

@@ -33,6 +33,7 @@ from tests.boards.clocked_testbench import (
     random_top,
     run_clocked_testbench,
 )
+from tests.hw.ecp5_stand import Ecp5Stand
 
 #: Operand shapes: the four int8/uint8 pairs, the odd widths of tests/hw/test_pe.py (a 1-bit
 #: signed weight, an odd number of partial products, the subtracted top one alone or paired)
@@ -41,11 +42,6 @@ SHAPES = [(signed(8), signed(8)), (unsigned(8), unsigned(8)), (unsigned(8), sign
           (signed(8), unsigned(8)), (signed(8), signed(1)), (signed(5), signed(3)),
           (unsigned(3), unsigned(17)), (signed(18), signed(5)), (unsigned(7), signed(2)),
           (signed(4), unsigned(9)), (signed(16), signed(16)), (unsigned(16), signed(8))]
-
-
-class _Ecp5Stand:
-    """Stands in for an Amaranth Lattice ECP5 platform: elaboration reads only ``family``."""
-    family = "ecp5"
 
 
 def ecp5_cell_models(*names: str) -> str:
@@ -75,7 +71,7 @@ def _testbench(cycles: int) -> tuple[list[str], list[bool]]:
     body = ["  logic enable;\n  assign enable = x3[63:62] != 2'b00;   // a quarter of the cycles stall\n"]
     for k, (a_shape, b_shape) in enumerate(SHAPES):
         dut = PipelinedMultiplier(a_shape, b_shape, kind="logic")
-        sources.append(to_verilog(dut, f"mul{k}", platform=_Ecp5Stand()))
+        sources.append(to_verilog(dut, f"mul{k}", platform=Ecp5Stand()))
         wa, wb, wp = a_shape.width, b_shape.width, len(dut.product)
         full = wa + wb <= 16
         exhaustive.append(full)
@@ -184,7 +180,7 @@ def test_ecp5_logic_multiplier_has_no_and_gates() -> None:
     """int8 x int8: the ECP5 elaboration maps to carry chains and flip-flops only, about half
     the LUT4 positions of the generic one, which needs a LUT4 for most partial-product bits."""
     ecp5 = yosys_synth(to_verilog(PipelinedMultiplier(signed(8), signed(8), kind="logic"), "mul",
-                                  platform=_Ecp5Stand()), "mul", "ecp5")
+                                  platform=Ecp5Stand()), "mul", "ecp5")
     generic = yosys_synth(to_verilog(PipelinedMultiplier(signed(8), signed(8), kind="logic"), "mul"),
                           "mul", "ecp5")
     assert ecp5["luts"] == 0, ecp5
@@ -211,7 +207,7 @@ class _SelectAdd(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         total = select_add(m, "add", self.select, self.when_set, self.when_clear, self.addend,
-                           width=self._width, platform=_Ecp5Stand() if self._ecp5 else None)
+                           width=self._width, platform=Ecp5Stand() if self._ecp5 else None)
         m.d.comb += self.total.eq(total)
         return m
 

@@ -39,6 +39,7 @@ from tests.boards.clocked_testbench import (
     random_top,
     run_clocked_testbench,
 )
+from tests.hw.ecp5_stand import Ecp5Stand
 from tests.hw.mult18x18d_model import mult18x18d_model
 
 SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
@@ -47,11 +48,6 @@ SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
 #: accumulator value (33 bits when the accumulator is unsigned), the residual product and the
 #: average's product of a window sum.
 SHAPES = [(32, 32, 64), (33, 32, 64), (17, 32, None), (35, 32, 64)]
-
-
-class _Ecp5Stand:
-    """Stands in for an Amaranth Lattice ECP5 platform: elaboration reads only ``family``."""
-    family = "ecp5"
 
 
 def _extremes(width: int) -> list[int]:
@@ -103,7 +99,7 @@ def _instances(verilog: str) -> list[str]:
 @pytest.mark.parametrize("a_width, b_width, wrap, count",
                          [(32, 32, 64, 4), (17, 32, None, 2), (18, 18, None, 1)])
 def test_ecp5_partial_products_are_mult18x18d_output_registers(a_width, b_width, wrap, count) -> None:
-    verilog = to_verilog(SplitMultiplier(a_width, b_width, wrap=wrap), "mul", platform=_Ecp5Stand())
+    verilog = to_verilog(SplitMultiplier(a_width, b_width, wrap=wrap), "mul", platform=Ecp5Stand())
     instances = _instances(verilog)
     assert len(instances) == count
     for text in instances:
@@ -116,7 +112,7 @@ def test_ecp5_partial_products_are_mult18x18d_output_registers(a_width, b_width,
 def _testbench(a_width: int, b_width: int, wrap: int | None, cycles: int) -> list[str]:
     dut = SplitMultiplier(a_width, b_width, wrap=wrap)
     width = len(dut.product)
-    mul = to_verilog(dut, "mul", platform=_Ecp5Stand())
+    mul = to_verilog(dut, "mul", platform=Ecp5Stand())
 
     def operand(width: int, mode: str, random_bits: str) -> str:
         extremes = _extremes(width)
@@ -170,7 +166,7 @@ def test_sfu_on_ecp5_takes_its_multipliers_dsp_blocks() -> None:
     for the average's count times zero point."""
     config = AcceleratorConfig(rows=4, cols=4)
     assert config.sfu_residual and "avg" in config.sfu_pooling and config.sfu_lanes == 4
-    verilog = to_verilog(SpecialFunctionUnit(config), "sfu", platform=_Ecp5Stand())
+    verilog = to_verilog(SpecialFunctionUnit(config), "sfu", platform=Ecp5Stand())
     assert len(_instances(verilog)) == 4 * (4 + 2 + 4) + 1
     assert not _instances(to_verilog(SpecialFunctionUnit(config), "sfu"))
 
@@ -220,13 +216,13 @@ def test_mult18x18d_puts_a_narrow_signed_operand_in_its_upper_inputs() -> None:
     """int8 x int8: A0..A9 and B0..B9 are constant zeros (no sign extension to route), the
     operand's bits are A10..A17; the product is the output's bits 20..35. An unsigned operand is
     zero-extended: its upper inputs are the constants."""
-    verilog = to_verilog(_DspProduct(signed(8), signed(8)), "d", platform=_Ecp5Stand())
+    verilog = to_verilog(_DspProduct(signed(8), signed(8)), "d", platform=Ecp5Stand())
     for port in "AB":
         for n in range(10):
             assert re.search(rf"\.{port}{n}\(1'h0\)", verilog), (port, n)
         for n in range(8):
             assert re.search(rf"\.{port}{10 + n}\({port.lower()}\[{n}\]\)", verilog), (port, n)
-    verilog = to_verilog(_DspProduct(unsigned(8), signed(8)), "d", platform=_Ecp5Stand())
+    verilog = to_verilog(_DspProduct(unsigned(8), signed(8)), "d", platform=Ecp5Stand())
     for n in range(8):
         assert re.search(rf"\.A{n}\(a\[{n}\]\)", verilog), n
     for n in range(8, 18):
@@ -243,7 +239,7 @@ def test_mult18x18d_products_on_verilator() -> None:
     body = ["  logic [31:0] checked = 0, bad = 0;\n"]
     for k, (a_shape, b_shape) in enumerate(DSP_SHAPES):
         dut = _DspProduct(a_shape, b_shape)
-        sources.append(to_verilog(dut, f"dsp{k}", platform=_Ecp5Stand()))
+        sources.append(to_verilog(dut, f"dsp{k}", platform=Ecp5Stand()))
         wa, wb, wp = a_shape.width, b_shape.width, len(dut.product)
         exhaustive = wa + wb <= 16
         body.append(operand_declarations(k, a_shape, b_shape, wp) + f"  logic signed [63:0] e{k};\n")

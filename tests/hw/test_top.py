@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from systolic.hw.accumulator import store_read_queue
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.controller import ERR_FLAGS, ERR_ILLEGAL, ERR_NO_FINISH, ERR_SLVERR
 from systolic.hw.generate import TOP_NAME, top_verilog
@@ -405,13 +406,17 @@ def test_shallow_queues(depths):
 
 # -- a compute clock of its own (config.compute_clock_mhz) ---------------------------------------
 
-@pytest.mark.parametrize("compute_mhz", [150.0, 25.0, 100.0], ids=["faster", "quarter", "same"])
-def test_compute_clock_of_its_own(compute_mhz):
+@pytest.mark.parametrize("compute_mhz, sfu_row_cycles", [(150.0, 1), (25.0, 1), (100.0, 1), (150.0, 4)],
+                         ids=["faster", "quarter", "same", "faster-sfu4"])
+def test_compute_clock_of_its_own(compute_mhz, sfu_row_cycles):
     """The compute core behind clock-domain crossings, its clock faster, a quarter and as fast as the
     rest (edges offset): the same DRAM image and MAC count as the golden model, for a GEMM with
     a requantized, activated STORE, a residual, and a bias LOADed into the accumulator that a
-    COMPUTE accumulates onto."""
-    config = AcceleratorConfig(**SMALL, compute_clock_mhz=compute_mhz)
+    COMPUTE accumulates onto. With an SFU of 4 cycles a row and the core 1.5 times as fast, the
+    accumulator's read port owes one response at a time and its rows cross through a half-rate
+    register (hw/top.py)."""
+    config = AcceleratorConfig(**SMALL, compute_clock_mhz=compute_mhz, sfu_row_cycles=sfu_row_cycles)
+    assert (store_read_queue(config) == 1) == (sfu_row_cycles == 4)
     _check_against_golden(gemm_case(config, 9, 7, 6, seed=5, act="relu"))
     _check_against_golden(residual_case(config, 9, 5, 3, seed=6))
     _check_bias_then_accumulate(config)
@@ -460,6 +465,54 @@ def _check_bias_then_accumulate(config):
 
 def test_bias_then_accumulate_on_one_clock():
     _check_bias_then_accumulate(WS)
+
+
+def _short_computes_program(config):
+    """COMPUTEs of 1 to 5 rows back to back, most reusing the weights, accumulating into
+    overlapping accumulator rows (a row again 1 to 5 rows later), then a raw STORE."""
+    rng = np.random.default_rng(12)
+    k, n, rows = 4, 4, 8
+    dram = np.zeros(0x2000, np.uint8)
+    dram[:rows * k] = rng.integers(0, 256, rows * k, dtype=np.uint8)
+    dram[0x400:0x400 + 2 * k * n] = rng.integers(0, 256, 2 * k * n, dtype=np.uint8)
+    # (a row, acc row, m, preload: 0 reuses the weights, 1 the first tile, 2 the second)
+    plan = [(0, 0, 1, 1), (1, 0, 1, 0), (2, 0, 1, 0), (0, 1, 2, 0), (3, 0, 3, 0), (2, 2, 1, 2), (0, 2, 4, 0),
+            (4, 3, 2, 0), (1, 0, 5, 0), (5, 1, 3, 1), (0, 0, 4, 0), (6, 3, 2, 0)]
+    ws = config.dataflow == "ws"
+    computes = []
+    for i, (a_row, acc_row, m, preload) in enumerate(plan):
+        # (output-stationary: no preloads, at most R rows a tile)
+        computes.append(Instruction("COMPUTE", a_addr=a_row, b_addr=rows + k * max(preload - 1, 0),
+                                    acc_addr=acc_row, m=m if ws else min(m, config.rows), k=k, n=n,
+                                    preload=int(ws and preload > 0),
+                                    accumulate=int(i > 0), pop_prev=int(i == 0),
+                                    push_next=int(i == len(plan) - 1)))
+    program = Program((
+        tile_load("spad", 0, 0x000, rows, k, row_bytes=k, elem_bytes=1),
+        tile_load("spad", rows, 0x400, 2 * k, n, row_bytes=n, elem_bytes=1, push_next=1),
+        *computes,
+        Instruction("STORE", acc_addr=0, n=n, in_h=6, in_w=1, out_h=6, out_w=1, out_type="raw",
+                    dram_addr=0x800, pitch_y=4 * n, pitch_c=4, pop_prev=1),
+        Instruction("FINISH"),
+    ), config.hash)
+    words = program.words()
+    dram[0x1C00:0x1C00 + len(words)] = np.frombuffer(words, np.uint8)
+    return program, dram
+
+
+@pytest.mark.parametrize("config", [WS, WS.replace(memory_registers=False), OS,
+                                    WS.replace(compute_clock_mhz=150.0)],
+                         ids=["ws", "ws-direct", "os", "ws-faster-core"])
+def test_short_computes_into_the_same_rows(config):
+    """Back-to-back COMPUTEs of a few rows each into the same accumulator rows: without
+    forwarding in the accumulator (WS) the compute unit spaces the rows, with it (OS) the
+    accumulator forwards; either way the golden model's image."""
+    program, dram = _short_computes_program(config)
+    golden = run_golden(config, program, dram)
+    rtl = run_accelerator(config, program, dram, prog_addr=0x1C00)
+    assert rtl.done and rtl.error == 0, (rtl.status, rtl.error_pc)
+    assert np.array_equal(rtl.dram, golden.dram)
+    assert rtl.counters["macs"] == golden.macs
 
 
 def _long_compute_program(config):
