@@ -29,13 +29,7 @@ from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .accumulator import (
-    acc_array_write_layout,
-    acc_dma_write_layout,
-    acc_row_layout,
-    array_write_spacing,
-    write_latency,
-)
+from .accumulator import acc_array_write_layout, acc_dma_write_layout, acc_row_layout, write_latency
 from .array import input_layout, output_layout, weight_layout
 from .axi import AddressLayout, ReadDataLayout, ResponseLayout, WriteDataLayout
 from .config import AcceleratorConfig
@@ -79,15 +73,6 @@ def _axi_write_port(config: AcceleratorConfig) -> wiring.Signature:
 def _row_macs_bits(config: AcceleratorConfig) -> int:
     """Width of the MAC count of one input row of the array: at most rows * cols."""
     return (config.rows * config.cols).bit_length()
-
-
-def accumulator_forwards(config: AcceleratorConfig) -> bool:
-    """Whether the accelerator's accumulator forwards the results of the beats ahead
-    (``Accumulator(forwarding=...)``): for the output-stationary dataflow. The weight-stationary
-    compute unit spaces its rows instead: no accumulating row enters the array within
-    :func:`~systolic.hw.accumulator.array_write_spacing` cycles of a row to the same accumulator
-    row, which leaves the accumulator without its forwarded rows and their comparisons."""
-    return config.dataflow != "ws"
 
 
 def _small_product(a, b, width: int | None = None):
@@ -382,8 +367,7 @@ class ComputeUnit(wiring.Component):
         # the ULX3S-85F, into the descriptor queue's read)
         if ws:
             feed_layout = data.StructLayout({"a_addr": addr_bits, "m_last": rows_bits, "preload": 1,
-                                             "row_macs": _row_macs_bits(cfg), "acc_addr": cfg.acc_addr_bits,
-                                             "accumulate": 1})
+                                             "row_macs": _row_macs_bits(cfg)})
             preload_layout = data.StructLayout({"b_addr": addr_bits, "k_last": small_r, "n": small_c})
             write_layout = data.StructLayout({"acc_addr": cfg.acc_addr_bits, "m_last": rows_bits,
                                               "accumulate": 1})
@@ -408,7 +392,6 @@ class ComputeUnit(wiring.Component):
             preload = Signal(preload_layout)
             m_last = op.m[:rows_bits] - 1       # m >= 1, k >= 1 (ComputeCheck, the firmware)
             m.d.comb += [feed.m_last.eq(m_last), feed.preload.eq(op.preload), write.m_last.eq(m_last),
-                         feed.acc_addr.eq(op.acc_addr), feed.accumulate.eq(op.accumulate),
                          preload.b_addr.eq(op.b_addr), preload.k_last.eq(op.k[:small_r] - 1),
                          preload.n.eq(op.n)]
         else:
@@ -450,14 +433,13 @@ class ComputeUnit(wiring.Component):
                          source.ready.eq(port.req.ready)]
             return local
 
-        def to_array(name, port, layout, hold_of=None):
+        def to_array(name, port, layout):
             """The stream the unit drives for ``port`` (to the array), with ``layout`` (the
             port's payload in ``beat`` and what travels with it); returns it and the payload
-            the array sees. ``hold_of(payload)``: while true, the item the array sees waits."""
+            the array sees."""
             local, source = staged(name, layout)
-            hold = Const(0) if hold_of is None else hold_of(source.payload)
-            m.d.comb += [port.valid.eq(source.valid & ~hold), port.payload.eq(source.payload.beat),
-                         source.ready.eq(port.ready & ~hold)]
+            m.d.comb += [port.valid.eq(source.valid), port.payload.eq(source.payload.beat),
+                         source.ready.eq(port.ready)]
             return local, source.payload
 
         def reader(name, port, fifo_, layout, last_of, addr_of, meta_layout, meta_of):
@@ -528,46 +510,14 @@ class ComputeUnit(wiring.Component):
                 self.read_b.resp.ready.eq(weights.ready & wmeta.r_rdy),
                 wmeta.r_en.eq(weights.valid & weights.ready),
             ]
-            # inputs: m rows of A, new_weights on the first row of a preloading COMPUTE; each
-            # with the accumulator row its result goes to (acc_addr + row: a legal COMPUTE's rows
-            # lie in the accumulator) and whether it accumulates
-            imeta_layout = data.StructLayout({"new_weights": 1, "last": 1, "row_macs": _row_macs_bits(cfg),
-                                              "acc_row": cfg.acc_addr_bits, "accumulate": 1})
+            # inputs: m rows of A, new_weights on the first row of a preloading COMPUTE
+            imeta_layout = data.StructLayout({"new_weights": 1, "last": 1, "row_macs": _row_macs_bits(cfg)})
             imeta = reader("inputs", self.read_a, feeds, feed_layout, lambda h: h.m_last, lambda h: h.a_addr,
-                           imeta_layout, lambda h, r, last: Cat(h.preload & (r == 0), last, h.row_macs,
-                                                                (h.acc_addr + r)[:cfg.acc_addr_bits],
-                                                                h.accumulate))
+                           imeta_layout, lambda h, r, last: Cat(h.preload & (r == 0), last, h.row_macs))
             im = Signal(imeta_layout)
             m.d.comb += im.eq(imeta.r_data)
             resp = self.read_a.resp.payload
-            # The accumulator does not forward (accumulator_forwards): a row that accumulates
-            # waits at the array's input while one of the rows that entered the array in the
-            # last array_write_spacing - 1 cycles goes to its accumulator row. Its result then
-            # reaches the accumulator that many cycles after theirs: the array returns its rows
-            # with the spacing they entered with (the accumulator is always ready, so the array
-            # never stalls). Rows of one COMPUTE go to different accumulator rows, so only the
-            # first rows of a COMPUTE can wait, behind a COMPUTE of fewer rows into the same ones.
-            hold_of = None
-            spaced = not accumulator_forwards(cfg)
-            if spaced:
-                beat_layout = data.StructLayout({**beat_layout.members, "acc_row": cfg.acc_addr_bits,
-                                                 "accumulate": 1})
-                entered = [(Signal(name=f"entered{j}_valid"),
-                            Signal(cfg.acc_addr_bits, name=f"entered{j}_row"))
-                           for j in range(array_write_spacing(cfg) - 1)]
-
-                def hold_of(payload):
-                    return payload.accumulate & Cat(*(valid & (row == payload.acc_row)
-                                                      for valid, row in entered)).any()
-            inputs, arriving = to_array("inputs", self.inputs, beat_layout, hold_of)
-            if spaced:
-                previous = (self.inputs.valid & self.inputs.ready, arriving.acc_row)
-                for registers in entered:
-                    m.d.sync += [register.eq(value)
-                                 for register, value in zip(registers, previous, strict=True)]
-                    previous = registers
-                m.d.comb += [inputs.payload.acc_row.eq(im.acc_row),
-                             inputs.payload.accumulate.eq(im.accumulate)]
+            inputs, arriving = to_array("inputs", self.inputs, beat_layout)
             for i in range(R):
                 m.d.comb += inputs.payload.beat.data[i].eq(element(resp, i, input_shape))
             m.d.comb += [
