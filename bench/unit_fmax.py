@@ -82,8 +82,12 @@ def _build(module: str, name: str, *args: Callable[[AcceleratorConfig], Any], ta
         cls = getattr(importlib.import_module(f"systolic.{module}"), name)
         if takes_config and not args and not kwargs:
             return cls(config)
-        # (a --baseline revision's class may take fewer keywords: it is built as it was then)
+        # (a --baseline revision's class may take fewer keywords: it is built as it was then, and
+        # says so)
         accepted = inspect.signature(cls).parameters
+        for k in kwargs.keys() - accepted.keys():
+            print(f"unit_fmax: this revision's {name} takes no keyword {k!r}; built without it",
+                  file=sys.stderr)
         return cls(*(f(config) for f in args), **{k: f(config) for k, f in kwargs.items() if k in accepted})
     return make
 

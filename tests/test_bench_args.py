@@ -155,3 +155,20 @@ def test_array_size_errors(script: str, argv: list[str], message: str, tmp_path:
     assert exit_info.value.code == 2
     assert re.search(rf"^\S+: error: {re.escape(message)}", capsys.readouterr().err, re.M)
     assert not out.exists()
+
+
+def test_unit_fmax_builds_units_as_the_accelerator_does(capsys: pytest.CaptureFixture) -> None:
+    """The accumulator and the compute core get the accelerator's store read queue; a keyword a
+    (baseline revision's) class does not take is left out, and the run says so."""
+    from systolic.hw.accumulator import store_read_queue
+    from systolic.hw.config import AcceleratorConfig
+
+    unit_fmax = _script("unit_fmax")
+    config = AcceleratorConfig(sfu_row_cycles=4)
+    assert unit_fmax.UNITS["accumulator"](config).read_queue == store_read_queue(config) == 2
+    assert unit_fmax.UNITS["compute_core"](config).acc_read_queue == 2
+    assert capsys.readouterr().err == ""
+    make = unit_fmax._build("hw.accumulator", "Accumulator", lambda c: c, fanciness=lambda c: 3)
+    assert make(config).read_queue == 5
+    assert capsys.readouterr().err == ("unit_fmax: this revision's Accumulator takes no keyword "
+                                       "'fanciness'; built without it\n")
