@@ -33,12 +33,12 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .config import AcceleratorConfig
-from .dsp import fabric_register
+from .dsp import fabric_register, is_ecp5
 from .pe import MAC_LATENCY, ProcessingElement, element_shapes
 
 __all__ = [
-    "SystolicArray", "weight_layout", "input_layout", "output_layout",
-    "array_latency", "ws_cycles", "os_cycles", "column_sum_shape", "default_stall_stages",
+    "LUTRAM_DELAY_DEPTH", "LUTRAM_DELAY_MIN", "SystolicArray", "weight_layout", "input_layout",
+    "output_layout", "array_latency", "ws_cycles", "os_cycles", "column_sum_shape", "default_stall_stages",
 ]
 
 
@@ -167,14 +167,57 @@ def default_stall_stages(config: AcceleratorConfig) -> int:
     return 0 if pes <= 16 else 1 if pes <= 64 else 3
 
 
-def _delay(m: Module, value: Value, cycles: int, name: str, *, reset_less: bool = False) -> Value:
+#: A delay of reset-less data this many cycles or more goes through distributed RAM when the
+#: array has ``lutram_delays`` (by default on ECP5; ``_delay``'s ``lutram``): below it,
+#: flip-flops cost less than the RAM's look-up tables and write-port slice.
+LUTRAM_DELAY_MIN = 4
+#: Words of one distributed-RAM delay line (an ECP5 TRELLIS_DPR16X4 holds 16 words of 4 bits): a
+#: line delays by at most this many cycles, a longer delay chains lines.
+LUTRAM_DELAY_DEPTH = 16
+
+
+def _delay(m: Module, value: Value, cycles: int, name: str, *, reset_less: bool = False,
+           lutram: bool = False) -> Value:
     """``value`` delayed by ``cycles`` registers in ``m``'s sync domain (``reset_less`` for data
-    whose value does not matter while nothing valid travels with it)."""
+    whose value does not matter while nothing valid travels with it).
+
+    With ``lutram`` (and ``reset_less``), each stretch of :data:`LUTRAM_DELAY_MIN` to
+    :data:`LUTRAM_DELAY_DEPTH` cycles is a :func:`_lutram_delay` instead, the rest registers:
+    the same value in every cycle, fewer flip-flops. Under ``m``'s enable (``EnableInserter``)
+    both kinds hold still while it is low."""
+    if lutram and reset_less:
+        line = 0
+        while cycles >= LUTRAM_DELAY_MIN:
+            step = min(cycles, LUTRAM_DELAY_DEPTH)
+            value = _lutram_delay(m, value, step, f"{name}_ram{line}")
+            cycles -= step
+            line += 1
     for stage in range(cycles):
         reg = Signal(value.shape(), name=f"{name}_d{stage + 1}", reset_less=reset_less)
         m.d.sync += reg.eq(value)
         value = reg
     return value
+
+
+def _lutram_delay(m: Module, value: Value, cycles: int, name: str) -> Signal:
+    """``value`` delayed by ``cycles`` (2 to :data:`LUTRAM_DELAY_DEPTH`) through a memory of
+    :data:`LUTRAM_DELAY_DEPTH` words (submodule ``name``; yosys maps it to ECP5 distributed RAM)
+    and an output register: every cycle the memory takes ``value`` at ``head`` and its
+    asynchronous read port gives the word written ``cycles - 1`` cycles before, at ``tail``,
+    into the register. The two pointers advance together and never meet, so no read sees the
+    write of its own cycle; neither has a reset (their distance is set by their initial values
+    and never changes), nor does the data."""
+    assert 2 <= cycles <= LUTRAM_DELAY_DEPTH, cycles
+    depth = LUTRAM_DELAY_DEPTH
+    m.submodules[name] = memory = Memory(shape=value.shape(), depth=depth, init=[])
+    write = memory.write_port()
+    read = memory.read_port(domain="comb")
+    head = Signal(range(depth), name=f"{name}_head", reset_less=True)
+    tail = Signal(range(depth), name=f"{name}_tail", init=-(cycles - 1) % depth, reset_less=True)
+    out = Signal(value.shape(), name=f"{name}_out", reset_less=True)
+    m.d.comb += [write.addr.eq(head), write.data.eq(value), write.en.eq(1), read.addr.eq(tail)]
+    m.d.sync += [head.eq(head + 1), tail.eq(tail + 1), out.eq(read.data)]
+    return out
 
 
 def _stall_register(m: Module, platform: Any, value: Value, name: str) -> Signal:
@@ -218,12 +261,20 @@ class SystolicArray(wiring.Component):
     ``outputs.valid`` then come from registers. With a ready consumer the buffer stays empty:
     latency, cycle counts and throughput do not depend on ``stall_stages``.
 
+    ``lutram_delays`` (default: whether the platform is ECP5): the input skew's, the weight
+    skew's and the output de-skew's delays of :data:`LUTRAM_DELAY_MIN` cycles or more go
+    through distributed-RAM delay lines of up to :data:`LUTRAM_DELAY_DEPTH` cycles each, with
+    one output register, instead of a register per cycle (a 16x16 array: about 4k flip-flops
+    fewer for 115 TRELLIS_DPR16X4). The array's behaviour is the same in every cycle.
+
     Raises :class:`TypeError` when ``config`` is not an :class:`AcceleratorConfig` or
     ``stall_stages`` not an integer, :class:`ValueError` for ``stall_stages`` outside 0..4.
     """
 
-    def __init__(self, config: AcceleratorConfig, *, stall_stages: int | None = None) -> None:
+    def __init__(self, config: AcceleratorConfig, *, stall_stages: int | None = None,
+                 lutram_delays: bool | None = None) -> None:
         self.config = _check_config(config)
+        self.lutram_delays = lutram_delays
         if stall_stages is None:
             stall_stages = default_stall_stages(config)
         if isinstance(stall_stages, bool) or not isinstance(stall_stages, int):
@@ -273,6 +324,8 @@ class SystolicArray(wiring.Component):
             return "dsp" if index < bram_from else "bram" if index < logic_from else "logic"
 
         ws = config.dataflow == "ws"
+        # on ECP5 the skews' long delays of data go through distributed RAM (_delay)
+        lutram = is_ecp5(platform) if self.lutram_delays is None else self.lutram_delays
         pes = [[ProcessingElement(config, multiplier=kind(i * config.cols + j),
                                   psum_shape=column_sum_shape(config, i + 1) if ws else None)
                 for j in range(config.cols)] for i in range(config.rows)]
@@ -288,9 +341,9 @@ class SystolicArray(wiring.Component):
                     m.d.comb += pe.dsp_enable.eq(dsp_enables[i][0])
 
         if ws:
-            valid, last, results = self._elaborate_ws(groups, enables["inputs"], pes)
+            valid, last, results = self._elaborate_ws(groups, enables["inputs"], pes, lutram)
         else:
-            valid, last, results = self._elaborate_os(groups, enables["inputs"], pes)
+            valid, last, results = self._elaborate_os(groups, enables["inputs"], pes, lutram)
         self._elaborate_stall(m, platform, [[leaf] for leaf in enables.values()]
                               + [row + dsp for row, dsp in zip(pe_enables, dsp_enables, strict=True)],
                               enables["outputs"], valid, last, results)
@@ -390,7 +443,7 @@ class SystolicArray(wiring.Component):
                                          _stall_register(m, platform, trunk, "stall_leaf_handshake"))
 
     def _elaborate_ws(self, groups: dict[str, Module], enable: Signal,
-                      pes: list[list[ProcessingElement]]) -> tuple[Value, Value, list[Value]]:
+                      pes: list[list[ProcessingElement]], lutram: bool) -> tuple[Value, Value, list[Value]]:
         rows, cols = self.config.rows, self.config.cols
         inputs, weights = self.inputs, self.weights
         m = groups["inputs"]
@@ -437,7 +490,7 @@ class SystolicArray(wiring.Component):
             ]
         for j in range(cols):
             m.d.comb += pes[0][j].w_in.eq(_delay(groups["weights"], weights.payload.data[j], 1 + j,
-                                                 f"w_skew_{j}", reset_less=True))
+                                                 f"w_skew_{j}", reset_less=True, lutram=lutram))
 
         # -- input skew ----------------------------------------------------------------------
         # Element i of an input row reaches PE (i, 0) 2 + i cycles after its handshake; the
@@ -445,7 +498,7 @@ class SystolicArray(wiring.Component):
         for i in range(rows):
             m.d.comb += [
                 pes[i][0].a_in.eq(_delay(m, inputs.payload.data[i], 2 + i, f"a_skew_{i}",
-                                         reset_less=True)),
+                                         reset_less=True, lutram=lutram)),
                 pes[i][0].new_weights_in.eq(_delay(m, swap, 1 + i, f"swap_skew_{i}")),
             ]
 
@@ -472,7 +525,8 @@ class SystolicArray(wiring.Component):
         # Column j's sum leaves the bottom row j cycles after column 0's; delaying it by
         # C-1-j aligns the row. The result of an input row is valid R+C+4 cycles after it.
         out = groups["outputs"]
-        results = [_delay(out, pes[rows - 1][j].psum_out, cols - 1 - j, f"deskew_{j}", reset_less=True)
+        results = [_delay(out, pes[rows - 1][j].psum_out, cols - 1 - j, f"deskew_{j}", reset_less=True,
+                          lutram=lutram)
                    for j in range(cols)]
         latency = array_latency(self.config)
         valid = _delay(out, _delay(m, in_fire, 1, "in_fire"), latency - 1, "out_valid")
@@ -481,7 +535,7 @@ class SystolicArray(wiring.Component):
         return valid, last, results
 
     def _elaborate_os(self, groups: dict[str, Module], enable: Signal,
-                      pes: list[list[ProcessingElement]]) -> tuple[Value, Value, list[Value]]:
+                      pes: list[list[ProcessingElement]], lutram: bool) -> tuple[Value, Value, list[Value]]:
         rows, cols = self.config.rows, self.config.cols
         inputs = self.inputs
         m = groups["inputs"]
@@ -509,12 +563,12 @@ class SystolicArray(wiring.Component):
             q = rows - 1 - r
             a = Mux(in_fire, inputs.payload.a[r], 0)
             m.d.comb += [
-                pes[q][0].a_in.eq(_delay(m, a, 1 + q, f"a_skew_{r}", reset_less=True)),
+                pes[q][0].a_in.eq(_delay(m, a, 1 + q, f"a_skew_{r}", reset_less=True, lutram=lutram)),
                 pes[q][0].last_in.eq(_delay(m, fire_last, 1 + q, f"last_skew_{r}")),
             ]
         for j in range(cols):
             m.d.comb += pes[0][j].b_in.eq(_delay(groups["weights"], inputs.payload.b[j], 1 + j,
-                                                 f"b_skew_{j}", reset_less=True))
+                                                 f"b_skew_{j}", reset_less=True, lutram=lutram))
 
         # -- drain control -------------------------------------------------------------------
         # PE row q's result register takes a tile's sum q + MAC_LATENCY cycles after the last
@@ -555,7 +609,7 @@ class SystolicArray(wiring.Component):
         # -- output de-skew ------------------------------------------------------------------
         out = groups["outputs"]
         results = [_delay(out, pes[rows - 1][j].result_out, cols - 1 - j, f"deskew_{j}",
-                          reset_less=True) for j in range(cols)]
+                          reset_less=True, lutram=lutram) for j in range(cols)]
         valid = _delay(out, draining, cols - 1, "out_valid")
         last = _delay(out, draining & (drain_step == rows - 1), cols - 1, "out_last")
         return valid, last, results

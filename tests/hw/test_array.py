@@ -9,10 +9,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from amaranth import signed, unsigned
+from amaranth import Module, Signal, signed, unsigned
+from amaranth.back import rtlil
+from amaranth.hdl import EnableInserter
 from amaranth.sim import Simulator
 from systolic.hw.array import (
+    LUTRAM_DELAY_DEPTH,
+    LUTRAM_DELAY_MIN,
     SystolicArray,
+    _delay,
     array_latency,
     column_sum_shape,
     default_stall_stages,
@@ -122,10 +127,11 @@ class Run:
 
 
 def simulate(config: AcceleratorConfig, tiles: list, *, seed: int = 0, gap: float = 0.0,
-             ready: float = 1.0, weight_delay: int = 0, stall_stages: int | None = None) -> Run:
+             ready: float = 1.0, weight_delay: int = 0, stall_stages: int | None = None,
+             lutram_delays: bool | None = None) -> Run:
     """Stream ``tiles`` through a SystolicArray: producers idle before a beat with probability
     ``gap``, the consumer is ready with probability ``ready`` each cycle."""
-    dut = SystolicArray(config, stall_stages=stall_stages)
+    dut = SystolicArray(config, stall_stages=stall_stages, lutram_delays=lutram_delays)
     rng = np.random.default_rng(seed)
     run = Run(fires={"weights": [], "inputs": [], "outputs": []})
     ws = config.dataflow == "ws"
@@ -463,6 +469,65 @@ def _run_simple(dut, testbench) -> None:
     sim.add_clock(1e-6)
     sim.add_testbench(testbench)
     sim.run()
+
+
+# -- delays through distributed RAM ----------------------------------------------------------------
+
+def _lutram_lines(cycles: int) -> int:
+    """Delay lines of the distributed-RAM kind in a delay of ``cycles``."""
+    lines = 0
+    while cycles >= LUTRAM_DELAY_MIN:
+        cycles -= min(cycles, LUTRAM_DELAY_DEPTH)
+        lines += 1
+    return lines
+
+
+@pytest.mark.parametrize("cycles", [1, 3, 4, 5, 15, 16, 17, 19, 20, 33])
+def test_lutram_delay_is_the_register_chain(cycles: int) -> None:
+    """A delay with ``lutram`` (memory lines of at most 16 cycles, then registers) gives in
+    every cycle what the chain of registers gives and what a list model gives, under an enable
+    that is low in random cycles (both hold still then), from the first cycle on."""
+    top = Module()
+    group = Module()
+    enable = Signal()
+    value = Signal(signed(7))
+    plain = _delay(group, value, cycles, "plain", reset_less=True)
+    lutram = _delay(group, value, cycles, "lines", reset_less=True, lutram=True)
+    top.submodules.group = EnableInserter(enable)(group)
+    memories = rtlil.convert(top, ports=[enable, value, plain, lutram]).count("cell $memrd_v2 ")
+    assert memories == _lutram_lines(cycles)
+    rng = np.random.default_rng(cycles)
+    steps = 4 * cycles + 60
+
+    async def testbench(ctx):
+        model = [0] * cycles
+        for _ in range(steps):
+            on = int(rng.random() < 0.7)
+            new = int(rng.choice([-64, 63, 0, *rng.integers(-64, 64, 3)]))
+            ctx.set(enable, on)
+            ctx.set(value, new)
+            assert ctx.get(plain) == ctx.get(lutram) == model[-1]
+            await ctx.tick()
+            if on:
+                model = [new, *model[:-1]]
+
+    sim = Simulator(top)
+    sim.add_clock(1e-6)
+    sim.add_testbench(testbench)
+    sim.run()
+
+
+@pytest.mark.parametrize("dataflow", ["ws", "os"])
+@pytest.mark.parametrize("stall_stages", [0, 3])
+def test_lutram_delays_keep_the_results(dataflow: str, stall_stages: int) -> None:
+    """An 8x8 array whose skews go through distributed-RAM lines (``lutram_delays``, the ECP5
+    default) against numpy, under back-pressure, with the registered stall and without."""
+    config = config_for(dataflow, 8, 8)
+    rng = np.random.default_rng(70 + stall_stages)
+    make = random_ws_tiles if dataflow == "ws" else random_os_tiles
+    tiles = make(config, rng, 4)
+    check(config, tiles, simulate(config, tiles, seed=stall_stages, ready=0.5, gap=0.2,
+                                  stall_stages=stall_stages, lutram_delays=True))
 
 
 # -- output-stationary -----------------------------------------------------------------------------

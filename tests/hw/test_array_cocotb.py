@@ -1,7 +1,8 @@
-"""The generated SystolicArray Verilog on Verilator, through cocotb_tools.runner: both dataflows
-at 4x4 and 8x8, plus the ECP5 elaboration (MULT18X18D multipliers) against a behavioural model
-of that primitive. The cocotb side is tests/hw/cocotb_array.py; builds are cached per config
-hash and design hash (systolic.sim.tools.cocotb_build)."""
+"""The generated SystolicArray Verilog on Verilator, through cocotb_tools.runner: both dataflows at
+4x4 and 8x8, plus the ECP5 elaboration (MULT18X18D multipliers, distributed-RAM delay lines in
+the skews) against a behavioural model of that primitive. The cocotb side is
+tests/hw/cocotb_array.py; builds are cached per config hash and design hash
+(systolic.sim.tools.cocotb_build)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ CASES = [
     pytest.param("os", 4, 4, False, {}, None, id="os-4x4"),
     pytest.param("os", 8, 8, False, {}, None, id="os-8x8"),
     pytest.param("ws", 4, 4, True, {}, None, id="ws-4x4-ecp5"),
+    # the skews' delays of 4 to 9 cycles in distributed-RAM lines (ECP5's lutram_delays), the
+    # output de-skew's included
+    pytest.param("ws", 8, 8, True, {}, None, id="ws-8x8-ecp5"),
+    pytest.param("os", 8, 8, True, {}, None, id="os-8x8-ecp5"),
     # 16-bit operands: products wider than 18 bits, so the sign pins of the DSP matter
     pytest.param("os", 4, 4, True, {"input_bits": 16, "weight_bits": 16}, None, id="os-4x4-int16-ecp5"),
     # the registered stall tree of large arrays (TRELLIS_FF instances), with the DSP blocks' clock
@@ -52,6 +57,7 @@ def test_array_on_verilator(dataflow: str, rows: int, cols: int, ecp5: bool, kwa
         verilog += mult18x18d_model()
     if stall_stages and ecp5:
         assert verilog.count("TRELLIS_FF ") > rows * cols
+    if "TRELLIS_FF " in verilog:            # the stall tree's registers on ECP5 (1 stage and more)
         verilog += trellis_ff_model()
     tag = ("-ecp5" if ecp5 else "") + (f"-stall{stall_stages}" if stall_stages is not None else "")
     build = cocotb_build(verilog, TOP, config.hash_hex + tag, build_args=BUILD_ARGS)

