@@ -5,7 +5,9 @@ a row or column of PEs forms a pipeline; :class:`~systolic.hw.array.SystolicArra
 a grid, skews the operands on the way in and stalls every register with one global enable when
 the output stalls (the PE's ``enable`` port). The multiplier is a :class:`PipelinedMultiplier`
 (operand, product and routing registers: :data:`MULTIPLIER_LATENCY` = 3 cycles), so that a PE
-maps onto one DSP block plus an adder and nothing slow shares a cycle with the DSP.
+maps onto one DSP block plus an adder and nothing slow shares a cycle with the DSP. A multiplier
+in logic takes its operands a cycle late instead, from the registers that pass them on (``a_out``,
+and ``b_out`` or a copy of the active weight), in two stages: the same 3 cycles from ``a_in``.
 
 Weight-stationary (``dataflow = "ws"``), PE at row i (reduction index k) and column j (output
 channel n)::
@@ -55,8 +57,8 @@ from .bankram import DP16KDPort, dp16kd
 from .config import BRAM_TABLE_ENTRIES, AcceleratorConfig, int_range, quarter_square_span
 from .dsp import MULT18X18D_INPUT_BITS, and_pair_sum, is_ecp5, mult18x18d
 
-__all__ = ["ProcessingElement", "PipelinedMultiplier", "element_shapes", "MAC_LATENCY",
-           "MULTIPLIER_KINDS", "MULTIPLIER_LATENCY"]
+__all__ = ["ProcessingElement", "PipelinedMultiplier", "element_shapes", "logic_latency_fits",
+           "MAC_LATENCY", "MULTIPLIER_KINDS", "MULTIPLIER_LATENCY"]
 
 #: How a :class:`PipelinedMultiplier` makes its product: a DSP block, a quarter-square table in
 #: block RAM, or logic.
@@ -83,6 +85,12 @@ def element_shapes(config: AcceleratorConfig) -> tuple[Shape, Shape, Shape]:
 
 def _shape_range(shape: Shape) -> tuple[int, int]:
     return int_range(shape.width, shape.signed)
+
+
+def logic_latency_fits(b_shape: Shape, latency: int) -> bool:
+    """Whether a logic multiplier's adder tree over ``b_shape``'s partial products (one per bit
+    of ``b``) fits ``latency`` register stages at two levels a stage."""
+    return (Shape.cast(b_shape).width - 1).bit_length() <= 2 * latency
 
 
 class PipelinedMultiplier(wiring.Component):
@@ -126,18 +134,27 @@ class PipelinedMultiplier(wiring.Component):
       stage is at most the AND of a partial product and two carry chains. On ECP5 each pair of
       partial products is added by one CCU2C chain that also makes their ANDs
       (:func:`~systolic.hw.dsp.and_pair_sum`): 36 CCU2C, no LUT4 and 57 flip-flops for int8 times
-      int8, where yosys makes the ANDs in LUT4s of their own.
+      int8, where yosys makes the ANDs in LUT4s of their own. A PE builds it with ``latency=2``
+      (below).
+
+    ``latency`` (``"logic"`` only; default :data:`MULTIPLIER_LATENCY`): 2 makes the tree two
+    stages (for 8-bit ``b``: two levels, then one, into the product register), for a caller
+    whose operands are a cycle late already, from registers it has anyway (a PE's ``a_out`` and
+    ``b_out``): 16 flip-flops fewer for int8 (41 instead of 57). It needs a tree of at most four
+    levels (``b`` at most 16 bits wide, :func:`logic_latency_fits`).
 
     ``a``: ``In(a_shape)``; ``b``: ``In(b_shape)``; ``product``: ``Out`` of the exact product
     shape (a_bits + b_bits wide, one more when exactly one operand is signed);
     ``enable``: ``In(1, init=1)``.
 
     Raises :class:`ValueError` for an unknown ``kind``, for operands wider than the 18 bits of a
-    DSP multiplier input (17 for an unsigned operand), and for ``"bram"`` operands whose sums and
-    differences take more values than a table holds.
+    DSP multiplier input (17 for an unsigned operand), for ``"bram"`` operands whose sums and
+    differences take more values than a table holds, and for a ``latency`` other than 3, or 2
+    for a ``"logic"`` multiplier whose tree fits two stages.
     """
 
-    def __init__(self, a_shape: Shape, b_shape: Shape, *, kind: str = "dsp") -> None:
+    def __init__(self, a_shape: Shape, b_shape: Shape, *, kind: str = "dsp",
+                 latency: int = MULTIPLIER_LATENCY) -> None:
         if kind not in MULTIPLIER_KINDS:
             raise ValueError(f"kind must be one of {', '.join(map(repr, MULTIPLIER_KINDS))}, not {kind!r}")
         self.kind = kind
@@ -146,6 +163,14 @@ class PipelinedMultiplier(wiring.Component):
             if shape.width + (not shape.signed) > MULT18X18D_INPUT_BITS:
                 raise ValueError(f"{name} must fit an 18-bit signed multiplier input "
                                  f"(at most 18 bits signed or 17 unsigned), not {shape!r}")
+        if latency != MULTIPLIER_LATENCY:
+            if isinstance(latency, bool) or latency != 2 or kind != "logic":
+                raise ValueError(f"latency must be {MULTIPLIER_LATENCY}, or 2 for a 'logic' multiplier, "
+                                 f"not {latency!r} for {kind!r}")
+            if not logic_latency_fits(b_shape, 2):
+                raise ValueError(f"a 'logic' multiplier of latency 2 adds at most 16 partial products "
+                                 f"(two adder levels a stage); b_shape {b_shape!r} gives {b_shape.width}")
+        self.latency = latency
         if kind == "bram":
             lo, hi = quarter_square_span(_shape_range(a_shape), _shape_range(b_shape))
             if hi - lo + 1 > BRAM_TABLE_ENTRIES:
@@ -226,14 +251,16 @@ class PipelinedMultiplier(wiring.Component):
 
     def _elaborate_logic(self, m: Module, platform: Any) -> Module:
         # Partial products a * b[i] * 2**i (the top one subtracted for a signed b), summed by a
-        # tree of two-input adders whose levels fill the three register stages two at a time
-        # (8-bit weights: two levels, one, then a register for the route to the PE's adder): two
-        # short carry chains (about 10 bits each for int8) per stage stay far below 10 ns, and
-        # each level folded into the one before saves its register (81 -> 57 flip-flops for
-        # int8, against one level per stage). The operands come straight from registers of the
-        # PE (``a_in`` is the left neighbour's ``a_out``, ``b`` the active weight register), so there is no
-        # operand register stage. Each node is (value, weight shift, sign); sums are kept
-        # unshifted relative to their lowest term, so the pipeline registers stay narrow. Data
+        # tree of two-input adders whose levels fill the register stages (`latency`) two at a
+        # time (8-bit weights, three stages: two levels, one, then a register for the route to
+        # the PE's adder; two stages: two levels, then one): two short carry chains (about 10
+        # bits each for int8) per stage stay far below 10 ns, and each level folded into the one
+        # before saves its register (81 -> 57 flip-flops for int8, against one level per stage;
+        # 41 in two stages). The operands come straight from registers of the PE (``a_in`` and
+        # the active weight; with two stages the PE's ``a_out`` and a copy of the active weight,
+        # or ``b_out``), so there is no operand register stage. Each node is (value, weight
+        # shift, sign); sums are kept unshifted relative to their lowest term, so the pipeline
+        # registers stay narrow. Data
         # registers have no reset: a value matters only with a valid operand, and the control
         # that marks valid operands is reset (fewer reset and routing nets in a large array).
         # On ECP5 the first level adds each pair of partial products in one CCU2C chain whose
@@ -254,14 +281,14 @@ class PipelinedMultiplier(wiring.Component):
 
         levels = (width - 1).bit_length()           # adder levels of the tree
         first = True
-        for stage in range(MULTIPLIER_LATENCY):
+        for stage in range(self.latency):
             stage_levels = min(levels, 2)
             levels -= stage_levels
             for _ in range(stage_levels):
                 nodes = [add_pair(n, first) if n + 1 < len(nodes) else nodes[n]
                          for n in range(0, len(nodes), 2)]
                 first = False
-            if stage == MULTIPLIER_LATENCY - 1:
+            if stage == self.latency - 1:
                 (value, shift, sign), = nodes
                 total = value if sign > 0 else -value
                 product = Signal.like(self.product, reset_less=True)
@@ -379,20 +406,24 @@ class ProcessingElement(wiring.Component):
     def elaborate(self, platform) -> Any:
         input_shape, weight_shape, _ = element_shapes(self.config)
         m = Module()
-        m.submodules.multiplier = multiplier = PipelinedMultiplier(input_shape, weight_shape,
-                                                                   kind=self.multiplier)
+        # A logic multiplier takes its operands a cycle late, from the registers that pass them
+        # on (a_out, and b_out or a copy of the active weight), in a tree of one stage fewer.
+        late = self.multiplier == "logic" and logic_latency_fits(weight_shape, MULTIPLIER_LATENCY - 1)
+        m.submodules.multiplier = multiplier = PipelinedMultiplier(
+            input_shape, weight_shape, kind=self.multiplier,
+            latency=MULTIPLIER_LATENCY - 1 if late else MULTIPLIER_LATENCY)
         # the DSP block's clock enable (docstring); the multiplier's fabric register, if any,
         # is under the cell's enable below as well
         m.d.comb += multiplier.enable.eq(self.dsp_enable if self.multiplier == "dsp" else self.enable)
         if self.config.dataflow == "ws":
-            self._elaborate_ws(m, multiplier)
+            self._elaborate_ws(m, multiplier, late)
         else:
-            self._elaborate_os(m, multiplier)
+            self._elaborate_os(m, multiplier, late)
         # One enable for every register of the cell (the multiplier takes it as a port, since
         # a vendor primitive's clock enable is not rewritten by EnableInserter).
         return EnableInserter(self.enable)(m)
 
-    def _elaborate_ws(self, m: Module, multiplier: PipelinedMultiplier) -> None:
+    def _elaborate_ws(self, m: Module, multiplier: PipelinedMultiplier, late: bool) -> None:
         _, weight_shape, _ = element_shapes(self.config)
         shadow = Signal(weight_shape)
         active = Signal(weight_shape)
@@ -401,14 +432,20 @@ class ProcessingElement(wiring.Component):
         # register feeds the multiplier with no select logic on the way (a DSP input).
         with m.If(self.new_weights_in):
             m.d.sync += active.eq(shadow)
-        m.d.comb += [
-            multiplier.a.eq(self.a_in),
-            multiplier.b.eq(active),
-        ]
         # data registers without reset (the weights keep theirs: they read as 0 after a reset)
         a_out = Signal.like(self.a_out, reset_less=True)
         w_out = Signal.like(self.w_out, reset_less=True)
         psum_out = Signal.like(self.psum_out, reset_less=True)
+        if late:
+            # the operand pair a cycle late: a_out, and the active weight's copy (its own
+            # register: the active one may change in the very next cycle, a one-row tile). No
+            # reset: it equals `active` from the first cycle after a reset, and an element
+            # reaches the PE two cycles after its handshake at the earliest.
+            active_late = Signal(weight_shape, reset_less=True)
+            m.d.sync += active_late.eq(active)
+            m.d.comb += [multiplier.a.eq(a_out), multiplier.b.eq(active_late)]
+        else:
+            m.d.comb += [multiplier.a.eq(self.a_in), multiplier.b.eq(active)]
         m.d.comb += [self.a_out.eq(a_out), self.w_out.eq(w_out), self.psum_out.eq(psum_out)]
         # wraps to the partial sum's width (acc_bits, or a width that holds the column's exact sum)
         m.d.sync += psum_out.eq(self.psum_in + multiplier.product)
@@ -426,15 +463,16 @@ class ProcessingElement(wiring.Component):
             self.w_zero_out.eq(self.w_zero_in),
         ]
 
-    def _elaborate_os(self, m: Module, multiplier: PipelinedMultiplier) -> None:
+    def _elaborate_os(self, m: Module, multiplier: PipelinedMultiplier, late: bool) -> None:
         _, _, acc_shape = element_shapes(self.config)
         last = Signal(MULTIPLIER_LATENCY)       # `last` beside the multiplier's stages
         acc = Signal(acc_shape)
         total = Signal(acc_shape)
 
+        # the operand pair a cycle late is the pair passed on, a_out and b_out
         m.d.comb += [
-            multiplier.a.eq(self.a_in),
-            multiplier.b.eq(self.b_in),
+            multiplier.a.eq(self.a_out if late else self.a_in),
+            multiplier.b.eq(self.b_out if late else self.b_in),
             total.eq(acc + multiplier.product),                 # wraps to acc_bits
         ]
         m.d.sync += last.eq(Cat(self.last_in, last[:-1]))

@@ -16,6 +16,7 @@ from systolic.sim.tools import cocotb_build, cocotb_test, to_verilog
 
 from tests.hw.ecp5_stand import Ecp5Stand
 from tests.hw.mult18x18d_model import mult18x18d_model, trellis_ff_model
+from tests.hw.test_logic_multiplier_ecp5 import ecp5_cell_models
 
 TOP = "systolic_array"
 SEED = 20240601
@@ -33,9 +34,10 @@ CASES = [
     pytest.param("os", 8, 8, False, {}, None, id="os-8x8"),
     pytest.param("ws", 4, 4, True, {}, None, id="ws-4x4-ecp5"),
     # the skews' delays of 4 to 9 cycles in distributed-RAM lines (ECP5's lutram_delays), the
-    # output de-skew's included
-    pytest.param("ws", 8, 8, True, {}, None, id="ws-8x8-ecp5"),
-    pytest.param("os", 8, 8, True, {}, None, id="os-8x8-ecp5"),
+    # output de-skew's included; the last 24 PEs multiply in logic (CCU2C chains, their operands
+    # a cycle late)
+    pytest.param("ws", 8, 8, True, {"array_lut_multipliers": 24}, None, id="ws-8x8-ecp5"),
+    pytest.param("os", 8, 8, True, {"array_lut_multipliers": 24}, None, id="os-8x8-ecp5"),
     # 16-bit operands: products wider than 18 bits, so the sign pins of the DSP matter
     pytest.param("os", 4, 4, True, {"input_bits": 16, "weight_bits": 16}, None, id="os-4x4-int16-ecp5"),
     # the registered stall tree of large arrays (TRELLIS_FF instances), with the DSP blocks' clock
@@ -53,8 +55,11 @@ def test_array_on_verilator(dataflow: str, rows: int, cols: int, ecp5: bool, kwa
     verilog = to_verilog(SystolicArray(config, stall_stages=stall_stages), TOP,
                          platform=Ecp5Stand() if ecp5 else None)
     if ecp5:
-        assert verilog.count("MULT18X18D ") == rows * cols
+        assert verilog.count("MULT18X18D ") == rows * cols - config.array_lut_multipliers
         verilog += mult18x18d_model()
+    if config.array_lut_multipliers and ecp5:
+        assert verilog.count("CCU2C ") >= 4 * config.array_lut_multipliers
+        verilog += ecp5_cell_models("LUT4", "LUT2", "CCU2C")
     if stall_stages and ecp5:
         assert verilog.count("TRELLIS_FF ") > rows * cols
     if "TRELLIS_FF " in verilog:            # the stall tree's registers on ECP5 (1 stage and more)

