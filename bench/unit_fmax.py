@@ -102,8 +102,14 @@ def _store_read_queue(config: AcceleratorConfig) -> int:
     return store_read_queue(config)
 
 
+def _accumulator_forwards(config: AcceleratorConfig) -> bool:
+    from systolic.hw.units import accumulator_forwards
+    return accumulator_forwards(config)
+
+
 #: Units by name: a function from the configuration to the component (the accumulator and the
-#: compute core with the read queue the accelerator gives them for its store path).
+#: compute core as the accelerator builds them: its read queue for the store path, forwarding
+#: only for the output-stationary dataflow).
 UNITS: dict[str, Callable[[AcceleratorConfig], wiring.Component]] = {
     "gather_reader": _build("hw.dma", "GatherReader"),          # LOAD and residual reads
     "scatter_writer": _build("hw.dma", "ScatterWriter"),        # STORE writes
@@ -111,7 +117,8 @@ UNITS: dict[str, Callable[[AcceleratorConfig], wiring.Component]] = {
     "sfu": _build("hw.sfu", "SpecialFunctionUnit"),
     "store_unit": _build("hw.units", "StoreUnit"),              # SFU + ScatterWriter + walk
     "requant_table": _build("hw.requant_table", "RequantTable"),
-    "accumulator": _build("hw.accumulator", "Accumulator", lambda c: c, read_queue=_store_read_queue),
+    "accumulator": _build("hw.accumulator", "Accumulator", lambda c: c, read_queue=_store_read_queue,
+                          forwarding=_accumulator_forwards),
     "compute_unit": _build("hw.units", "ComputeUnit"),
     # the compute unit, scratchpad, accumulator and array together (hw/compute_core.py)
     "compute_core": _build("hw.compute_core", "ComputeCore", lambda c: c, acc_read_queue=_store_read_queue),

@@ -67,7 +67,8 @@ from .scratchpad import (
 )
 
 __all__ = [
-    "ACC_BANKS", "WRITE_LATENCY", "write_latency", "store_read_queue", "Accumulator", "acc_elem_shape",
+    "ACC_BANKS", "WRITE_LATENCY", "write_latency", "array_write_spacing", "store_read_queue", "Accumulator",
+    "acc_elem_shape",
     "acc_row_layout", "acc_array_write_layout", "acc_dma_write_layout",
 ]
 
@@ -93,6 +94,15 @@ def write_latency(config: AcceleratorConfig) -> int:
     read_latency`) + 2, whether the requests reach the banks through registers or not (the write
     and the read meet the block RAM equally late): 7 with ``memory_registers``, 4 without."""
     return read_latency(config) + 2
+
+
+def array_write_spacing(config: AcceleratorConfig) -> int:
+    """Cycles an accumulating ``array_write`` beat must come after every earlier beat to its row
+    when the accumulator does not forward (``Accumulator(forwarding=False)``): the read latency
+    (:func:`~systolic.hw.scratchpad.read_latency`) + 1, 6 with ``memory_registers`` (a beat's
+    write-back reaches the block RAM read latency + 1 cycles after it is accepted, and a read does
+    not see a write of its own cycle), 3 without."""
+    return read_latency(config) + 1
 
 
 def store_read_queue(config: AcceleratorConfig) -> int:
@@ -157,9 +167,16 @@ class Accumulator(wiring.Component):
         Responses the ``read`` port may owe at once (its response queue's registers): by default
         its read latency, for one row per cycle; 1 for a consumer that reads one row at a time
         (the firmware control's core), which saves a row of registers per entry.
+    forwarding : bool
+        Whether the read-modify-write forwards the results of the beats ahead (the default), so
+        that beats to one row may come in any cycles. Without, an accumulating beat must come
+        :func:`array_write_spacing` cycles or more after every earlier beat to its row (the
+        weight-stationary compute unit spaces its rows so, hw/units.py): no forwarded rows, no
+        address comparisons, and the add takes the stored row straight from the bank.
     """
 
-    def __init__(self, config: AcceleratorConfig, *, read_queue: int | None = None) -> None:
+    def __init__(self, config: AcceleratorConfig, *, read_queue: int | None = None,
+                 forwarding: bool = True) -> None:
         if not isinstance(config, AcceleratorConfig):
             raise TypeError(f"config must be an AcceleratorConfig, not {config!r}")
         latency = read_latency(config)
@@ -168,7 +185,10 @@ class Accumulator(wiring.Component):
             raise ValueError(f"read_queue must be an integer between 1 and the read latency ({latency}), "
                              f"not {read_queue!r}")
         self._config = config
+        if not isinstance(forwarding, bool):
+            raise TypeError(f"forwarding must be a bool, not {forwarding!r}")
         self.read_queue = latency if read_queue is None else read_queue
+        self.forwarding = forwarding
         addr = data.StructLayout({"addr": unsigned(config.acc_addr_bits)})
         super().__init__({
             "array_write": In(stream.Signature(acc_array_write_layout(config))),
@@ -254,64 +274,79 @@ class Accumulator(wiring.Component):
         # the results of the beats ahead, newest first: results[j] holds, in a cycle, the result of
         # the beat that added j + 1 cycles before. results[0] is written back: its write request is
         # registered beside the bank in that cycle and the block RAM writes it in the next (t+6).
+        # Without forwarding only results[0], the write-back register, is kept.
+        kept = forward - 1 if self.forwarding else 1
         results = [(Signal(name=f"r{j}_valid"), Signal.like(beat.addr, name=f"r{j}_addr"),
-                    Signal(row_layout, name=f"r{j}_row")) for j in range(forward - 1)]
-
-        # -- stage ADD_STAGE - 1 (t+3): where the add takes the stored row from. The row was read in
-        # t+1 and saw the writes of the cycles before: those of the beats accepted up to t-6. The
-        # _FORWARD beats ahead write later (or in t+1), so their results are forwarded, the newest
-        # match wins: the beat now adding (in results[0] next cycle), else the newest matching one
-        # of the older results, chosen here into `older`. The accumulate flag is folded into the
-        # selects (0 + data overwrites). ------------------------------------------------------------
-        older = Signal(row_layout)
-        # The address comparisons are made a cycle earlier still (t+2), between the beat then a
-        # stage before `decide` and what will be ahead of it in t+3 (every stage and result moves
-        # on by one each cycle), into registers: `match` (newest first) and `pick`, the one-hot
-        # choice among the older results (the newest match wins). So in t+3 only registers
-        # select, on the 32 x cols bits of `older` and of the add's operand.
-        stage_fields = [(self.array_write.valid, self.array_write.payload.addr,
-                         self.array_write.payload.accumulate),
-                        *((valid, addr, accumulate) for valid, addr, _, accumulate in stages)]
-        _, early_addr, _ = stage_fields[add_stage - 1]      # decide's beat, a cycle before
-        early_ahead = [stage_fields[add_stage][:2], stage_fields[add_stage + 1][:2],
-                       *((valid, addr) for valid, addr, _ in results[:-1])]
-        match = Signal(len(early_ahead))
-        pick = Signal(len(results))
-        early_match = [valid & (addr == early_addr) for valid, addr in early_ahead]
-        m.d.sync += [
-            match.eq(Cat(*early_match)),
-            pick.eq(Cat(*(early_match[j + 1] & ~Cat(*early_match[1:j + 1]).any()
-                          for j in range(len(results))))),
-        ]
-        # The selects of the add: `newest` (the result of the beat now adding), `use_older` (`older`),
-        # `use_bank[k]` (the row in bank k's data register). One copy of each per column, so that
-        # a select's loads (that column's 32 adder bits) sit near it rather than 32 x cols bits
-        # spread over the core (on ECP5 registers yosys does not merge, hw/dsp.py).
-        selects = {
-            "newest": decide_accumulate & match[0],
-            "use_older": decide_accumulate & ~match[0] & match[1:].any(),
-            **{f"use_bank{k}": decide_accumulate & ~match.any() & (decide_addr[index_bits:] == k)
-               for k in range(ACC_BANKS)},
-        }
-        copies = [{name: fabric_register(m, f"{name}_{c}", value, init=0, platform=platform)
-                   for name, value in selects.items()} for c in range(cols)]
-        m.d.sync += older.eq(functools.reduce(operator.or_, (Mux(pick[j], results[j][2].as_value(), 0)
-                                                             for j in range(len(results)))))
-
-        # -- stage ADD_STAGE (t+4): add; the old row is the newest result or an AND-OR of the other
-        # one-hot selects (all 0: overwrite). On ECP5 the newest result's select is made inside
-        # the adder's carry chain (hw/dsp.py ``select_add``): this stage was the critical path of
-        # the 16x16 compute core (docs/arch-memory-sfu.md) -------------------------------------------
+                    Signal(row_layout, name=f"r{j}_row")) for j in range(kept)]
         result = Signal(row_layout)
-        for c in range(cols):
-            select = copies[c]
-            sources = [(select["use_older"], older[c]),
-                       *((select[f"use_bank{k}"], bank_data[k][c]) for k in range(ACC_BANKS))]
-            other = Signal(acc_elem_shape(cfg), name=f"other{c}")
-            m.d.comb += other.eq(functools.reduce(operator.or_, (Mux(sel, v, 0) for sel, v in sources)))
-            m.d.comb += result[c].eq(select_add(m, f"add{c}", select["newest"], results[0][2][c], other,
-                                                add_data[c], width=cfg.acc_bits, platform=platform))  # wraps
+        if self.forwarding:
+            # -- stage ADD_STAGE - 1 (t+3): where the add takes the stored row from. The row was read in
+            # t+1 and saw the writes of the cycles before: those of the beats accepted up to t-6. The
+            # _FORWARD beats ahead write later (or in t+1), so their results are forwarded, the newest
+            # match wins: the beat now adding (in results[0] next cycle), else the newest matching one
+            # of the older results, chosen here into `older`. The accumulate flag is folded into the
+            # selects (0 + data overwrites). --------------------------------------------------------
+            older = Signal(row_layout)
+            # The address comparisons are made a cycle earlier still (t+2), between the beat then a
+            # stage before `decide` and what will be ahead of it in t+3 (every stage and result moves
+            # on by one each cycle), into registers: `match` (newest first) and `pick`, the one-hot
+            # choice among the older results (the newest match wins). So in t+3 only registers
+            # select, on the 32 x cols bits of `older` and of the add's operand.
+            stage_fields = [(self.array_write.valid, self.array_write.payload.addr,
+                             self.array_write.payload.accumulate),
+                            *((valid, addr, accumulate) for valid, addr, _, accumulate in stages)]
+            _, early_addr, _ = stage_fields[add_stage - 1]      # decide's beat, a cycle before
+            early_ahead = [stage_fields[add_stage][:2], stage_fields[add_stage + 1][:2],
+                           *((valid, addr) for valid, addr, _ in results[:-1])]
+            match = Signal(len(early_ahead))
+            pick = Signal(len(results))
+            early_match = [valid & (addr == early_addr) for valid, addr in early_ahead]
+            m.d.sync += [
+                match.eq(Cat(*early_match)),
+                pick.eq(Cat(*(early_match[j + 1] & ~Cat(*early_match[1:j + 1]).any()
+                              for j in range(len(results))))),
+            ]
+            # The selects of the add: `newest` (the result of the beat now adding), `use_older`
+            # (`older`), `use_bank[k]` (the row in bank k's data register). One copy of each per
+            # column, so that a select's loads (that column's 32 adder bits) sit near it rather than
+            # 32 x cols bits spread over the core (on ECP5 registers yosys does not merge, hw/dsp.py).
+            selects = {
+                "newest": decide_accumulate & match[0],
+                "use_older": decide_accumulate & ~match[0] & match[1:].any(),
+                **{f"use_bank{k}": decide_accumulate & ~match.any() & (decide_addr[index_bits:] == k)
+                   for k in range(ACC_BANKS)},
+            }
+            copies = [{name: fabric_register(m, f"{name}_{c}", value, init=0, platform=platform)
+                       for name, value in selects.items()} for c in range(cols)]
+            m.d.sync += older.eq(functools.reduce(operator.or_, (Mux(pick[j], results[j][2].as_value(), 0)
+                                                                 for j in range(len(results)))))
 
+            # -- stage ADD_STAGE (t+4): add; the old row is the newest result or an AND-OR of the other
+            # one-hot selects (all 0: overwrite). On ECP5 the newest result's select is made inside
+            # the adder's carry chain (hw/dsp.py ``select_add``): this stage was the critical path of
+            # the 16x16 compute core (docs/arch-memory-sfu.md) ---------------------------------------
+            for c in range(cols):
+                select = copies[c]
+                sources = [(select["use_older"], older[c]),
+                           *((select[f"use_bank{k}"], bank_data[k][c]) for k in range(ACC_BANKS))]
+                other = Signal(acc_elem_shape(cfg), name=f"other{c}")
+                m.d.comb += other.eq(functools.reduce(operator.or_, (Mux(sel, v, 0) for sel, v in sources)))
+                m.d.comb += result[c].eq(select_add(m, f"add{c}", select["newest"], results[0][2][c],
+                                                    other, add_data[c], width=cfg.acc_bits,
+                                                    platform=platform))  # wraps
+        else:
+            # every accumulating beat comes array_write_spacing cycles after the last beat to its
+            # row, whose write-back the block RAM had before this beat's read: the old row is the
+            # bank's, selected by a register per column (as with forwarding), or 0 (overwrite)
+            selects = {f"use_bank{k}": decide_accumulate & (decide_addr[index_bits:] == k)
+                       for k in range(ACC_BANKS)}
+            for c in range(cols):
+                select = {name: fabric_register(m, f"{name}_{c}", value, init=0, platform=platform)
+                          for name, value in selects.items()}
+                other = Signal(acc_elem_shape(cfg), name=f"other{c}")
+                m.d.comb += other.eq(functools.reduce(operator.or_, (
+                    Mux(select[f"use_bank{k}"], bank_data[k][c], 0) for k in range(ACC_BANKS))))
+                m.d.comb += result[c].eq(other + add_data[c])       # wraps
         # the result into results[0] (t+5), then one register further each cycle
         previous = (add_valid, add_addr, result)
         for registers in results:

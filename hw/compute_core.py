@@ -19,7 +19,7 @@ from .array import SystolicArray
 from .config import AcceleratorConfig
 from .controller import InstructionLayout
 from .scratchpad import Scratchpad, read_port_signature, spad_write_layout
-from .units import ComputeUnit, _row_macs_bits
+from .units import ComputeUnit, _row_macs_bits, accumulator_forwards
 
 __all__ = ["ComputeCore", "connect_compute_datapath"]
 
@@ -64,7 +64,8 @@ class ComputeCore(wiring.Component):
         cfg = self.config
         m.submodules.compute = compute = ComputeUnit(cfg, depth=self.depth)
         m.submodules.spad = spad = Scratchpad(cfg)
-        m.submodules.acc = acc = Accumulator(cfg, read_queue=self.acc_read_queue)
+        m.submodules.acc = acc = Accumulator(cfg, read_queue=self.acc_read_queue,
+                                             forwarding=accumulator_forwards(cfg))
         m.submodules.array = array = SystolicArray(cfg)
         connect_compute_datapath(m, cfg, compute, spad, acc, array)
         wiring.connect(m, wiring.flipped(self.cmd), compute.cmd)

@@ -10,14 +10,14 @@ order). The owner FIFO is deep enough for every burst the managers can have in f
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.hdl import ShapeLike
-from amaranth.lib import fifo, stream, wiring
+from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .axi import AddressLayout, ReadDataLayout
 
-__all__ = ["ReadArbiter", "StreamRegister", "HalfRateRegister"]
+__all__ = ["ReadArbiter", "StreamRegister", "SpacedStreamRegister", "HalfRateRegister"]
 
 
 class ReadArbiter(wiring.Component):
@@ -112,6 +112,84 @@ class StreamRegister(_StreamStage):
             ]
         with m.Elif(self.i.valid & ~spare_valid):       # the output waits: the item into the spare
             m.d.sync += [spare_valid.eq(1), spare.eq(self.i.payload)]
+        return m
+
+
+class SpacedStreamRegister(_StreamStage):
+    """A :class:`StreamRegister` whose items keep a distance: an item whose ``flag`` field is set
+    does not leave within ``spacing - 1`` cycles after an item with the same ``key`` field
+    (flagged or not) left; it waits at the output (``o.valid`` low) until then. Other items are
+    not held, and none leaves before the item ahead of it.
+
+    The wait is a register, made a cycle ahead: in each cycle the register takes the comparison
+    of the item the output register will hold in the next cycle (the one it holds, the spare
+    entry or the input) with the keys of the items that will then be the last ``spacing - 1`` to
+    have left (those that left before and the one leaving now). So ``o.valid`` is the AND of two
+    registers, and the output register's load enable depends on ``o.ready`` and that register
+    only, as a :class:`StreamRegister`'s: no comparison lies between the output register's
+    payload and its own enable.
+
+    ``payload_shape`` must be a :class:`~amaranth.lib.data.StructLayout` with the fields named by
+    ``key`` and ``flag`` (one bit); ``spacing`` is at least 1 (1: never held).
+    """
+
+    def __init__(self, payload_shape: data.StructLayout, *, key: str, flag: str, spacing: int) -> None:
+        if not isinstance(payload_shape, data.StructLayout):
+            raise TypeError(f"payload_shape must be a StructLayout, not {payload_shape!r}")
+        fields = dict(payload_shape.members)
+        for role, name in (("key", key), ("flag", flag)):
+            if name not in fields:
+                raise ValueError(f"{role} must name a field of the payload ({', '.join(fields)}), "
+                                 f"not {name!r}")
+        if isinstance(spacing, bool) or not isinstance(spacing, int) or spacing < 1:
+            raise ValueError(f"spacing must be an integer of at least 1, not {spacing!r}")
+        self._key, self._flag, self.spacing = key, flag, spacing
+        super().__init__(payload_shape)
+
+    def elaborate(self, platform):
+        m = Module()
+        key, flag = self._key, self._flag
+        spare = Signal.like(self.i.payload)
+        spare_valid = Signal()
+        out = Signal.like(self.i.payload)
+        out_valid = Signal()
+        hold = Signal()
+        fire = Signal()
+        free = Signal()
+        # the keys of the items that left in the last spacing - 1 cycles, newest first
+        left = [(Signal(name=f"left{j}_valid"), Signal.like(out[key], name=f"left{j}_key"))
+                for j in range(self.spacing - 1)]
+        m.d.comb += [
+            self.i.ready.eq(~spare_valid),
+            self.o.valid.eq(out_valid & ~hold),
+            self.o.payload.eq(out),
+            fire.eq(self.o.valid & self.o.ready),
+            free.eq(~out_valid | fire),         # the output register takes the next item
+        ]
+        previous = (fire, out[key])
+        for entry in left:
+            m.d.sync += [register.eq(value) for register, value in zip(entry, previous, strict=True)]
+            previous = entry
+
+        def waits(item: data.View, leaving: bool) -> object:
+            """Whether ``item`` in the output register next cycle must wait then: its key among
+            the items that will have left in the last spacing - 1 cycles."""
+            same = [valid & (k == item[key]) for valid, k in left[:-1]]
+            if leaving and left:
+                same.append(fire & (out[key] == item[key]))
+            return item[flag] & (Cat(*same).any() if same else Const(0))
+
+        with m.If(free):
+            m.d.sync += [
+                out_valid.eq(spare_valid | self.i.valid),
+                out.eq(Mux(spare_valid, spare, self.i.payload)),
+                hold.eq(Mux(spare_valid, waits(spare, True), waits(self.i.payload, True))),
+                spare_valid.eq(0),
+            ]
+        with m.Else():                          # the item stays (none leaves this cycle)
+            m.d.sync += hold.eq(waits(out, False))
+            with m.If(self.i.valid & ~spare_valid):
+                m.d.sync += [spare_valid.eq(1), spare.eq(self.i.payload)]
         return m
 
 

@@ -45,7 +45,7 @@ from .interconnect import HalfRateRegister, ReadArbiter, StreamRegister
 from .isa import Queue
 from .requant_table import RequantTable
 from .scratchpad import Scratchpad
-from .units import ComputeCheck, ComputeUnit, LoadUnit, StoreUnit
+from .units import ComputeCheck, ComputeUnit, LoadUnit, StoreUnit, accumulator_forwards
 
 __all__ = ["Accelerator", "top_ports", "counter_increment_bits", "COMPUTE_COUNTERS", "COMPUTE_COUNT_BITS"]
 
@@ -207,7 +207,8 @@ class Accelerator(wiring.Component):
             m.submodules[f"cmd_{q.name.lower()}"] = ResetInserter(unit_reset)(register)
         if not dual:
             core.submodules.spad = spad = Scratchpad(cfg)
-            core.submodules.acc = acc = Accumulator(cfg, read_queue=store_read_queue(cfg))
+            core.submodules.acc = acc = Accumulator(cfg, read_queue=store_read_queue(cfg),
+                                                    forwarding=accumulator_forwards(cfg))
         core.submodules.table = table = RequantTable(cfg)
         if not dual:
             core.submodules.array = array = SystolicArray(cfg)
@@ -360,7 +361,7 @@ class Accelerator(wiring.Component):
         core.submodules.compute = compute
         core.submodules.spad = spad = Scratchpad(cfg)
         # the core reads one accumulator element at a time: one response queue entry
-        core.submodules.acc = acc = Accumulator(cfg, read_queue=1)
+        core.submodules.acc = acc = Accumulator(cfg, read_queue=1, forwarding=accumulator_forwards(cfg))
         core.submodules.array = array = SystolicArray(cfg)
         core.d.comb += [
             fw.start.eq(start), fw.prog_addr.eq(csr.prog_addr), fw.prog_len.eq(csr.prog_len),

@@ -29,7 +29,13 @@ from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .accumulator import acc_array_write_layout, acc_dma_write_layout, acc_row_layout, write_latency
+from .accumulator import (
+    acc_array_write_layout,
+    acc_dma_write_layout,
+    acc_row_layout,
+    array_write_spacing,
+    write_latency,
+)
 from .array import input_layout, output_layout, weight_layout
 from .axi import AddressLayout, ReadDataLayout, ResponseLayout, WriteDataLayout
 from .config import AcceleratorConfig
@@ -42,7 +48,7 @@ from .dma import (
 )
 from .dma_serial import SerialGatherReader, SerialScatterWriter
 from .fifo import buffered_fifo
-from .interconnect import HalfRateRegister, StreamRegister
+from .interconnect import HalfRateRegister, SpacedStreamRegister, StreamRegister
 from .isa import LAYOUTS, Memory, Opcode, OutType, PoolMode
 from .requant_table import requant_row_layout, requant_write_layout
 from .scratchpad import read_latency, read_port_signature, spad_row_layout, spad_write_layout
@@ -73,6 +79,15 @@ def _axi_write_port(config: AcceleratorConfig) -> wiring.Signature:
 def _row_macs_bits(config: AcceleratorConfig) -> int:
     """Width of the MAC count of one input row of the array: at most rows * cols."""
     return (config.rows * config.cols).bit_length()
+
+
+def accumulator_forwards(config: AcceleratorConfig) -> bool:
+    """Whether the accelerator's accumulator forwards the results of the beats ahead
+    (``Accumulator(forwarding=...)``): for the output-stationary dataflow. The weight-stationary
+    compute unit spaces its rows instead: no accumulating row enters the array within
+    :func:`~systolic.hw.accumulator.array_write_spacing` cycles of a row to the same accumulator
+    row, which leaves the accumulator without its forwarded rows and their comparisons."""
+    return config.dataflow != "ws"
 
 
 def _small_product(a, b, width: int | None = None):
@@ -367,7 +382,8 @@ class ComputeUnit(wiring.Component):
         # the ULX3S-85F, into the descriptor queue's read)
         if ws:
             feed_layout = data.StructLayout({"a_addr": addr_bits, "m_last": rows_bits, "preload": 1,
-                                             "row_macs": _row_macs_bits(cfg)})
+                                             "row_macs": _row_macs_bits(cfg), "acc_addr": cfg.acc_addr_bits,
+                                             "accumulate": 1})
             preload_layout = data.StructLayout({"b_addr": addr_bits, "k_last": small_r, "n": small_c})
             write_layout = data.StructLayout({"acc_addr": cfg.acc_addr_bits, "m_last": rows_bits,
                                               "accumulate": 1})
@@ -392,6 +408,7 @@ class ComputeUnit(wiring.Component):
             preload = Signal(preload_layout)
             m_last = op.m[:rows_bits] - 1       # m >= 1, k >= 1 (ComputeCheck, the firmware)
             m.d.comb += [feed.m_last.eq(m_last), feed.preload.eq(op.preload), write.m_last.eq(m_last),
+                         feed.acc_addr.eq(op.acc_addr), feed.accumulate.eq(op.accumulate),
                          preload.b_addr.eq(op.b_addr), preload.k_last.eq(op.k[:small_r] - 1),
                          preload.n.eq(op.n)]
         else:
@@ -433,14 +450,39 @@ class ComputeUnit(wiring.Component):
                          source.ready.eq(port.req.ready)]
             return local
 
-        def to_array(name, port, layout):
+        def to_array(name, port, layout, spacing=None):
             """The stream the unit drives for ``port`` (to the array), with ``layout`` (the
             port's payload in ``beat`` and what travels with it); returns it and the payload
-            the array sees."""
-            local, source = staged(name, layout)
-            m.d.comb += [port.valid.eq(source.valid), port.payload.eq(source.payload.beat),
-                         source.ready.eq(port.ready)]
-            return local, source.payload
+            the array sees. With ``spacing``, an item whose ``accumulate`` is set waits while
+            one of the items that entered the array in the last ``spacing - 1`` cycles had its
+            ``acc_row``: with the memory registers a SpacedStreamRegister (the wait a register
+            of its own, decided a cycle ahead), without them the same wait compared in the
+            cycle (small arrays)."""
+            if spacing is None:
+                local, source = staged(name, layout)
+                m.d.comb += [port.valid.eq(source.valid), port.payload.eq(source.payload.beat),
+                             source.ready.eq(port.ready)]
+                return local, source.payload
+            local = stream.Signature(layout).create(path=(name,))
+            if registered:
+                stage = SpacedStreamRegister(layout, key="acc_row", flag="accumulate", spacing=spacing)
+                m.submodules[f"{name}_register"] = stage
+                wiring.connect(m, local, stage.i)
+                m.d.comb += [port.valid.eq(stage.o.valid), port.payload.eq(stage.o.payload.beat),
+                             stage.o.ready.eq(port.ready)]
+                return local, stage.o.payload
+            entered = [(Signal(name=f"{name}_entered{j}_valid"),
+                        Signal(cfg.acc_addr_bits, name=f"{name}_entered{j}_row"))
+                       for j in range(spacing - 1)]
+            same = [valid & (row == local.payload.acc_row) for valid, row in entered]
+            hold = local.payload.accumulate & (Cat(*same).any() if same else Const(0))
+            m.d.comb += [port.valid.eq(local.valid & ~hold), port.payload.eq(local.payload.beat),
+                         local.ready.eq(port.ready & ~hold)]
+            previous = (port.valid & port.ready, local.payload.acc_row)
+            for registers in entered:
+                m.d.sync += [register.eq(value) for register, value in zip(registers, previous, strict=True)]
+                previous = registers
+            return local, local.payload
 
         def reader(name, port, fifo_, layout, last_of, addr_of, meta_layout, meta_of):
             """Issue one scratchpad read per row of the head descriptor; queue per-row metadata
@@ -510,14 +552,33 @@ class ComputeUnit(wiring.Component):
                 self.read_b.resp.ready.eq(weights.ready & wmeta.r_rdy),
                 wmeta.r_en.eq(weights.valid & weights.ready),
             ]
-            # inputs: m rows of A, new_weights on the first row of a preloading COMPUTE
-            imeta_layout = data.StructLayout({"new_weights": 1, "last": 1, "row_macs": _row_macs_bits(cfg)})
+            # inputs: m rows of A, new_weights on the first row of a preloading COMPUTE; each
+            # with the accumulator row its result goes to (acc_addr + row: a legal COMPUTE's rows
+            # lie in the accumulator) and whether it accumulates
+            imeta_layout = data.StructLayout({"new_weights": 1, "last": 1, "row_macs": _row_macs_bits(cfg),
+                                              "acc_row": cfg.acc_addr_bits, "accumulate": 1})
             imeta = reader("inputs", self.read_a, feeds, feed_layout, lambda h: h.m_last, lambda h: h.a_addr,
-                           imeta_layout, lambda h, r, last: Cat(h.preload & (r == 0), last, h.row_macs))
+                           imeta_layout, lambda h, r, last: Cat(h.preload & (r == 0), last, h.row_macs,
+                                                                (h.acc_addr + r)[:cfg.acc_addr_bits],
+                                                                h.accumulate))
             im = Signal(imeta_layout)
             m.d.comb += im.eq(imeta.r_data)
             resp = self.read_a.resp.payload
-            inputs, arriving = to_array("inputs", self.inputs, beat_layout)
+            # The accumulator does not forward (accumulator_forwards): a row that accumulates
+            # waits at the array's input while one of the rows that entered the array in the
+            # last array_write_spacing - 1 cycles goes to its accumulator row. Its result then
+            # reaches the accumulator that many cycles after theirs: the array returns its rows
+            # with the spacing they entered with (the accumulator is always ready, so the array
+            # never stalls). Rows of one COMPUTE go to different accumulator rows, so only the
+            # first rows of a COMPUTE can wait, behind a COMPUTE of fewer rows into the same ones.
+            spacing = None if accumulator_forwards(cfg) else array_write_spacing(cfg)
+            if spacing is not None:
+                beat_layout = data.StructLayout({**beat_layout.members, "acc_row": cfg.acc_addr_bits,
+                                                 "accumulate": 1})
+            inputs, arriving = to_array("inputs", self.inputs, beat_layout, spacing)
+            if spacing is not None:
+                m.d.comb += [inputs.payload.acc_row.eq(im.acc_row),
+                             inputs.payload.accumulate.eq(im.accumulate)]
             for i in range(R):
                 m.d.comb += inputs.payload.beat.data[i].eq(element(resp, i, input_shape))
             m.d.comb += [

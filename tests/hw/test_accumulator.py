@@ -18,7 +18,13 @@ import random
 from typing import Any
 
 import pytest
-from systolic.hw.accumulator import ACC_BANKS, Accumulator, store_read_queue, write_latency
+from systolic.hw.accumulator import (
+    ACC_BANKS,
+    Accumulator,
+    array_write_spacing,
+    store_read_queue,
+    write_latency,
+)
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.scratchpad import read_latency
 from systolic.sim.arith import wrap
@@ -75,8 +81,9 @@ def _value(rng: random.Random, config: AcceleratorConfig) -> int:
 
 def run_traffic(config: AcceleratorConfig, array: list[dict[str, Any]], dma: list[dict[str, Any]],
                 reads: list[int], *, seed: int, gap: float, stall: float, array_gap: float | None = None,
-                starts: tuple[int, int, int] = (0, 0, 0), read_queue: int | None = None) -> dict[str, Any]:
-    dut = Accumulator(config, read_queue=read_queue)
+                starts: tuple[int, int, int] = (0, 0, 0), read_queue: int | None = None,
+                forwarding: bool = True) -> dict[str, Any]:
+    dut = Accumulator(config, read_queue=read_queue, forwarding=forwarding)
     result: dict[str, Any] = {}
 
     async def array_port(ctx):
@@ -142,6 +149,61 @@ def test_random_concurrent_traffic_matches_model(config: AcceleratorConfig, read
     final = run_traffic(config, array, dma, reads + _readback(config), seed=SEED, gap=0.4, stall=0.3,
                         array_gap=0.2, read_queue=read_queue)
     check_against_model(config, array, dma, reads + _readback(config), final)
+
+
+def _spaced_array_traffic(config: AcceleratorConfig, rng: random.Random, count: int) -> list[dict[str, Any]]:
+    """Array beats whose accumulating ones name no row of the array_write_spacing - 1 beats
+    before them (so, whatever the gaps, they come that many cycles after them), most of them on
+    three hot rows."""
+    hot = [rng.randrange(config.acc_rows) for _ in range(3)]
+    spacing = array_write_spacing(config)
+    beats: list[dict[str, Any]] = []
+    while len(beats) < count:
+        addr = rng.choice(hot) if rng.random() < 0.6 else rng.randrange(config.acc_rows)
+        accumulate = int(rng.random() < 0.75)
+        if accumulate and addr in [b["addr"] for b in beats[-(spacing - 1):]]:
+            continue
+        beats.append({"addr": addr, "data": [_value(rng, config) for _ in range(config.cols)],
+                      "accumulate": accumulate})
+    return beats
+
+
+@BOTH
+def test_without_forwarding_spaced_traffic_matches_model(config: AcceleratorConfig) -> None:
+    """Accumulator(forwarding=False) with its beats spaced as array_write_spacing says (6 cycles
+    with the memory registers, 3 without), DMA writes and reads all concurrent: the model's
+    rows, whether the array's beats come back to back (other rows between) or with gaps."""
+    assert array_write_spacing(config) == read_latency(config) + 1
+    rng = random.Random(SEED)
+    full = (1 << config.cols) - 1
+    array = _spaced_array_traffic(config, rng, 300)
+    dma = [{"addr": rng.randrange(config.acc_rows), "data": [_value(rng, config) for _ in range(config.cols)],
+            "mask": rng.choice([full, 1, rng.randrange(full + 1)])} for _ in range(60)]
+    reads = [rng.randrange(config.acc_rows) for _ in range(100)] + _readback(config)
+    for gap in (0.0, 0.3):
+        result = run_traffic(config, array, dma, reads, seed=SEED, gap=0.3, stall=0.2, array_gap=gap,
+                             forwarding=False)
+        check_against_model(config, array, dma, reads, result)
+
+
+@BOTH
+def test_without_forwarding_a_beat_too_close_misses_the_one_before(config: AcceleratorConfig) -> None:
+    """The spacing is a requirement: two accumulating beats to one row back to back lose the
+    first one's sum without forwarding (and keep it with)."""
+    beats = [{"addr": 2, "data": [5] * config.cols, "accumulate": 1},
+             {"addr": 2, "data": [7] * config.cols, "accumulate": 1}]
+    got = {}
+    for forwarding in (True, False):
+        result = run_traffic(config, beats, [], [2], seed=SEED, gap=0.0, stall=0.0,
+                             starts=(0, 0, 20), forwarding=forwarding)
+        got[forwarding] = result["resp"][0][1]
+    assert got[True] == [12] * config.cols
+    assert got[False] == [7] * config.cols
+
+
+def test_forwarding_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match=r"^forwarding must be a bool, not 1$"):
+        construct_rejected(lambda: Accumulator(SMALL, forwarding=1))
 
 
 @BOTH

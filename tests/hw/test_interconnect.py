@@ -9,8 +9,11 @@ import os
 import random
 
 import pytest
+from amaranth import Cat, Const, Module, Signal, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
-from systolic.hw.interconnect import HalfRateRegister, StreamRegister
+from systolic.hw.interconnect import HalfRateRegister, SpacedStreamRegister, StreamRegister
 
 from .test_scratchpad import collect, drive, simulate
 
@@ -86,3 +89,108 @@ def test_half_rate_input_ready_does_not_follow_output_ready_within_a_cycle() -> 
 def test_input_ready_does_not_follow_output_ready_within_a_cycle() -> None:
     # full (two items held, the third refused) whatever o.ready does in this cycle
     assert _ready_trace(StreamRegister(8), (1, 2, 3)) == [(ready, 0, 1, 1) for ready in (0, 1, 0, 1)]
+
+
+# -- the spaced register -----------------------------------------------------------------------------
+
+_SPACED = data.StructLayout({"key": unsigned(2), "flag": 1, "tag": unsigned(10)})
+
+
+class _HeldRegister(wiring.Component):
+    """The reference: a StreamRegister whose output waits by a comparison of its own payload with
+    the keys that left (the hold made in the same cycle)."""
+
+    def __init__(self, spacing: int) -> None:
+        self.spacing = spacing
+        super().__init__({"i": In(stream.Signature(_SPACED)), "o": Out(stream.Signature(_SPACED))})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.register = register = StreamRegister(_SPACED)
+        wiring.connect(m, wiring.flipped(self.i), register.i)
+        head = register.o.payload
+        left = [(Signal(), Signal(2)) for _ in range(self.spacing - 1)]
+        same = [valid & (key == head.key) for valid, key in left]
+        hold = head.flag & (Cat(*same).any() if same else Const(0))
+        m.d.comb += [self.o.valid.eq(register.o.valid & ~hold), self.o.payload.eq(head),
+                     register.o.ready.eq(self.o.ready & ~hold)]
+        previous = (self.o.valid & self.o.ready, head.key)
+        for entry in left:
+            m.d.sync += [entry[0].eq(previous[0]), entry[1].eq(previous[1])]
+            previous = entry
+        return m
+
+
+@pytest.mark.parametrize("spacing", [1, 2, 3, 6])
+@pytest.mark.parametrize("gap, stall", [(0.0, 0.0), (0.3, 0.2), (0.0, 0.5)])
+def test_spaced_register_is_the_held_register_with_a_registered_wait(spacing: int, gap: float,
+                                                                     stall: float) -> None:
+    """In every cycle the same i.ready, o.valid and o.payload as a StreamRegister held by a
+    comparison of its own output (random keys of 2 bits, flags, gaps and stalls); and on its
+    output every item in order, each flagged one at least ``spacing`` cycles after the last item
+    with its key."""
+    dut = SpacedStreamRegister(_SPACED, key="key", flag="flag", spacing=spacing)
+    reference = _HeldRegister(spacing)
+    top = Module()
+    top.submodules.dut, top.submodules.reference = dut, reference
+    rng = random.Random(SEED * 100 + spacing)
+    count = 300
+    items = [{"key": rng.randrange(4), "flag": int(rng.random() < 0.7), "tag": n} for n in range(count)]
+    taken: list[tuple[int, dict]] = []
+
+    async def bench(ctx):
+        sent = cycle = 0
+        offered = False
+        while len(taken) < count:
+            assert cycle < 20 * count, "no progress"
+            if not offered and sent < count and rng.random() >= gap:
+                offered = True
+            for side in (dut, reference):
+                ctx.set(side.i.valid, offered)
+                ctx.set(side.i.payload, items[sent] if offered else items[0])
+            ready = int(rng.random() >= stall)
+            ctx.set(dut.o.ready, ready)
+            ctx.set(reference.o.ready, ready)
+            seen = [(ctx.get(side.i.ready), ctx.get(side.o.valid), ctx.get(side.o.payload.as_value()))
+                    for side in (dut, reference)]
+            assert seen[0] == seen[1], (cycle, seen)
+            if ctx.get(dut.o.valid) and ready:
+                taken.append((cycle, {name: ctx.get(getattr(dut.o.payload, name))
+                                      for name in _SPACED.members}))
+            if offered and ctx.get(dut.i.ready):
+                sent += 1
+                offered = False
+            await ctx.tick()
+            cycle += 1
+
+    sim = Simulator(top)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    assert [item for _, item in taken] == items
+    last: dict[int, int] = {}
+    distances = []
+    for cycle, item in taken:
+        if item["flag"] and item["key"] in last:
+            distances.append(cycle - last[item["key"]])
+        last[item["key"]] = cycle
+    assert min(distances) >= spacing
+    if spacing > 1:     # items waited, and left as soon as they could
+        assert distances.count(spacing) >= 5
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(payload_shape=unsigned(8), key="key", flag="flag", spacing=2), TypeError,
+     r"^payload_shape must be a StructLayout, not unsigned\(8\)$"),
+    (dict(payload_shape=_SPACED, key="row", flag="flag", spacing=2), ValueError,
+     r"^key must name a field of the payload \(key, flag, tag\), not 'row'$"),
+    (dict(payload_shape=_SPACED, key="key", flag="last", spacing=2), ValueError,
+     r"^flag must name a field of the payload \(key, flag, tag\), not 'last'$"),
+    (dict(payload_shape=_SPACED, key="key", flag="flag", spacing=0), ValueError,
+     r"^spacing must be an integer of at least 1, not 0$"),
+    (dict(payload_shape=_SPACED, key="key", flag="flag", spacing=True), ValueError,
+     r"^spacing must be an integer of at least 1, not True$"),
+])
+def test_spaced_register_errors(kwargs: dict, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        SpacedStreamRegister(**kwargs)

@@ -504,9 +504,9 @@ def _short_computes_program(config):
                                     WS.replace(compute_clock_mhz=150.0)],
                          ids=["ws", "ws-direct", "os", "ws-faster-core"])
 def test_short_computes_into_the_same_rows(config):
-    """Back-to-back COMPUTEs of a few rows each into the same accumulator rows (a row again 1
-    to 5 beats later: the accumulator's forwarding in the whole accelerator): the golden model's
-    image."""
+    """Back-to-back COMPUTEs of a few rows each into the same accumulator rows: without
+    forwarding in the accumulator (WS) the compute unit spaces the rows, with it (OS) the
+    accumulator forwards; either way the golden model's image."""
     program, dram = _short_computes_program(config)
     golden = run_golden(config, program, dram)
     rtl = run_accelerator(config, program, dram, prog_addr=0x1C00)
