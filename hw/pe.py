@@ -416,14 +416,14 @@ class ProcessingElement(wiring.Component):
         # is under the cell's enable below as well
         m.d.comb += multiplier.enable.eq(self.dsp_enable if self.multiplier == "dsp" else self.enable)
         if self.config.dataflow == "ws":
-            self._elaborate_ws(m, multiplier, late)
+            self._elaborate_ws(m, multiplier, late, platform)
         else:
             self._elaborate_os(m, multiplier, late)
         # One enable for every register of the cell (the multiplier takes it as a port, since
         # a vendor primitive's clock enable is not rewritten by EnableInserter).
         return EnableInserter(self.enable)(m)
 
-    def _elaborate_ws(self, m: Module, multiplier: PipelinedMultiplier, late: bool) -> None:
+    def _elaborate_ws(self, m: Module, multiplier: PipelinedMultiplier, late: bool, platform: Any) -> None:
         _, weight_shape, _ = element_shapes(self.config)
         shadow = Signal(weight_shape)
         active = Signal(weight_shape)
@@ -435,7 +435,14 @@ class ProcessingElement(wiring.Component):
         # data registers without reset (the weights keep theirs: they read as 0 after a reset)
         a_out = Signal.like(self.a_out, reset_less=True)
         w_out = Signal.like(self.w_out, reset_less=True)
-        psum_out = Signal.like(self.psum_out, reset_less=True)
+        # A DSP PE's sum register keeps its wire (yosys `keep`) where yosys infers the DSP block
+        # (not ECP5, whose MULT18X18D is instantiated): synth_ice40's ice40_dsp pass otherwise
+        # may take the register both as the output register of this PE's SB_MAC16 and as the
+        # C/D input register of the one below, whose accumulator input is then left undriven
+        # (constant 0: the PE's product lost; seen on the iCEBreaker preset, docs/arch-array.md).
+        # With `keep` on the register's output the pass does not take it as an input register.
+        keep = {"keep": 1} if self.multiplier == "dsp" and not is_ecp5(platform) else {}
+        psum_out = Signal.like(self.psum_out, reset_less=True, attrs=keep)
         if late:
             # the operand pair a cycle late: a_out, and the active weight's copy (its own
             # register: the active one may change in the very next cycle, a one-row tile). No

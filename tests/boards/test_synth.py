@@ -692,6 +692,25 @@ def test_tool_path_names_the_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Path(tool_path("nextpnr-ecp5")).is_file()
 
 
+@pytest.mark.slow
+def test_icebreaker_soc_keeps_every_pe_product(tmp_path: Path) -> None:
+    """The iCEBreaker preset's netlist (yosys; nextpnr stopped at once): one SB_MAC16 per PE of
+    its 2x2 array, and each PE of the second row adds the sum of the PE above it (its C/D inputs
+    are driven). yosys's ice40_dsp pass had taken PE (0, 1)'s sum register both as that PE's
+    output register and as the C/D input register of PE (1, 1), whose C/D were then constant 0:
+    3 SB_MAC16, PE (0, 1)'s product lost in the bitstream while every simulation was exact."""
+    from systolic.boards.synth import PlaceRouteTimeout
+
+    with pytest.raises(PlaceRouteTimeout):
+        synth("icebreaker", None, tmp_path, time_limit=0.01)
+    netlist = json.loads((tmp_path / "top.json").read_text())
+    cells = max(netlist["modules"].values(), key=lambda module: len(module["cells"]))["cells"]
+    macs = [cell["connections"] for cell in cells.values() if cell["type"] == "SB_MAC16"]
+    assert len(macs) == load_preset("icebreaker").rows * load_preset("icebreaker").cols == 4
+    driven = [mac for mac in macs if any(isinstance(bit, int) for bit in mac["C"] + mac["D"])]
+    assert len(driven) == 2
+
+
 # -- place and route --------------------------------------------------------------------------------------
 
 def _check_report(report: dict, board_name: str, out: Path, mhz: float, *, dsps: int | None) -> None:

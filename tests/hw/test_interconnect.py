@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """The stream registers (``hw/interconnect.py``): items in order, none lost or repeated, under random
 valid/ready; one cycle of latency and a transfer per cycle (the half-rate register: every other
 cycle) when the consumer is always ready; and no combinational path from ``o.ready`` to
