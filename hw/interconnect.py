@@ -10,7 +10,7 @@ order). The owner FIFO is deep enough for every burst the managers can have in f
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Shape, Signal
 from amaranth.hdl import ShapeLike
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -141,6 +141,9 @@ class SpacedStreamRegister(_StreamStage):
             if name not in fields:
                 raise ValueError(f"{role} must name a field of the payload ({', '.join(fields)}), "
                                  f"not {name!r}")
+        flag_shape = fields[flag]
+        if (flag_shape.size if isinstance(flag_shape, data.Layout) else Shape.cast(flag_shape).width) != 1:
+            raise ValueError(f"flag must name a one-bit field, not {flag!r} of {fields[flag]!r}")
         if isinstance(spacing, bool) or not isinstance(spacing, int) or spacing < 1:
             raise ValueError(f"spacing must be an integer of at least 1, not {spacing!r}")
         self._key, self._flag, self.spacing = key, flag, spacing

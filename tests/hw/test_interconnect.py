@@ -187,6 +187,8 @@ def test_spaced_register_is_the_held_register_with_a_registered_wait(spacing: in
      r"^key must name a field of the payload \(key, flag, tag\), not 'row'$"),
     (dict(payload_shape=_SPACED, key="key", flag="last", spacing=2), ValueError,
      r"^flag must name a field of the payload \(key, flag, tag\), not 'last'$"),
+    (dict(payload_shape=_SPACED, key="key", flag="tag", spacing=2), ValueError,
+     r"^flag must name a one-bit field, not 'tag' of unsigned\(10\)$"),
     (dict(payload_shape=_SPACED, key="key", flag="flag", spacing=0), ValueError,
      r"^spacing must be an integer of at least 1, not 0$"),
     (dict(payload_shape=_SPACED, key="key", flag="flag", spacing=True), ValueError,
