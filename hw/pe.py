@@ -94,7 +94,8 @@ def logic_latency_fits(b_shape: Shape, latency: int) -> bool:
 
 
 class PipelinedMultiplier(wiring.Component):
-    """``product`` = ``a`` * ``b``, :data:`MULTIPLIER_LATENCY` (3) cycles after the operands:
+    """``product`` = ``a`` * ``b``, :data:`MULTIPLIER_LATENCY` (3) cycles after the operands
+    (``latency``, below, for a logic multiplier):
     both operands are registered, then the product, then the product again (logic: three stages
     of an adder tree). Every register advances only while ``enable`` is high.
 
@@ -260,9 +261,9 @@ class PipelinedMultiplier(wiring.Component):
         # the active weight; with two stages the PE's ``a_out`` and a copy of the active weight,
         # or ``b_out``), so there is no operand register stage. Each node is (value, weight
         # shift, sign); sums are kept unshifted relative to their lowest term, so the pipeline
-        # registers stay narrow. Data
-        # registers have no reset: a value matters only with a valid operand, and the control
-        # that marks valid operands is reset (fewer reset and routing nets in a large array).
+        # registers stay narrow. Data registers have no reset: a value matters only with a valid
+        # operand, and the control that marks valid operands is reset (fewer reset and routing
+        # nets in a large array).
         # On ECP5 the first level adds each pair of partial products in one CCU2C chain whose
         # look-up tables also make the ANDs (hw/dsp.py ``and_pair_sum``): one LUT4 position per
         # bit instead of about three.
