@@ -10,14 +10,14 @@ order). The owner FIFO is deep enough for every burst the managers can have in f
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Shape, Signal
+from amaranth import Cat, Const, Module, Mux, Shape, Signal, Value
 from amaranth.hdl import ShapeLike
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .axi import AddressLayout, ReadDataLayout
 
-__all__ = ["ReadArbiter", "StreamRegister", "SpacedStreamRegister", "HalfRateRegister"]
+__all__ = ["ReadArbiter", "StreamRegister", "SpacedStreamRegister", "HalfRateRegister", "recent_keys"]
 
 
 class ReadArbiter(wiring.Component):
@@ -115,6 +115,19 @@ class StreamRegister(_StreamStage):
         return m
 
 
+def recent_keys(m: Module, taken: Value, key: Value, count: int, name: str) -> list[tuple[Signal, Signal]]:
+    """Registers in ``m`` of the last ``count`` cycles' (``taken``, ``key``), newest first: entry j
+    holds whether an item was taken ``j + 1`` cycles ago and its key. The history behind
+    :class:`SpacedStreamRegister`'s wait, and behind the same wait made in the cycle."""
+    entries = [(Signal(name=f"{name}{j}_valid"), Signal.like(key, name=f"{name}{j}_key"))
+               for j in range(count)]
+    previous = (taken, key)
+    for entry in entries:
+        m.d.sync += [register.eq(value) for register, value in zip(entry, previous, strict=True)]
+        previous = entry
+    return entries
+
+
 class SpacedStreamRegister(_StreamStage):
     """A :class:`StreamRegister` whose items keep a distance: an item whose ``flag`` field is set
     does not leave within ``spacing - 1`` cycles after an item with the same ``key`` field
@@ -160,8 +173,7 @@ class SpacedStreamRegister(_StreamStage):
         fire = Signal()
         free = Signal()
         # the keys of the items that left in the last spacing - 1 cycles, newest first
-        left = [(Signal(name=f"left{j}_valid"), Signal.like(out[key], name=f"left{j}_key"))
-                for j in range(self.spacing - 1)]
+        left = recent_keys(m, fire, out[key], self.spacing - 1, "left")
         m.d.comb += [
             self.i.ready.eq(~spare_valid),
             self.o.valid.eq(out_valid & ~hold),
@@ -169,10 +181,6 @@ class SpacedStreamRegister(_StreamStage):
             fire.eq(self.o.valid & self.o.ready),
             free.eq(~out_valid | fire),         # the output register takes the next item
         ]
-        previous = (fire, out[key])
-        for entry in left:
-            m.d.sync += [register.eq(value) for register, value in zip(entry, previous, strict=True)]
-            previous = entry
 
         def waits(item: data.View, leaving: bool) -> object:
             """Whether ``item`` in the output register next cycle must wait then: its key among

@@ -48,7 +48,7 @@ from .dma import (
 )
 from .dma_serial import SerialGatherReader, SerialScatterWriter
 from .fifo import buffered_fifo
-from .interconnect import HalfRateRegister, SpacedStreamRegister, StreamRegister
+from .interconnect import HalfRateRegister, SpacedStreamRegister, StreamRegister, recent_keys
 from .isa import LAYOUTS, Memory, Opcode, OutType, PoolMode
 from .requant_table import requant_row_layout, requant_write_layout
 from .scratchpad import read_latency, read_port_signature, spad_row_layout, spad_write_layout
@@ -471,17 +471,12 @@ class ComputeUnit(wiring.Component):
                 m.d.comb += [port.valid.eq(stage.o.valid), port.payload.eq(stage.o.payload.beat),
                              stage.o.ready.eq(port.ready)]
                 return local, stage.o.payload
-            entered = [(Signal(name=f"{name}_entered{j}_valid"),
-                        Signal(cfg.acc_addr_bits, name=f"{name}_entered{j}_row"))
-                       for j in range(spacing - 1)]
+            entered = recent_keys(m, port.valid & port.ready, local.payload.acc_row, spacing - 1,
+                                  f"{name}_entered")
             same = [valid & (row == local.payload.acc_row) for valid, row in entered]
             hold = local.payload.accumulate & (Cat(*same).any() if same else Const(0))
             m.d.comb += [port.valid.eq(local.valid & ~hold), port.payload.eq(local.payload.beat),
                          local.ready.eq(port.ready & ~hold)]
-            previous = (port.valid & port.ready, local.payload.acc_row)
-            for registers in entered:
-                m.d.sync += [register.eq(value) for register, value in zip(registers, previous, strict=True)]
-                previous = registers
             return local, local.payload
 
         def reader(name, port, fifo_, layout, last_of, addr_of, meta_layout, meta_of):
