@@ -63,6 +63,7 @@ from systolic.hw.config import AcceleratorConfig
 from systolic.hw.dma import residual_read_fields
 from systolic.hw.dma_serial import serial_load_cycles, serial_store_write_cycles
 from systolic.hw.isa import INSTR_BYTES, Instruction
+from systolic.hw.requant_table import table_load_fields
 from systolic.hw.sfu_serial import serial_sfu_cycles
 
 from .errors import CompileError
@@ -637,14 +638,16 @@ class _LayerJobs:
             tiles = group
             start = self.state.table_rows(len(tiles))
             self.table_last = (key, start)
-        f = {"dst": 2, "dst_addr": start,
-             "dram_addr": self.addr.table + tiles[0] * c.cols * c.requant_entry_bytes,
-             "pitch_c": c.requant_entry_bytes, "rows_outer": 1, "rows_inner": len(tiles),
-             "inner_dc": c.cols, "segs": 1, "seg_len": c.cols, "elem_dc": 1}
-        beats = len(tiles) * -(-c.cols * c.requant_entry_bytes // c.dma_bytes)
-        spec = _Spec("LOAD", f, busy=_load_busy(c, f, c.requant_entry_bytes, beats),
-                     table=((start, len(tiles), True),))
-        return [spec], {t: start + (t - tiles[0]) for t in group}
+        row_bytes = c.cols * c.requant_entry_bytes
+        specs = []
+        # one LOAD per group of entries a table LOAD may write (config.requant_load_entries)
+        for f in table_load_fields(c, dram_addr=self.addr.table + tiles[0] * row_bytes,
+                                   dst_addr=start, rows=len(tiles)):
+            beats = _row_cost(f["dram_addr"], row_bytes, len(tiles), f["seg_len"] * f["pitch_c"],
+                              c.dma_bytes)
+            specs.append(_Spec("LOAD", f, busy=_load_busy(c, f, c.requant_entry_bytes, beats),
+                               table=((start, len(tiles), True),)))
+        return specs, {t: start + (t - tiles[0]) for t in group}
 
     def _store(self, block: Block, t: int, acc_addr: int, qrow: int) -> _Spec:
         c, geo, op = self.c, self.geo, self.op

@@ -73,6 +73,12 @@ _DOC = {
     "requant_row_words": "memory words per requantize-table row (1 to 64): more make the table's "
                          "block RAMs narrower and deeper (fewer of them on small FPGAs); a row then "
                          "takes that many cycles to write or read, and a register holds the row in use",
+    "requant_load_entries": "0: a dst=table LOAD may write any entries of a row. Otherwise a power "
+                            "of two dividing cols: each row's entries that one table LOAD writes must "
+                            "lie in one aligned group of this many (docs/isa.md, LOAD), so the LOAD "
+                            "engine's rows are that many 12-byte entries wide instead of cols (on a "
+                            "16x16 array: 64-byte rows instead of 192, about 3k LUTs fewer); the "
+                            "compiler loads the table a group at a time",
     "dram_bytes": "size of the DRAM the accelerator addresses (program, weights, activations), bytes",
     "dma_data_bits": "AXI4 data width of the DMA and instruction fetch, bits",
     "dma_max_burst": "longest AXI4 INCR burst, beats",
@@ -132,7 +138,8 @@ SYNTHESIS_ONLY = frozenset({"fifo_block_ram_bits"})
 #: Fields added after configs had been hashed, with the value that means the behaviour of before:
 #: :attr:`AcceleratorConfig.hash` leaves such a field out while it has that value, so that every
 #: config written before the field keeps its hash (and so its gateware's CSR constant).
-HASHED_UNLESS_DEFAULT: Mapping[str, object] = MappingProxyType({"compute_clock_mhz": 0.0})
+HASHED_UNLESS_DEFAULT: Mapping[str, object] = MappingProxyType({"compute_clock_mhz": 0.0,
+                                                                "requant_load_entries": 0})
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,7 @@ class AcceleratorConfig:
     memory_registers: bool = True
     requant_table_rows: int = 64
     requant_row_words: int = 1
+    requant_load_entries: int = 0
     dram_bytes: int = 256 * 1024 * 1024
     dma_data_bits: int = 64
     dma_max_burst: int = 16
@@ -270,6 +278,10 @@ class AcceleratorConfig:
 
         if not 1 <= self.requant_row_words <= 64:
             raise ConfigError(f"requant_row_words must be between 1 and 64, not {self.requant_row_words!r}")
+        if self.requant_load_entries and not (_is_pow2(self.requant_load_entries)
+                                              and self.requant_load_entries <= self.cols):
+            raise ConfigError(f"requant_load_entries must be 0 (whole rows) or a power of two between 1 "
+                              f"and cols ({self.cols}), not {self.requant_load_entries!r}")
 
         if not 0 <= self.fifo_block_ram_bits <= 1 << 20:
             raise ConfigError(f"fifo_block_ram_bits must be 0 (yosys chooses) or between 1 and 2**20 "
@@ -453,6 +465,12 @@ class AcceleratorConfig:
         """Width of a requantize-table row address; at least 1 (Verilog has no empty vectors: a
         one-row table is built with two rows, row 1 never addressed)."""
         return max(1, (self.requant_table_rows - 1).bit_length())
+
+    @property
+    def table_load_entries(self) -> int:
+        """Entries of a requantize-table row one dst=table LOAD may write, an aligned group:
+        ``requant_load_entries``, or ``cols`` (the whole row) when that is 0."""
+        return self.requant_load_entries or self.cols
 
     @property
     def requant_entry_bytes(self) -> int:

@@ -77,9 +77,11 @@ _PAGE = 4096        # AXI4 bursts never cross a 4 KiB boundary, bytes
 
 
 def row_buffer_bytes(config: AcceleratorConfig) -> int:
-    """Bytes of the widest destination row: scratchpad, accumulator or requantize table."""
+    """Bytes of the widest destination row: scratchpad, accumulator or requantize table (a table
+    LOAD's rows are the group of ``config.table_load_entries`` entries it may write, the load
+    unit places them in the table row)."""
     return max(config.spad_row_bytes, config.acc_row_bytes,
-               config.cols * config.requant_entry_bytes)
+               config.table_load_entries * config.requant_entry_bytes)
 
 
 def read_run_fifo_depth(config: AcceleratorConfig) -> int:

@@ -42,7 +42,7 @@ from .rtlil import UNDEFINED_COLLISION
 from .scratchpad import read_port_signature
 
 __all__ = ["REQUANT_ENTRY", "TABLE_READ_LATENCY", "RequantTable", "requant_row_layout", "requant_word_bits",
-           "requant_write_layout"]
+           "requant_write_layout", "table_load_fields"]
 
 #: One channel's requantize entry: int32 bias, int32 multiplier, shift 0..62 (6 bits).
 REQUANT_ENTRY = data.StructLayout({
@@ -65,6 +65,19 @@ def requant_word_bits(config: AcceleratorConfig) -> int:
     """Width of one memory word of the table: a row's bits over ``config.requant_row_words``
     words, rounded up, bits."""
     return -(-Shape.cast(requant_row_layout(config)).width // config.requant_row_words)
+
+
+def table_load_fields(config: AcceleratorConfig, *, dram_addr: int, dst_addr: int,
+                      rows: int) -> list[dict[str, int]]:
+    """The fields of the LOADs (docs/isa.md) that copy ``rows`` whole requantize-table rows,
+    stored one after another at ``dram_addr`` (``cols`` entries of ``requant_entry_bytes`` each),
+    into table rows ``dst_addr`` on: one LOAD per aligned group of ``config.table_load_entries``
+    entries, the most one table LOAD may write in a row (one LOAD when that is the whole row)."""
+    group, size = config.table_load_entries, config.requant_entry_bytes
+    return [{"dst": 2, "dst_addr": dst_addr, "dst_col": first, "dram_addr": dram_addr + first * size,
+             "pitch_c": size, "rows_outer": 1, "rows_inner": rows, "inner_dc": config.cols,
+             "segs": 1, "seg_len": group, "elem_dc": 1}
+            for first in range(0, config.cols, group)]
 
 
 def _table_depth(config: AcceleratorConfig) -> int:

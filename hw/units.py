@@ -175,17 +175,32 @@ class LoadUnit(wiring.Component):
         wiring.connect(m, reader=reader.ar, axi=wiring.flipped(self.axi.ar))
         wiring.connect(m, axi=wiring.flipped(self.axi.r), reader=reader.r)
 
-        # per command in flight, in order: where its rows go and the LOAD's program counter
-        info_layout = data.StructLayout({"dst": Memory, "widen": 1, "residual": 1, "pc": 32})
+        # A table LOAD writes entries of one aligned group of G = table_load_entries in each row
+        # (docs/isa.md): the reader places them in a row of G entries (its dst_col is the first
+        # entry's place in the group), and the group's index travels with the command, so that
+        # the reader's rows are G entries wide, not cols (the entries' places are then fixed
+        # wires into the table's write port, whose element mask picks the group).
+        group = cfg.table_load_entries
+        group_bits = (group - 1).bit_length()
+        groups = cfg.cols // group
+        # per command in flight, in order: where its rows go, the table group, the LOAD's program
+        # counter
+        info_layout = data.StructLayout({"dst": Memory, "widen": 1, "residual": 1, "pc": 32,
+                                         **({"group": range(groups)} if groups > 1 else {})})
         m.submodules.inflight = inflight = buffered_fifo(cfg, width=info_layout.size, depth=self.depth)
 
         load = _view(Opcode.LOAD, self.cmd.payload.word)
         command = Signal(LoadCommandLayout())
         for name, _ in LoadCommandLayout():
-            if name in ("elem_bytes", "dram_addr"):
+            if name in ("elem_bytes", "dram_addr", "dst_col"):
                 continue
             m.d.comb += getattr(command, name).eq(getattr(load, name))
         m.d.comb += command.dram_addr.eq(load.dram_addr + self.dram_base)
+        if groups == 1:
+            m.d.comb += command.dst_col.eq(load.dst_col)
+        else:
+            m.d.comb += command.dst_col.eq(Mux(load.dst == Memory.TABLE, load.dst_col[:group_bits],
+                                               load.dst_col))
         with m.Switch(load.dst):
             with m.Case(Memory.SPAD):
                 m.d.comb += command.elem_bytes.eq(cfg.spad_elem_bytes)
@@ -196,6 +211,8 @@ class LoadUnit(wiring.Component):
         incoming = Signal(info_layout)
         m.d.comb += [incoming.dst.eq(load.dst), incoming.widen.eq(load.widen),
                      incoming.pc.eq(self.cmd.payload.pc)]
+        if groups > 1:
+            m.d.comb += incoming.group.eq(load.dst_col[group_bits:])
 
         # the reader's command: a residual read first; once offered, a command stays offered
         # (unchanged) until it is taken. It reaches the pipelined reader through a register: the
@@ -288,11 +305,12 @@ class LoadUnit(wiring.Component):
         table = self.table_write.payload
         tb = cfg.requant_entry_bytes
         for c in range(cfg.cols):
+            place = c % group * tb            # entry c's first byte in its group's row
             m.d.comb += [
-                table.data[c].bias.eq(_bytes_le(rows.data, c * tb, 4)),
-                table.data[c].mult.eq(_bytes_le(rows.data, c * tb + 4, 4)),
-                table.data[c].shift.eq(_bytes_le(rows.data, c * tb + 8, 1)),
-                table.mask[c].eq(rows.mask[c * tb]),
+                table.data[c].bias.eq(_bytes_le(rows.data, place, 4)),
+                table.data[c].mult.eq(_bytes_le(rows.data, place + 4, 4)),
+                table.data[c].shift.eq(_bytes_le(rows.data, place + 8, 1)),
+                table.mask[c].eq(rows.mask[place] & (info.group == c // group if groups > 1 else 1)),
             ]
         m.d.comb += table.addr.eq(rows.row)
         if residual is not None:

@@ -32,14 +32,17 @@ __all__ = [
 #: and 4x4 with a 128-byte scratchpad (32 rows: M and K tiles of a few rows, so that the
 #: programs tile every dimension) and an accumulator with room for the pooled images. The OS 4x4
 #: one has the small FPGAs' choices: the serial DMA engines and SFU, no command or memory
-#: registers.
+#: registers. The 4x4 ones load the requantize table in groups (``requant_load_entries`` 2 and 1,
+#: so the LOAD engines' rows are one or two entries wide).
 RTL_CONFIGS: dict[str, AcceleratorConfig] = {
     "ws8": AcceleratorConfig(),
     "os8": AcceleratorConfig(dataflow="os"),
-    "ws4": AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=128, accumulator_bytes=2048),
+    "ws4": AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=128, accumulator_bytes=2048,
+                             requant_load_entries=2),
     "os4": AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=128, accumulator_bytes=2048,
                              dataflow="os", gather_engine="serial", scatter_engine="serial",
-                             sfu_engine="serial", command_registers=False, memory_registers=False),
+                             sfu_engine="serial", command_registers=False, memory_registers=False,
+                             requant_load_entries=1),
 }
 
 #: The builders an entry may name.

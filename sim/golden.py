@@ -441,6 +441,7 @@ class _Run:
                                       0, 0, ""),
         }
         self.spad_rows, self.acc_rows = c.spad_rows, c.acc_rows
+        self.table_group = c.table_load_entries
         self.dma_bytes, self.dram_latency = c.dma_bytes, c.dram_latency
         self.serial_reader = c.gather_engine == "serial"
         self.write_latency = write_latency(c)
@@ -741,6 +742,12 @@ class _Run:
             raise _fail(op, "dst_col", f"destination elements {col0}..{col0 + width - 1} must lie "
                                        f"in a {mem_name} row (elements 0..{row_elems - 1}), but "
                                        f"element {col0 + width - 1} is past its end")
+        group = self.table_group
+        if dst == _TABLE and col0 // group != (col0 + width - 1) // group:
+            raise _fail(op, "dst_col", f"the entries a dst=table LOAD writes in a row must lie in one "
+                                       f"aligned group of requant_load_entries ({group}), but "
+                                       f"entries {col0}..{col0 + width - 1} span groups "
+                                       f"{col0 // group}..{(col0 + width - 1) // group}")
         pad = f["pad_value"]
         if bounded and not lo <= pad <= hi:
             raise _fail(op, "pad_value", f"pad_value must fit {pad_rule}, {lo}..{hi}, not {pad}")

@@ -31,6 +31,7 @@ from math import sqrt
 import numpy as np
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.isa import Activation, Instruction, Program
+from systolic.hw.requant_table import table_load_fields
 from systolic.sim.arith import (
     avg_pool_finish,
     choose_multiplier,
@@ -354,9 +355,8 @@ def _conv_program(config: AcceleratorConfig, name: str, rng: np.random.Generator
         table_addr = image.add("table", sfu.table_bytes(n_tiles * C))
         prologue = [
             sfu.config_instruction(),
-            Instruction("LOAD", dst="table", dram_addr=table_addr, pitch_c=c.requant_entry_bytes,
-                        rows_outer=1, rows_inner=n_tiles, inner_dc=C, segs=1, seg_len=C,
-                        elem_dc=1),
+            *(Instruction("LOAD", **f)
+              for f in table_load_fields(c, dram_addr=table_addr, dst_addr=0, rows=n_tiles)),
         ]
     out_bits = c.output_bits if requant else c.acc_bits
     out_signed = c.output_signed if requant else c.acc_signed
@@ -652,9 +652,8 @@ def pool_case(config: AcceleratorConfig, H: int, W: int, channels: int, *, pool:
 
     out: list[Instruction] = [
         sfu.config_instruction(),
-        Instruction("LOAD", dst="table", dram_addr=table_addr, pitch_c=c.requant_entry_bytes,
-                    rows_outer=1, rows_inner=n_tiles, inner_dc=c.cols, segs=1, seg_len=c.cols,
-                    elem_dc=1),
+        *(Instruction("LOAD", **f)
+          for f in table_load_fields(c, dram_addr=table_addr, dst_addr=0, rows=n_tiles)),
     ]
     for t, n0 in enumerate(range(0, channels, c.cols)):
         nn = min(c.cols, channels - n0)

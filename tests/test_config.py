@@ -354,6 +354,7 @@ def test_hash_is_sha256_of_canonical_json() -> None:
     fields = {name: value for name, value in config.to_dict().items() if name not in SYNTHESIS_ONLY}
     # a field added later is left out at the value that means the behaviour of before
     assert fields.pop("compute_clock_mhz") == HASHED_UNLESS_DEFAULT["compute_clock_mhz"] == 0.0
+    assert fields.pop("requant_load_entries") == HASHED_UNLESS_DEFAULT["requant_load_entries"] == 0
     with pytest.raises(TypeError):          # read-only: no caller can change which hashes hold
         HASHED_UNLESS_DEFAULT["compute_clock_mhz"] = 1.0  # type: ignore[index]
     text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
@@ -364,11 +365,14 @@ def test_hash_is_sha256_of_canonical_json() -> None:
 
 
 def test_hash_includes_a_later_field_once_it_is_set() -> None:
-    config = AcceleratorConfig(rows=16, sfu_pooling=["max"], compute_clock_mhz=150.0)
+    config = AcceleratorConfig(rows=16, sfu_pooling=["max"], compute_clock_mhz=150.0,
+                               requant_load_entries=4)
     fields = {name: value for name, value in config.to_dict().items() if name not in SYNTHESIS_ONLY}
     text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     assert config.hash.to_bytes(8, "little") == hashlib.sha256(text.encode()).digest()[:8]
     assert config.hash != AcceleratorConfig(rows=16, sfu_pooling=["max"]).hash
+    assert config.hash != AcceleratorConfig(rows=16, sfu_pooling=["max"], compute_clock_mhz=150.0).hash
+    assert config.hash != AcceleratorConfig(rows=16, sfu_pooling=["max"], requant_load_entries=4).hash
 
 
 @pytest.mark.parametrize(("values", "message"), [
@@ -396,6 +400,16 @@ def test_compute_clock_needs_hardware_control() -> None:
     assert config.array_clock_mhz == 100.0 and AcceleratorConfig().array_clock_mhz == 100.0
 
 
+@pytest.mark.parametrize("value", [-1, 3, 16, 6])
+def test_requant_load_entries_power_of_two_up_to_cols(value) -> None:
+    with pytest.raises(ConfigError, match=_exact(
+            f"requant_load_entries must be 0 (whole rows) or a power of two between 1 and cols (8), "
+            f"not {value}")):
+        AcceleratorConfig(requant_load_entries=value)
+    entries = [AcceleratorConfig(requant_load_entries=n).table_load_entries for n in (0, 1, 4, 8)]
+    assert entries == [8, 1, 4, 8]
+
+
 def test_hash_stable_for_equal_configs() -> None:
     assert AcceleratorConfig().hash == AcceleratorConfig().hash
     assert AcceleratorConfig(clock_mhz=100).hash == AcceleratorConfig(clock_mhz=100.0).hash
@@ -415,6 +429,7 @@ _OTHER_VALUE = {
     "compute_queue_depth": 16, "store_queue_depth": 2,
     "token_depth": 4, "sfu_activations": ("relu",), "sfu_pooling": ("avg",), "sfu_residual": False,
     "counter_bits": 32, "clock_mhz": 50.0, "compute_clock_mhz": 150.0, "requant_row_words": 3,
+    "requant_load_entries": 2,
     "sfu_row_cycles": 2,
     "sfu_engine": "serial", "control": "firmware",
 }

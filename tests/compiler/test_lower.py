@@ -19,14 +19,16 @@ from systolic.compiler.ir import AccelOp, ConvGeometry, Pool, Residual, Tensor, 
 from systolic.compiler.reference import execute
 from systolic.compiler.runtime import run_model
 from systolic.hw.config import AcceleratorConfig
+from systolic.hw.isa import Opcode
 from systolic.sim.arith import choose_multiplier
 
 CONFIGS = {
     "ws8": AcceleratorConfig(),
     "os8": AcceleratorConfig(dataflow="os"),
     # tiny memories: several blocks, groups, chunks and table reloads per layer
+    # (and the table loaded two entries of a row per LOAD)
     "ws4x8": AcceleratorConfig(rows=4, cols=8, scratchpad_bytes=1024, accumulator_bytes=2048,
-                               requant_table_rows=2, dma_data_bits=32),
+                               requant_table_rows=2, dma_data_bits=32, requant_load_entries=2),
     "os8x4": AcceleratorConfig(rows=8, cols=4, dataflow="os", scratchpad_bytes=1024,
                                accumulator_bytes=1024, requant_table_rows=1, dma_data_bits=128),
     "ws16x4": AcceleratorConfig(rows=16, cols=4, scratchpad_bytes=2048, accumulator_bytes=512,
@@ -392,6 +394,28 @@ def test_table_reload_with_one_row() -> None:
                             accumulator_bytes=256)
     graph, inputs = conv_layer(cfg, ci=3, co=9, h=4, w=4)
     check(graph, inputs)
+
+
+@pytest.mark.parametrize("entries", [0, 1, 2, 8])
+def test_table_loaded_in_groups_of_requant_load_entries(entries: int) -> None:
+    """Every table LOAD writes one aligned group of ``requant_load_entries`` entries of each
+    row (0: whole rows), and the LOADs of one table load (same rows, same DRAM rows) cover every
+    entry of those rows once; the layer's output is the reference's."""
+    cfg = CONFIGS["ws4x8"].replace(requant_load_entries=entries)
+    graph, inputs = conv_layer(cfg, ci=3, co=19, h=4, w=4)
+    check(graph, inputs)
+    group = entries or cfg.cols
+    compiled = compile_graph(graph)
+    loads = [i for seg in compiled.segments for i in seg.program.instructions
+             if i.op == Opcode.LOAD and i.dst == 2]
+    assert loads and all(i.seg_len == group and i.segs == 1 and i.dst_col % group == 0 for i in loads)
+    pieces: dict[tuple[int, int, int], list[int]] = {}
+    for i in loads:
+        key = (i.dst_addr, i.rows_inner, i.dram_addr - i.dst_col * cfg.requant_entry_bytes)
+        pieces.setdefault(key, []).append(i.dst_col)
+    firsts = list(range(0, cfg.cols, group))
+    for cols in pieces.values():
+        assert sorted(cols) == sorted(firsts * (len(cols) // len(firsts)))
 
 
 # -- errors ------------------------------------------------------------------------------------

@@ -76,6 +76,25 @@ def test_load_elements_past_row(dst, name):
            f"row (elements 0..7), but element 8 is past its end")
 
 
+@pytest.mark.parametrize("entries,col,segs,seg_len,groups", [(4, 2, 1, 4, "0..1"), (2, 1, 2, 1, "0..1"),
+                                                             (1, 0, 1, 2, "0..1"), (2, 0, 3, 2, "0..2")])
+def test_load_table_entries_outside_one_group(entries, col, segs, seg_len, groups):
+    last = col + segs * seg_len - 1
+    _fails([_load(dst="table", pitch_c=12, dst_col=col, segs=segs, seg_len=seg_len)],
+           f"instruction 0 (LOAD): field dst_col: the entries a dst=table LOAD writes in a row must "
+           f"lie in one aligned group of requant_load_entries ({entries}), but entries {col}..{last} "
+           f"span groups {groups}", CONFIG.replace(requant_load_entries=entries))
+
+
+@pytest.mark.parametrize("entries,col,seg_len", [(4, 4, 4), (2, 3, 1), (1, 7, 1), (0, 0, 8)])
+def test_load_table_entries_inside_one_group(entries, col, seg_len):
+    """The rule's edge: a whole group, or any part of one, at any place in it, is accepted."""
+    result = run_golden(CONFIG.replace(requant_load_entries=entries),
+                        [_load(dst="table", pitch_c=12, dst_col=col, seg_len=seg_len), _i("FINISH")],
+                        np.zeros(DRAM, np.uint8))
+    assert result.instructions == 2
+
+
 def test_load_pad_value_outside_type():
     _fails([_load(bounded=1, pad_value=128)],
            "instruction 0 (LOAD): field pad_value: pad_value must fit a scratchpad element (input "

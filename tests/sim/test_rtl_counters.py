@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.isa import INSTR_BYTES, Instruction, Program
-from systolic.sim.golden import ExecutionError, run_golden
+from systolic.sim.golden import run_golden
 from systolic.sim.programs import Case, conv_case, gemm_case, pool_case, residual_case
 from systolic.sim.rtl import RTLRunner
+
+from .drawn import append_accepted
 
 CONFIG = AcceleratorConfig()          # 8 x 8 WS, 8-byte bus
 BEAT = CONFIG.dma_bytes
@@ -136,15 +138,6 @@ def _random_program(seed: int) -> tuple[Program, np.ndarray]:
               inner_dc=c.cols, seg_len=c.cols, elem_dc=1),
     ]
 
-    def valid(candidate: list[Instruction]) -> bool:
-        # without the program's words: an address in them is out of range (the RTL's image
-        # holds the words there, the golden model's not)
-        try:
-            run_golden(c, [*candidate, Instruction("FINISH")], dram[:PROGRAM_ADDR])
-        except ExecutionError:
-            return False
-        return True
-
     def draw_load() -> Instruction:
         kind = rng.choice(["spad", "spad", "spad", "acc", "widen", "table"])
         dst = "acc" if kind == "widen" else str(kind)
@@ -203,18 +196,11 @@ def _random_program(seed: int) -> tuple[Program, np.ndarray]:
                 fields.update(residual=1, res_addr=DATA + 0x2000 + int(rng.integers(0, 64)))
         return Instruction("STORE", **fields)
 
-    while len(program) < 3 + 24:
-        candidate = draw_load()
-        if valid([*program, candidate]):
-            program.append(candidate)
+    append_accepted(c, program, dram[:PROGRAM_ADDR], draw_load, 3 + 24 - len(program))
     program[-1] = program[-1].replace(push_next=1)
     program.append(Instruction("SYNC", queue="compute", pop_prev=1, push_next=1))
-    stores = 0
-    while stores < 10:
-        candidate = draw_store(stores == 0)
-        if valid([*program, candidate]):
-            program.append(candidate)
-            stores += 1
+    first_store = len(program)
+    append_accepted(c, program, dram[:PROGRAM_ADDR], lambda: draw_store(len(program) == first_store), 10)
     program.append(Instruction("FINISH"))
     assert len(program) * INSTR_BYTES <= IMAGE_BYTES - PROGRAM_ADDR
     return Program(tuple(program), c.hash), dram
