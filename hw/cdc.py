@@ -27,7 +27,7 @@ clocks need not be related):
 Units: counts are items or events; ``depth`` in entries.
 """
 
-from amaranth import Cat, DomainRenamer, Module, Mux, ResetInserter, Shape, Signal
+from amaranth import Cat, Const, DomainRenamer, Module, Mux, ResetInserter, Shape, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.fifo import AsyncFIFO, SyncFIFOBuffered
@@ -67,6 +67,13 @@ class StreamCrossing(wiring.Component):
     modulo ``2**COUNT_BITS``. An item sent when ``sent`` read ``n`` has been taken by the read side
     once ``(drained - n - 1) % 2**COUNT_BITS < 2**(COUNT_BITS - 1)``.
 
+    ``pieces``: an item crosses as that many FIFO entries of ``ceil(width / pieces)`` bits (a
+    power of two, at most the item's width), low bits first, one a cycle of each side: the FIFO
+    holds ``depth`` items in ``depth * pieces`` narrower entries, and the crossing carries an item
+    every ``pieces`` cycles at most. The write side takes an item (``i.ready``) with its last
+    piece; the read side shifts the earlier pieces into a register and offers the item with the
+    last one. ``sent`` and ``drained`` count items.
+
     ``block_ram``: the FIFO's storage carries yosys' ``ram_style = "block"``
     (:class:`~systolic.hw.fifo.BlockRamAsyncFIFO`; synthesis only, the behaviour is the same).
 
@@ -89,9 +96,14 @@ class StreamCrossing(wiring.Component):
 
     def __init__(self, shape, *, depth: int, w_domain: str = "sync", r_domain: str,
                  block_ram: bool = False, read_register: bool = False,
-                 write_register: bool | str = False):
+                 write_register: bool | str = False, pieces: int = 1):
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 2 or depth & (depth - 1):
             raise ValueError(f"depth must be a power of two of at least 2, not {depth!r}")
+        width = Shape.cast(shape).width
+        if (isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1 or pieces & (pieces - 1)
+                or pieces > width):
+            raise ValueError(f"pieces must be a power of two between 1 and the item's width ({width} "
+                             f"bits), not {pieces!r}")
         if depth >= 2 ** (COUNT_BITS - 1):
             raise ValueError(f"depth must be below 2**(COUNT_BITS - 1) = {2 ** (COUNT_BITS - 1)}, "
                              f"not {depth}")
@@ -106,6 +118,7 @@ class StreamCrossing(wiring.Component):
         self.block_ram = bool(block_ram)
         self.read_register = bool(read_register)
         self.write_register = write_register
+        self.pieces = pieces
         super().__init__({
             "i": In(stream.Signature(shape)),
             "o": Out(stream.Signature(shape)),
@@ -116,8 +129,10 @@ class StreamCrossing(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         width = Shape.cast(self.shape).width
+        pieces = self.pieces
+        piece = -(-width // pieces)          # bits of a piece (the last one zero-padded)
         kind = BlockRamAsyncFIFO if self.block_ram else AsyncFIFO
-        m.submodules.fifo = fifo = kind(width=width, depth=self.depth, exact_depth=True,
+        m.submodules.fifo = fifo = kind(width=piece, depth=self.depth * pieces, exact_depth=True,
                                         w_domain=self.w_domain, r_domain=self.r_domain)
         # the FIFO's two sides, each directly on a port or through a register of its domain
         w_side, r_side = self.i, self.o
@@ -126,9 +141,14 @@ class StreamCrossing(wiring.Component):
             m.submodules.w_register = w_register = DomainRenamer(self.w_domain)(register(self.shape))
             wiring.connect(m, wiring.flipped(self.i), w_register.i)
             w_side = w_register.o
-            m.d.comb += w_side.ready.eq(fifo.w_rdy)
-        else:
-            m.d.comb += self.i.ready.eq(fifo.w_rdy)
+        # an item goes in as `pieces` FIFO entries, low bits first, one a cycle; it is taken from
+        # the write side with its last piece and given out on the read side with it
+        w_last = r_last = 1
+        if pieces > 1:
+            w_piece = Signal(range(pieces))
+            r_piece = Signal(range(pieces))
+            w_last, r_last = w_piece == pieces - 1, r_piece == pieces - 1
+        m.d.comb += w_side.ready.eq(fifo.w_rdy & w_last)
         if self.read_register:
             # emptied with the FIFO's read side (whose reset follows the write side's); no read
             # in the last cycle of that reset (r_rst, a register, is then still high), so that no
@@ -137,11 +157,27 @@ class StreamCrossing(wiring.Component):
                 DomainRenamer(self.r_domain)(StreamRegister(self.shape)))
             wiring.connect(m, r_register.o, wiring.flipped(self.o))
             r_side = r_register.i
-            m.d.comb += fifo.r_en.eq(r_side.ready & ~fifo.r_rst)
+            m.d.comb += fifo.r_en.eq(Mux(r_last, r_side.ready, 1) & ~fifo.r_rst)
         else:
-            m.d.comb += fifo.r_en.eq(self.o.ready)
-        m.d.comb += [fifo.w_data.eq(w_side.payload), fifo.w_en.eq(w_side.valid),
-                     r_side.payload.eq(fifo.r_data), r_side.valid.eq(fifo.r_rdy)]
+            m.d.comb += fifo.r_en.eq(Mux(r_last, self.o.ready, 1))
+        m.d.comb += [fifo.w_en.eq(w_side.valid), r_side.valid.eq(fifo.r_rdy & r_last)]
+        if pieces == 1:
+            m.d.comb += [fifo.w_data.eq(w_side.payload), r_side.payload.eq(fifo.r_data)]
+        else:
+            padded = Cat(w_side.payload, Const(0, piece * pieces - width))
+            m.d.comb += fifo.w_data.eq(padded.word_select(w_piece, piece))
+            with m.If(fifo.w_en & fifo.w_rdy):
+                m.d[self.w_domain] += w_piece.eq(w_piece + 1)        # (wraps: pieces is 2**n)
+            # the earlier pieces shift into a register; the last one joins them from the FIFO.
+            # The count restarts with the FIFO's read-domain reset, as its pointers do (r_rst, a
+            # register, is still high in the first cycle the FIFO may be read again: that
+            # cycle's read counts, as `taken`'s below)
+            earlier = Signal(piece * (pieces - 1))
+            read = fifo.r_en & fifo.r_rdy
+            m.d[self.r_domain] += r_piece.eq(Mux(fifo.r_rst, 0, r_piece) + read)
+            with m.If(read & ~r_last):
+                m.d[self.r_domain] += earlier.eq(Cat(earlier[piece:], fifo.r_data))
+            m.d.comb += r_side.payload.eq(Cat(earlier, fifo.r_data)[:width])
         with m.If(self.i.valid & self.i.ready):
             m.d[self.w_domain] += self.sent.eq(self.sent + 1)
         # items taken, counted in the read domain and sent back as a Gray code. The count

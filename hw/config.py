@@ -128,6 +128,12 @@ _DOC = {
                          "between clock_mhz / 4 and 4 x clock_mhz; port compute_clk), joined to the "
                          "rest by clock-domain crossings, so that the array can run faster than the "
                          "control and DMA logic; needs control = 'hardware' (docs/arch-system.md)",
+    "acc_crossing_pieces": "1: whole rows. Otherwise (a power of two up to 16, compute_clock_mhz configs "
+                           "only) the two clock-domain crossings of accumulator rows (the LOADs' writes "
+                           "into the compute core, the STOREs' read responses out of it) carry a row as "
+                           "that many narrower pieces, one a cycle: their FIFOs are that many times "
+                           "narrower (on a 16x16 array 15 block RAMs each become 4 with 4 pieces), and "
+                           "each carries a row every that many cycles at most (docs/arch-system.md)",
 }
 
 
@@ -139,7 +145,8 @@ SYNTHESIS_ONLY = frozenset({"fifo_block_ram_bits"})
 #: :attr:`AcceleratorConfig.hash` leaves such a field out while it has that value, so that every
 #: config written before the field keeps its hash (and so its gateware's CSR constant).
 HASHED_UNLESS_DEFAULT: Mapping[str, object] = MappingProxyType({"compute_clock_mhz": 0.0,
-                                                                "requant_load_entries": 0})
+                                                                "requant_load_entries": 0,
+                                                                "acc_crossing_pieces": 1})
 
 
 @dataclass(frozen=True)
@@ -189,6 +196,7 @@ class AcceleratorConfig:
     counter_bits: int = 64
     clock_mhz: float = 100.0
     compute_clock_mhz: float = 0.0
+    acc_crossing_pieces: int = 1
 
     # -- validation -------------------------------------------------------------------------------
 
@@ -340,6 +348,13 @@ class AcceleratorConfig:
             raise ConfigError(f"compute_clock_mhz must be 0 (one clock) or between clock_mhz / 4 and "
                               f"4 x clock_mhz ({self.clock_mhz / 4:g} to {highest:g}), "
                               f"not {self.compute_clock_mhz!r}")
+        if not (_is_pow2(self.acc_crossing_pieces) and self.acc_crossing_pieces <= 16):
+            raise ConfigError(f"acc_crossing_pieces must be a power of two between 1 and 16, "
+                              f"not {self.acc_crossing_pieces!r}")
+        if self.acc_crossing_pieces != 1 and not self.compute_clock_mhz:
+            raise ConfigError(f"acc_crossing_pieces applies to the clock-domain crossings of a "
+                              f"compute_clock_mhz config, so it must be 1 with one clock, "
+                              f"not {self.acc_crossing_pieces!r}")
         if self.compute_clock_mhz and self.control != "hardware":
             raise ConfigError(f"compute_clock_mhz needs control = 'hardware' (the firmware control "
                               f"drives the compute core directly), not control = {self.control!r}")

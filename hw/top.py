@@ -486,7 +486,8 @@ class Accelerator(wiring.Component):
         x = Module()
         m.submodules.crossings = x
 
-        def crossing(name: str, shape, *, into_core: bool = True, half_rate: bool = False) -> StreamCrossing:
+        def crossing(name: str, shape, *, into_core: bool = True, half_rate: bool = False,
+                     pieces: int = 1) -> StreamCrossing:
             w, r = (_CROSSING, _COMPUTE) if into_core else (_COMPUTE, _CROSSING)
             depth = _CROSSING_DEPTH[name]
             block_ram = wants_block_ram(cfg, Shape.cast(shape).width * depth)
@@ -495,17 +496,18 @@ class Accelerator(wiring.Component):
             # a stream out of the core that never has an item in two cycles running
             x.submodules[name] = block = StreamCrossing(
                 shape, depth=depth, w_domain=w, r_domain=r, block_ram=block_ram, read_register=into_core,
-                write_register=False if into_core else "half" if half_rate else True)
+                write_register=False if into_core else "half" if half_rate else True, pieces=pieces)
             return block
 
         cmd = crossing("cmd", InstructionLayout())
         spad_write = crossing("spad_write", core.spad_write.payload.shape())
-        acc_write = crossing("acc_write", core.acc_write.payload.shape())
+        # accumulator rows, whole or in `acc_crossing_pieces` pieces (narrower FIFOs)
+        acc_write = crossing("acc_write", core.acc_write.payload.shape(), pieces=cfg.acc_crossing_pieces)
         acc_read_req = crossing("acc_read_req", core.acc_read.req.payload.shape())
         # an accumulator read port that owes one response at a time gives a row at most every
         # read latency (2 or more) cycles
         acc_read_resp = crossing("acc_read_resp", core.acc_read.resp.payload.shape(), into_core=False,
-                                 half_rate=store_read_queue(cfg) == 1)
+                                 half_rate=store_read_queue(cfg) == 1, pieces=cfg.acc_crossing_pieces)
         wiring.connect(m, cmd=cmd.o, core=core.cmd)
         wiring.connect(m, spad_write=spad_write.o, core=core.spad_write)
         wiring.connect(m, acc_write=acc_write.o, core=core.acc_write)

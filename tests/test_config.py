@@ -355,6 +355,7 @@ def test_hash_is_sha256_of_canonical_json() -> None:
     # a field added later is left out at the value that means the behaviour of before
     assert fields.pop("compute_clock_mhz") == HASHED_UNLESS_DEFAULT["compute_clock_mhz"] == 0.0
     assert fields.pop("requant_load_entries") == HASHED_UNLESS_DEFAULT["requant_load_entries"] == 0
+    assert fields.pop("acc_crossing_pieces") == HASHED_UNLESS_DEFAULT["acc_crossing_pieces"] == 1
     with pytest.raises(TypeError):          # read-only: no caller can change which hashes hold
         HASHED_UNLESS_DEFAULT["compute_clock_mhz"] = 1.0  # type: ignore[index]
     text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
@@ -368,6 +369,7 @@ def test_hash_includes_a_later_field_once_it_is_set() -> None:
     config = AcceleratorConfig(rows=16, sfu_pooling=["max"], compute_clock_mhz=150.0,
                                requant_load_entries=4)
     fields = {name: value for name, value in config.to_dict().items() if name not in SYNTHESIS_ONLY}
+    assert fields.pop("acc_crossing_pieces") == HASHED_UNLESS_DEFAULT["acc_crossing_pieces"]
     text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     assert config.hash.to_bytes(8, "little") == hashlib.sha256(text.encode()).digest()[:8]
     assert config.hash != AcceleratorConfig(rows=16, sfu_pooling=["max"]).hash
@@ -387,6 +389,23 @@ def test_hash_includes_a_later_field_once_it_is_set() -> None:
 def test_compute_clock_range(values, message) -> None:
     with pytest.raises(ConfigError, match=_exact(message)):
         AcceleratorConfig(**values)
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"acc_crossing_pieces": 3, "compute_clock_mhz": 150.0},
+     "acc_crossing_pieces must be a power of two between 1 and 16, not 3"),
+    ({"acc_crossing_pieces": 32, "compute_clock_mhz": 150.0},
+     "acc_crossing_pieces must be a power of two between 1 and 16, not 32"),
+    ({"acc_crossing_pieces": 0, "compute_clock_mhz": 150.0},
+     "acc_crossing_pieces must be a power of two between 1 and 16, not 0"),
+    ({"acc_crossing_pieces": 2},
+     "acc_crossing_pieces applies to the clock-domain crossings of a compute_clock_mhz config, so it "
+     "must be 1 with one clock, not 2"),
+])
+def test_acc_crossing_pieces_rules(values, message) -> None:
+    with pytest.raises(ConfigError, match=_exact(message)):
+        AcceleratorConfig(**values)
+    assert AcceleratorConfig(acc_crossing_pieces=16, compute_clock_mhz=150.0).acc_crossing_pieces == 16
 
 
 def test_compute_clock_needs_hardware_control() -> None:
@@ -429,12 +448,13 @@ _OTHER_VALUE = {
     "compute_queue_depth": 16, "store_queue_depth": 2,
     "token_depth": 4, "sfu_activations": ("relu",), "sfu_pooling": ("avg",), "sfu_residual": False,
     "counter_bits": 32, "clock_mhz": 50.0, "compute_clock_mhz": 150.0, "requant_row_words": 3,
-    "requant_load_entries": 2,
+    "requant_load_entries": 2, "acc_crossing_pieces": 4,
     "sfu_row_cycles": 2,
     "sfu_engine": "serial", "control": "firmware",
 }
 # Changes that need a companion change to stay valid.
 _COMPANION = {"acc_signed": {"input_signed": False, "weight_signed": False},
+              "acc_crossing_pieces": {"compute_clock_mhz": 150.0},
               "control": {"dma_data_bits": 32, "load_queue_depth": 4, "compute_queue_depth": 4,
                           "store_queue_depth": 4, "requant_table_rows": 8}}
 

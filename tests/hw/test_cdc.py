@@ -43,13 +43,19 @@ def _held(register: bool | str) -> int:
     return 1 if register == "half" else 2 * register
 
 
+#: (item width, pieces): whole items, and items crossing in pieces (13 bits: the last piece padded)
+PIECES = [(16, 1), (16, 2), (13, 4)]
+
+
+@pytest.mark.parametrize("width,pieces", PIECES)
 @pytest.mark.parametrize("registers", REGISTERS)
 @pytest.mark.parametrize("periods", PERIODS)
-def test_stream_crossing_in_order_under_random_traffic(periods, registers):
+def test_stream_crossing_in_order_under_random_traffic(periods, registers, width, pieces):
     rng = random.Random(sum(periods))
-    dut = StreamCrossing(16, depth=4, w_domain="sync", r_domain="fast",
-                         read_register=registers[0], write_register=registers[1])
-    items = [0, 0xFFFF] + [rng.randrange(1 << 16) for _ in range(300)] + [0xFFFF, 0]
+    dut = StreamCrossing(width, depth=4, w_domain="sync", r_domain="fast",
+                         read_register=registers[0], write_register=registers[1], pieces=pieces)
+    top = (1 << width) - 1
+    items = [0, top] + [rng.randrange(1 << width) for _ in range(300)] + [top, 0]
     received, checks = [], []
     done = []
 
@@ -68,7 +74,7 @@ def test_stream_crossing_in_order_under_random_traffic(periods, registers):
             checks.append((sent - ctx.get(dut.drained)) % (1 << COUNT_BITS))
         ctx.set(dut.i.valid, 0)
         # every item is reported drained a few cycles after the last read
-        for _ in range(40):
+        for _ in range(40 * pieces):
             await ctx.tick("sync")
         assert ctx.get(dut.drained) == len(items) % (1 << COUNT_BITS)
         done.append(True)
@@ -91,8 +97,9 @@ def test_stream_crossing_in_order_under_random_traffic(periods, registers):
     assert max(checks) <= 4 + 2 + sum(_held(register) for register in registers)
 
 
+@pytest.mark.parametrize("pieces", [1, 4])
 @pytest.mark.parametrize("registers", REGISTERS[1:])
-def test_stream_crossing_registers_buffer_and_drained_counts_the_consumer(registers):
+def test_stream_crossing_registers_buffer_and_drained_counts_the_consumer(registers, pieces):
     """Each register holds two items more while the consumer waits (a half-rate one one item),
     and ``drained`` counts
     only what the consumer took, not what waits in the read register. (That the registers cut
@@ -100,7 +107,7 @@ def test_stream_crossing_registers_buffer_and_drained_counts_the_consumer(regist
     tests/hw/test_interconnect.py.)"""
     read_register, write_register = registers
     dut = StreamCrossing(8, depth=4, w_domain="sync", r_domain="fast",
-                         read_register=read_register, write_register=write_register)
+                         read_register=read_register, write_register=write_register, pieces=pieces)
     result = {}
 
     async def bench(ctx):
@@ -109,8 +116,8 @@ def test_stream_crossing_registers_buffer_and_drained_counts_the_consumer(regist
         # the consumer is not ready: at most the FIFO's 4 items and the registers' 2 each go in
         ctx.set(dut.i.valid, 1)
         sent = 0
-        for n in range(20):
-            ctx.set(dut.i.payload, n + 1)
+        for _ in range(20 * pieces):
+            ctx.set(dut.i.payload, sent + 1)        # held until taken
             _, _, accepted = await ctx.tick("sync").sample(dut.i.ready)
             sent += accepted
         ctx.set(dut.i.valid, 0)
@@ -147,6 +154,10 @@ def test_stream_crossing_depth_rule():
         StreamCrossing(8, depth=4, r_domain="sync")
     with pytest.raises(ValueError, match=r"^write_register must be False, True or 'half', not 'spare'$"):
         StreamCrossing(8, depth=4, r_domain="fast", write_register="spare")
+    for pieces in (0, 3, 16, True):
+        with pytest.raises(ValueError, match=rf"^pieces must be a power of two between 1 and the item's "
+                                             rf"width \(8 bits\), not {pieces!r}$"):
+            StreamCrossing(8, depth=4, r_domain="fast", pieces=pieces)
 
 
 @pytest.mark.parametrize("periods", PERIODS)

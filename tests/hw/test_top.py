@@ -406,16 +406,20 @@ def test_shallow_queues(depths):
 
 # -- a compute clock of its own (config.compute_clock_mhz) ---------------------------------------
 
-@pytest.mark.parametrize("compute_mhz, sfu_row_cycles", [(150.0, 1), (25.0, 1), (100.0, 1), (150.0, 4)],
-                         ids=["faster", "quarter", "same", "faster-sfu4"])
-def test_compute_clock_of_its_own(compute_mhz, sfu_row_cycles):
+@pytest.mark.parametrize("compute_mhz, sfu_row_cycles, pieces",
+                         [(150.0, 1, 1), (25.0, 1, 1), (100.0, 1, 1), (150.0, 4, 1), (150.0, 1, 4),
+                          (150.0, 4, 2), (25.0, 1, 8)],
+                         ids=["faster", "quarter", "same", "faster-sfu4", "faster-pieces4",
+                              "faster-sfu4-pieces2", "quarter-pieces8"])
+def test_compute_clock_of_its_own(compute_mhz, sfu_row_cycles, pieces):
     """The compute core behind clock-domain crossings, its clock faster, a quarter and as fast as the
     rest (edges offset): the same DRAM image and MAC count as the golden model, for a GEMM with
     a requantized, activated STORE, a residual, and a bias LOADed into the accumulator that a
     COMPUTE accumulates onto. With an SFU of 4 cycles a row and the core 1.5 times as fast, the
     accumulator's read port owes one response at a time and its rows cross through a half-rate
-    register (hw/top.py)."""
-    config = AcceleratorConfig(**SMALL, compute_clock_mhz=compute_mhz, sfu_row_cycles=sfu_row_cycles)
+    register (hw/top.py). With ``acc_crossing_pieces`` the accumulator's rows cross in pieces."""
+    config = AcceleratorConfig(**SMALL, compute_clock_mhz=compute_mhz, sfu_row_cycles=sfu_row_cycles,
+                               acc_crossing_pieces=pieces)
     assert (store_read_queue(config) == 1) == (sfu_row_cycles == 4)
     _check_against_golden(gemm_case(config, 9, 7, 6, seed=5, act="relu"))
     _check_against_golden(residual_case(config, 9, 5, 3, seed=6))
