@@ -38,6 +38,7 @@ from amaranth.lib.wiring import In
 
 from ..sim.arith import MAX_SHIFT, MULT_BITS
 from .config import AcceleratorConfig
+from .isa import Memory as Destination
 from .rtlil import UNDEFINED_COLLISION
 from .scratchpad import read_port_signature
 
@@ -74,9 +75,9 @@ def table_load_fields(config: AcceleratorConfig, *, dram_addr: int, dst_addr: in
     into table rows ``dst_addr`` on: one LOAD per aligned group of ``config.table_load_entries``
     entries, the most one table LOAD may write in a row (one LOAD when that is the whole row)."""
     group, size = config.table_load_entries, config.requant_entry_bytes
-    return [{"dst": 2, "dst_addr": dst_addr, "dst_col": first, "dram_addr": dram_addr + first * size,
-             "pitch_c": size, "rows_outer": 1, "rows_inner": rows, "inner_dc": config.cols,
-             "segs": 1, "seg_len": group, "elem_dc": 1}
+    return [{"dst": Destination.TABLE.value, "dst_addr": dst_addr, "dst_col": first,
+             "dram_addr": dram_addr + first * size, "pitch_c": size, "rows_outer": 1,
+             "rows_inner": rows, "inner_dc": config.cols, "segs": 1, "seg_len": group, "elem_dc": 1}
             for first in range(0, config.cols, group)]
 
 
