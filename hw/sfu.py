@@ -7,9 +7,9 @@ combined (max over non-pad pixels, or sum with pad pixels counting as ``zp_out``
 window ends with :func:`~systolic.sim.arith.avg_pool_finish`. The pipeline accepts one beat per
 cycle (one per ``config.sfu_row_cycles`` cycles: its ``config.sfu_lanes`` lanes then take a row's
 channels in that many lane groups) and emits one vector per output pixel. Its stages run freely
-(no enable, for clock speed); outputs queue in a FIFO and ``i.ready`` (a register, and with lane
-groups also low while the input stage holds groups of a beat) drops once every FIFO entry is
-promised.
+(no enable, for clock speed); outputs queue in a FIFO (with lane groups, a group per entry, the
+row gathered at its read side) and ``i.ready`` (a register, and with lane groups also low while
+the input stage holds groups of a beat) drops once every FIFO row is promised.
 
 Ports (see docs/arch-memory-sfu.md for the stage diagram):
 
@@ -481,7 +481,8 @@ class SpecialFunctionUnit(SFUPorts):
 
         rows = self._fifo_rows
         elem_width = Shape.cast(acc_elem_shape(cfg)).width
-        m.submodules.output_fifo = fifo = buffered_fifo(cfg, width=cfg.cols * elem_width, depth=rows)
+        # the FIFO holds lane groups, a row's groups in order: ``rows`` rows of ``groups`` entries
+        m.submodules.output_fifo = fifo = buffered_fifo(cfg, width=lanes * elem_width, depth=rows * groups)
         pending = Signal(range(rows + 1))   # output rows owed: in the pipeline or the FIFO
         room = Signal(init=1)               # pending < rows, registered
         accepted = self.i.valid & self.i.ready
@@ -682,29 +683,26 @@ class SpecialFunctionUnit(SFUPorts):
             out_valid = Mux(pool_avg, valid, out_valid)
             out = [Mux(pool_avg, avg_v[lane], out[lane]) for lane in each_lane]
 
-        # -- output: with several lane groups, a row's earlier groups wait in registers until its
-        # last group comes (the groups of a row come in order, one per cycle)
+        # -- output: each lane group enters the FIFO as it comes (a row's groups in order, one per
+        # cycle), so that the FIFO is a lane group wide, not a row. Its read side gathers a row's
+        # earlier groups into registers as they arrive and offers the row with its last group.
         result = Signal(data.ArrayLayout(acc_elem_shape(cfg), lanes))
         for lane in each_lane:
             m.d.comb += result[lane].eq(out[lane])
-        row_done: Value = out_valid
-        row: Value = result.as_value()
-        if groups > 1:
-            write_group = Signal(group_bits)
+        m.d.comb += [fifo.w_en.eq(out_valid), fifo.w_data.eq(result)]
+        if groups == 1:
+            m.d.comb += [self.o.valid.eq(fifo.r_rdy), self.o.payload.eq(fifo.r_data),
+                         fifo.r_en.eq(self.o.ready)]
+        else:
+            read_group = Signal(group_bits)
             earlier = [Signal(lanes * elem_width, name=f"out_group{k}") for k in range(groups - 1)]
-            with m.If(out_valid):
-                m.d.sync += write_group.eq(write_group + 1)      # wraps after the last group
+            at_last = read_group == groups - 1
+            with m.If(fifo.r_rdy & fifo.r_en):
+                m.d.sync += read_group.eq(read_group + 1)        # wraps after the last group
             for k in range(groups - 1):
-                with m.If(out_valid & (write_group == k)):
-                    m.d.sync += earlier[k].eq(result)
-            row_done = out_valid & (write_group == groups - 1)
-            row = Cat(*earlier, result)
-        m.d.comb += [
-            fifo.w_en.eq(row_done),
-            fifo.w_data.eq(row),
-            self.o.valid.eq(fifo.r_rdy),
-            self.o.payload.eq(fifo.r_data),
-            fifo.r_en.eq(self.o.ready),
-            self.idle.eq(~Cat(*valids).any()),
-        ]
+                with m.If(fifo.r_rdy & (read_group == k)):
+                    m.d.sync += earlier[k].eq(fifo.r_data)
+            m.d.comb += [self.o.valid.eq(fifo.r_rdy & at_last), self.o.payload.eq(Cat(*earlier, fifo.r_data)),
+                         fifo.r_en.eq(~at_last | self.o.ready)]
+        m.d.comb += self.idle.eq(~Cat(*valids).any())
         return m
