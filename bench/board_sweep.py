@@ -25,8 +25,11 @@ background, e.g. ``nohup python bench/board_sweep.py > board_sweep.log 2>&1 &``.
 Run from the repository root: ``python bench/board_sweep.py [--boards icebreaker,...]
 [--sweep-board ulx3s-85f] [--sizes 4x4,8x8,16x16] [--sweep-mhz F] [--set FIELD=VALUE ...]
 [--configs FILE,...]
-[--seed 1] [--placer heap] [--router router1] [--time-limit MIN] [--work DIR] [--merge] [--merge-from FILE]``
-(``--time-limit``: nextpnr is stopped after MIN minutes and the row records how far it got, its
+[--seed 1] [--placer heap] [--router router1] [--time-limit MIN] [--stop-after yosys|place] [--work DIR]
+[--merge] [--merge-from FILE]``
+(``--stop-after``: each flow ends after yosys or after placement, as ``systolic synth
+--stop-after``, the row then has the resources and nextpnr's Fmax estimate after placement, ``~F``
+in the table; ``--time-limit``: nextpnr is stopped after MIN minutes and the row records how far it got, its
 stage, the arcs left to route and its Fmax estimate after placement; ``--placer``:
 nextpnr's placer, heap or static, ``--router`` its router, router1 or router2, see
 ``systolic synth``; ``--set`` changes a field of every
@@ -44,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from systolic.boards.boards import BOARDS, BoardError, FitError, get_board, load_preset
-from systolic.boards.synth import PLACERS, ROUTERS, PlaceRouteTimeout, synth
+from systolic.boards.synth import PLACERS, ROUTERS, STOP_AFTER, PlaceRouteTimeout, synth
 from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment, parse_size
 
 __all__ = ["run_one", "main"]
@@ -66,7 +69,21 @@ def _row(kind: str, board: str, config: AcceleratorConfig, mhz: float, report: d
         row["error"] = error
         return row
     resources = report["resources"]
-    array_clock = "compute" if "compute" in report["clocks"] else "sync"
+    two_clocks = report["compute_target_mhz"] is not None
+    array_clock = "compute" if two_clocks else "sync"
+    if report["stage"] != "route":      # --stop-after: the figures up to there, no Fmax
+        row.update({
+            "stopped_after": report["stage"],
+            "luts": resources["lut"]["used"], "ffs": resources["ff"]["used"],
+            "dsps": resources["dsp"]["used"], "brams": resources["bram"]["used"],
+            "lut_percent": resources["lut"]["percent"],
+            "target_mhz": report["compute_target_mhz"] if two_clocks else report["target_mhz"],
+            "two_clocks": two_clocks, "control_target_mhz": report["target_mhz"],
+            "placed_mhz": report["placed_mhz"].get(array_clock),
+            "control_placed_mhz": report["placed_mhz"].get("sync"),
+            "report": report,
+        })
+        return row
     fmax = report["fmax_mhz"][array_clock]
     row.update({
         "luts": resources["lut"]["used"], "ffs": resources["ff"]["used"],
@@ -87,11 +104,12 @@ def _row(kind: str, board: str, config: AcceleratorConfig, mhz: float, report: d
 
 def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: int,
             clock_mhz: float | None = None, placer: str = "heap", router: str = "router1",
-            time_limit: float | None = None) -> dict[str, Any]:
+            time_limit: float | None = None, stop_after: str | None = None) -> dict[str, Any]:
     """Synthesize ``config`` on ``board`` (into ``work``) at ``clock_mhz`` (default: the
     config's); when only DSP blocks are short, again with that many more PEs multiplying in
-    logic. nextpnr is stopped after ``time_limit`` seconds (the row then says how far it got).
-    Returns one table row."""
+    logic. nextpnr is stopped after ``time_limit`` seconds (the row then says how far it got);
+    ``stop_after`` ("yosys" or "place") ends each flow there (the row has the resources and,
+    after placement, nextpnr's estimate in ``placed_mhz``). Returns one table row."""
     started = time.monotonic()
     while True:
         mhz = config.array_clock_mhz if clock_mhz is None else clock_mhz
@@ -101,7 +119,7 @@ def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: 
         try:
             report = synth(board, config, work / f"{board}-{config.rows}x{config.cols}", seed=seed,
                            clock_mhz=clock_mhz, placer=placer, router=router,
-                           time_limit=time_limit)
+                           time_limit=time_limit, stop_after=stop_after)
             return _row(kind, board, config, mhz, report, None, time.monotonic() - started)
         except PlaceRouteTimeout as exc:     # not an Fmax: how far nextpnr got, also in fields
             row = _row(kind, board, config, mhz, None, str(exc), time.monotonic() - started)
@@ -138,7 +156,23 @@ def _control(row: dict[str, Any]) -> str:
     """A config with a compute clock of its own: its control clock's Fmax / target (MHz)."""
     if not row.get("two_clocks"):
         return "-"
+    if "stopped_after" in row:
+        placed = row.get("control_placed_mhz")
+        return "-" if placed is None else f"~{placed:.1f}/{row['control_target_mhz']:.1f}"
     return f"{row['control_fmax_mhz']:.1f}/{row['control_target_mhz']:.1f}"
+
+
+def _fmax(row: dict[str, Any]) -> str:
+    """The Fmax column: routed, or ``~`` nextpnr's estimate after placement, or ``-``."""
+    if "stopped_after" not in row:
+        return f"{row['fmax_mhz']:.1f}"
+    return "-" if row.get("placed_mhz") is None else f"~{row['placed_mhz']:.1f}"
+
+
+def _verdict(row: dict[str, Any]) -> str:
+    if "stopped_after" in row:
+        return {"yosys": "yosys", "place": "placed"}[row["stopped_after"]]
+    return "met" if row["timing_met"] else "MISS"
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -154,8 +188,9 @@ def _table(rows: list[dict[str, Any]]) -> str:
             continue
         lines.append(
             f"{r['kind']:<7}{r['board']:<16}{size:>7}{r['lut_multipliers']:>7}{r['luts']:>8}"
-            f"{r['lut_percent']:>5.0f}%{r['ffs']:>8}{r['dsps']:>5}{r['brams']:>5}{r['fmax_mhz']:>8.1f}"
-            f"{r['target_mhz']:>8.1f}{'met' if r['timing_met'] else 'MISS':>8}{r['peak_gops']:>7.2f}"
+            f"{r['lut_percent']:>5.0f}%{r['ffs']:>8}{r['dsps']:>5}{r['brams']:>5}{_fmax(r):>8}"
+            f"{r['target_mhz']:>8.1f}{_verdict(r):>8}"
+            f"{'-' if 'stopped_after' in r else format(r['peak_gops'], '.2f'):>7}"
             f"{r['seconds'] / 60:>5.0f}{_control(r):>16}  {r.get('config_file', '')}".rstrip())
     return "\n".join(lines)
 
@@ -180,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=None, metavar="MIN",
                         help="stop nextpnr after MIN minutes per run; the row then records the stage "
                              "reached and nextpnr's estimate after placement (default: no limit)")
+    parser.add_argument("--stop-after", choices=STOP_AFTER, default=None,
+                        help="end each flow early, as systolic synth --stop-after: yosys (resources) "
+                             "or place (also nextpnr's Fmax estimate after placement, shown as ~F)")
     parser.add_argument("--work", type=Path, default=None, help="keep the build directories here")
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     parser.add_argument("--merge", action="store_true",
@@ -238,11 +276,12 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({**twin, "kind": kind})
             elif kind == "config":
                 rows.append({**run_one(kind, board, config, work / kind / Path(file).stem, args.seed,
-                                       None, args.placer, args.router, time_limit), "config_file": file})
+                                       None, args.placer, args.router, time_limit, args.stop_after),
+                             "config_file": file})
             else:
                 rows.append(run_one(kind, board, config, work / kind, args.seed,
                                     args.sweep_mhz if kind == "sweep" else None, args.placer, args.router,
-                                    time_limit))
+                                    time_limit, args.stop_after))
             # written after every run: a long sweep that is stopped keeps what it measured
             merged = sorted([*kept.values(), *rows], key=_order)
             results = {"seed": args.seed, "placer": args.placer, "router": args.router, "results": merged}

@@ -15,8 +15,14 @@ tools on it in ``out_dir``:
    and utilization);
 4. icepack / ecppack -> the bitstream ``top.bin`` (iCE40) or ``top.bit`` (ECP5);
 5. ``report.json`` (:func:`synth`'s return value): board, device, clocks (requested, achieved,
-   PLL setting), Fmax per clock domain and whether timing is met, used and available LUT4, FF,
-   DSP, block RAM and SPRAM, tool versions, seconds per step.
+   PLL setting), Fmax per clock domain and whether timing is met, nextpnr's Fmax estimate after
+   placement, used and available LUT4, FF, DSP, block RAM and SPRAM, the netlist's cells by unit
+   (:func:`netlist_units`), tool versions, seconds per step.
+
+``stop_after`` ends the flow early, for designs whose routing takes hours or does not finish:
+"yosys" after step 2 (the netlist, its cells by unit and the fit), "place" after nextpnr has
+placed (``--no-route``: its Fmax estimate and utilization); no bitstream then, and the report's
+``stage`` says how far it went ("yosys", "place" or "route").
 
 The core is the SoC (``core="soc"``: the accelerator, its on-chip memory and the UART bridge of
 :mod:`systolic.boards.soc`) or, to measure the array alone, ``core="array"``: the config's
@@ -63,7 +69,7 @@ from .clocking import ClockReset, Ecp5Pll, Ice40Pll, PllError, ecp5_pll, ice40_p
 
 __all__ = ["CORES", "PLACERS", "ROUTERS", "ArrayCore", "make_core", "BoardTop", "ClockPlan", "plan_clock",
            "check_fit", "tool_path", "synth", "summary_table", "resolve_config", "PlaceRouteTimeout",
-           "nextpnr_progress", "clock_name"]
+           "nextpnr_progress", "clock_name", "netlist_units", "STOP_AFTER"]
 
 #: Cores :func:`synth` can put on a board.
 CORES = ("soc", "array")
@@ -75,6 +81,8 @@ PLACERS = ("heap", "static", "sa")
 #: whole design at once; on the 4x4 ULX3S SoC it left overused wires where router1 finished,
 #: docs/boards.md).
 ROUTERS = ("router1", "router2")
+#: Where :func:`synth` may stop early: after yosys and the fit check, or after placement.
+STOP_AFTER = ("yosys", "place")
 
 _NEXTPNR = {"ice40": "nextpnr-ice40", "ecp5": "nextpnr-ecp5"}
 _PACK = {"ice40": "icepack", "ecp5": "ecppack"}
@@ -542,10 +550,14 @@ def nextpnr_progress(log: str, target_mhz: float | None = None,
 
 def _nextpnr(board: Board, build: Path, seed: int, placer: str, router: str, env: Mapping[str, str],
              what: str, time_limit: float | None = None, target_mhz: float | None = None,
-             compute_mhz: float | None = None) -> dict[str, Any]:
+             compute_mhz: float | None = None, route: bool = True) -> dict[str, Any]:
+    """nextpnr's report (``nextpnr-report.json``); without ``route`` it only places
+    (``--no-route``: the report has the utilization but no Fmax, and there is no placed
+    output)."""
     family = board.family
-    command = [*_nextpnr_command(board, env),
-               "--asc" if family == "ice40" else "--textcfg", _PLACED[family],
+    placed_output = ["--asc" if family == "ice40" else "--textcfg", _PLACED[family]]
+    output_args = placed_output if route else ["--no-route"]
+    command = [*_nextpnr_command(board, env), *output_args,
                "--report", "nextpnr-report.json", "--log", "nextpnr.log",
                "--seed", str(seed), "--placer", placer, "--router", router, "--timing-allow-fail", "--quiet"]
     report = build / "nextpnr-report.json"
@@ -583,7 +595,7 @@ def _nextpnr(board: Board, build: Path, seed: int, placer: str, router: str, env
     output = result.stdout + result.stderr
     if (build / "nextpnr.log").is_file():
         output += (build / "nextpnr.log").read_text(errors="replace")
-    if result.returncode != 0 or not report.is_file() or not (build / _PLACED[family]).is_file():
+    if result.returncode != 0 or not report.is_file() or (route and not (build / _PLACED[family]).is_file()):
         if result.returncode < 0:   # stopped from outside: its log ends in progress lines
             raise ToolError(f"{_NEXTPNR[family]} {exit_status(result.returncode)} (log in "
                             f"{build / 'nextpnr.log'})")
@@ -685,6 +697,36 @@ def _resources(board: Board, usage: Mapping[str, Mapping[str, int]], placed: Map
     return out
 
 
+_REPEAT_SUFFIX = re.compile(r"\$\d+$")
+
+
+def netlist_units(netlist: Mapping[str, Any] | str | Path, depth: int = 4) -> dict[str, dict[str, int]]:
+    """The cells of a flattened yosys JSON netlist (a file or its loaded content) by the unit
+    that holds them: the first ``depth`` parts of the hierarchical name of the module instance
+    around the cell (``core.accelerator.store.sfu`` for ``core.accelerator.store.sfu.x_LUT4_Z``;
+    amaranth's ``$N`` suffixes of repeated names dropped; ``(top)`` for the top module's own
+    cells), each a dict of cell type -> count. Units with the most cells come first; yosys's
+    ``$scopeinfo`` cells, which are no hardware, are left out."""
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"depth must be a positive integer, not {depth!r}")
+    if isinstance(netlist, str | Path):
+        netlist = json.loads(Path(netlist).read_text())
+    modules = netlist["modules"]
+    top = next((m for m in modules.values() if int(str(m.get("attributes", {}).get("top", "0")), 2)), None)
+    if top is None:
+        raise ValueError("the netlist has no top module (no module with the attribute top)")
+    units: dict[str, dict[str, int]] = {}
+    for name, cell in top["cells"].items():
+        if cell["type"] == "$scopeinfo":
+            continue
+        parts = [_REPEAT_SUFFIX.sub("", part) for part in name.split(".")[:-1]]
+        unit = ".".join(parts[:depth]) or "(top)"
+        kinds = units.setdefault(unit, {})
+        kinds[cell["type"]] = kinds.get(cell["type"], 0) + 1
+    ordered = sorted(units.items(), key=lambda item: (-sum(item[1].values()), item[0]))
+    return {unit: dict(sorted(kinds.items())) for unit, kinds in ordered}
+
+
 # -- the flow -------------------------------------------------------------------------------------------
 
 def resolve_config(board: str | Board, config: AcceleratorConfig | str | Path | None) -> AcceleratorConfig:
@@ -701,7 +743,8 @@ def resolve_config(board: str | Board, config: AcceleratorConfig | str | Path | 
 
 def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out_dir: str | Path, *,
           clock_mhz: float | None = None, seed: int = 1, core: str = "soc", baud: int | None = None,
-          placer: str = "heap", router: str = "router1", time_limit: float | None = None) -> dict[str, Any]:
+          placer: str = "heap", router: str = "router1", time_limit: float | None = None,
+          stop_after: str | None = None) -> dict[str, Any]:
     """Synthesize, place and route ``config`` (an :class:`AcceleratorConfig`, a TOML file, or
     None for the board's preset) on ``board`` into ``out_dir`` (created); returns the report,
     also written to ``out_dir/report.json``.
@@ -715,7 +758,9 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     (default: the board's), bits/s; ``placer``: nextpnr's placer, one of :data:`PLACERS`;
     ``router``: nextpnr's router, one of :data:`ROUTERS`; ``time_limit``: most seconds nextpnr
     may take (default: no limit), past which it is stopped and :class:`PlaceRouteTimeout` says
-    how far it got.
+    how far it got; ``stop_after``: None (the whole flow), or one of :data:`STOP_AFTER`: "yosys"
+    (the netlist and the fit check) or "place" (nextpnr places, ``--no-route``), with no
+    bitstream and the report's ``stage`` saying so.
 
     Raises :class:`~systolic.boards.boards.BoardError` for an unknown board, a clock the PLL
     cannot make, a memory the board cannot hold or a design that does not fit the device, and
@@ -735,6 +780,9 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, int | float)
                                    or not time_limit > 0):
         raise ValueError(f"time_limit must be a positive number of seconds or None, not {time_limit!r}")
+    if stop_after is not None and stop_after not in STOP_AFTER:
+        raise ValueError(f"stop_after must be None or one of {', '.join(repr(s) for s in STOP_AFTER)}, "
+                         f"not {stop_after!r}")
     config = resolve_config(board, config)
     baud = board.baud if baud is None else baud
     if isinstance(baud, bool) or not isinstance(baud, int) or baud <= 0:
@@ -753,7 +801,8 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("report.json", _BITSTREAM[board.family], _PLACED[board.family], "top.json"):
+    for stale in ("report.json", _BITSTREAM[board.family], _PLACED[board.family], "top.json",
+                  "nextpnr-report.json", "nextpnr.log"):
         (out / stale).unlink(missing_ok=True)      # a failed run leaves no earlier run's results
     env = tool_env()
     seconds: dict[str, float] = {}
@@ -786,23 +835,44 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
             raise
         seconds["nextpnr_pack"] = time.monotonic() - step
     usage = check_fit(board, cells, what=what, packed=packed)
+    units = netlist_units(out / "top.json")
+    stage = "yosys"
+    placed: dict[str, Any] = {}
+    placed_mhz: dict[str, float] = {}
+    bitstream = None
+    clocks: dict[str, dict[str, Any]] = {}
+    critical = None
 
-    step = time.monotonic()
-    placed = _nextpnr(board, out, seed, placer, router, env, what, time_limit, clock.hz / 1e6, compute_target)
-    seconds["nextpnr"] = time.monotonic() - step
-
-    step = time.monotonic()
-    bitstream = _pack(board, out, env)
-    seconds["pack"] = time.monotonic() - step
+    if stop_after != "yosys":
+        step = time.monotonic()
+        route = stop_after != "place"
+        placed = _nextpnr(board, out, seed, placer, router, env, what, time_limit, clock.hz / 1e6,
+                          compute_target, route=route)
+        seconds["nextpnr"] = time.monotonic() - step
+        placed_mhz = nextpnr_progress((out / "nextpnr.log").read_text(errors="replace"), clock.hz / 1e6,
+                                      compute_target)["placed_mhz"]
+        stage = "place"
+        if route:
+            stage = "route"
+            step = time.monotonic()
+            bitstream = _pack(board, out, env)
+            seconds["pack"] = time.monotonic() - step
+            clocks, critical = _timing(placed, clock.hz / 1e6, compute_target)
     seconds["total"] = time.monotonic() - started
 
-    clocks, critical = _timing(placed, clock.hz / 1e6, compute_target)
+    files = {"yosys_log": "yosys.log", "netlist": "top.json", "constraints": _CONSTRAINTS[board.family],
+             "config": "config.toml"}
+    if stage != "yosys":
+        files.update(nextpnr_log="nextpnr.log", nextpnr_report="nextpnr-report.json")
+    if bitstream is not None:
+        files["bitstream"] = bitstream.name
     report: dict[str, Any] = {
         "board": board.name,
         "title": board.title,
         "device": board.part,
         "family": board.family,
         "core": core,
+        "stage": stage,
         "config_hash": config.hash_hex,
         "array": f"{config.rows}x{config.cols} {config.dataflow}",
         "clock": clock.to_dict(),
@@ -813,10 +883,14 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
         "memory": {"kind": board.memory, "bytes": config.dram_bytes} if core == "soc" else None,
         "fmax_mhz": {name: clock_info["fmax_mhz"] for name, clock_info in clocks.items()},
         "clocks": clocks,
-        "timing_met": bool(clocks) and all(c["met"] for c in clocks.values()),
+        # judged on the routed design only
+        "timing_met": bool(clocks) and all(c["met"] for c in clocks.values()) if stage == "route" else None,
         "critical_path": critical,
+        # nextpnr's estimate after placement, before routing (its log)
+        "placed_mhz": placed_mhz,
         "resources": _resources(board, usage, placed.get("utilization", {})),
         "synthesis": {"cells": dict(sorted(cells.items())), "lut_mapper": lut_mapper},
+        "units": units,
         "placement": {k: v for k, v in sorted(placed.get("utilization", {}).items()) if v.get("used")},
         # at the array's target clock: the compute clock, else target_mhz
         "peak_gops": round(2 * config.rows * config.cols * clock.array_hz / 1e9, 3),
@@ -825,16 +899,15 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
         "router": router,
         "tools": _tool_versions(board.family, out / "yosys.log"),
         "seconds": {k: round(v, 1) for k, v in seconds.items()},
-        "files": {"bitstream": bitstream.name, "yosys_log": "yosys.log", "nextpnr_log": "nextpnr.log",
-                  "nextpnr_report": "nextpnr-report.json", "netlist": "top.json",
-                  "constraints": _CONSTRAINTS[board.family], "config": "config.toml"},
+        "files": files,
     }
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
 
 
 def summary_table(report: Mapping[str, Any]) -> str:
-    """A few lines for people: the board, the clocks, used/available per resource."""
+    """A few lines for people: the board, used/available per resource, the clocks (after
+    placement: nextpnr's estimates), the largest units, the bitstream or where the flow stopped."""
     width = max(14, *(len(resource["label"]) + 1 for resource in report["resources"].values()))
     lines = [f"{report['board']} ({report['device']}), {report['core']} with a {report['array']} array "
              f"(config {report['config_hash']})",
@@ -849,5 +922,19 @@ def summary_table(report: Mapping[str, Any]) -> str:
     path = report["critical_path"]
     if path is not None:
         lines.append(f"critical path {path['ns']:.1f} ns: {path['start']} -> {path['end']}")
-    lines.append(f"bitstream {report['files']['bitstream']}, {report['seconds']['total']:.0f} s")
+    if report["stage"] == "place":
+        targets = {"sync": report["target_mhz"], "compute": report["compute_target_mhz"]}
+        for name, mhz in report["placed_mhz"].items():
+            target = targets.get(name)
+            lines.append(f"clock {name}: {mhz:.1f} MHz estimated after placement"
+                         + (f", target {target:.1f} MHz" if target is not None else "") + " (not routed)")
+    largest = list(report["units"].items())[:5]
+    if largest:
+        lines.append("largest units (cells): " + ", ".join(f"{unit} {sum(kinds.values())}"
+                                                          for unit, kinds in largest))
+    if report["stage"] == "route":
+        lines.append(f"bitstream {report['files']['bitstream']}, {report['seconds']['total']:.0f} s")
+    else:
+        lines.append(f"stopped after {'yosys' if report['stage'] == 'yosys' else 'placement'}: no bitstream, "
+                     f"{report['seconds']['total']:.0f} s")
     return "\n".join(lines)

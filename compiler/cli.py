@@ -418,7 +418,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 # -- systolic synth ---------------------------------------------------------------------------------
 
 def _add_synth(sub: Any) -> None:
-    from systolic.boards.synth import CORES, PLACERS, ROUTERS
+    from systolic.boards.synth import CORES, PLACERS, ROUTERS, STOP_AFTER
 
     p = sub.add_parser("synth", help="synthesize, place and route the SoC for an FPGA board",
                        description="Build the SoC (accelerator, on-chip memory, UART host bridge) for "
@@ -442,6 +442,10 @@ def _add_synth(sub: Any) -> None:
     p.add_argument("--time-limit", type=float, metavar="MIN",
                    help="stop nextpnr after MIN minutes and say how far it got (stage, arcs left, "
                         "its Fmax estimate after placement); default: no limit")
+    p.add_argument("--stop-after", choices=STOP_AFTER,
+                   help="end the flow early, with no bitstream: yosys (the netlist, its cells by unit, "
+                        "the fit check) or place (nextpnr places without routing: its Fmax estimate); "
+                        "report.json's stage says where it stopped")
     p.add_argument("--baud", type=int, metavar="N", help="host link baud rate (default: the board's)")
     p.add_argument("--core", choices=CORES, default=CORES[0],
                    help="soc (default) or array: the MAC array alone with registered ports")
@@ -464,13 +468,14 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     try:
         report = synth(board, config, args.out, clock_mhz=args.clock_mhz, seed=args.seed,
                        core=args.core, baud=args.baud, placer=args.placer, router=args.router,
-                       time_limit=None if args.time_limit is None else args.time_limit * 60)
+                       time_limit=None if args.time_limit is None else args.time_limit * 60,
+                       stop_after=args.stop_after)
     except ToolError as exc:
         _report(exc)
         return 1
     print(summary_table(report))
     print(f"report: {Path(args.out) / 'report.json'}")
-    if not report["timing_met"]:
+    if report["stage"] == "route" and not report["timing_met"]:
         missed = [f"clock {name} reaches {clock['fmax_mhz']:.1f} MHz, the target is "
                   f"{clock['target_mhz']:.1f} MHz" for name, clock in report["clocks"].items()
                   if not clock["met"]]

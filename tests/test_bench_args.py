@@ -117,7 +117,7 @@ def test_board_sweep_row_of_a_two_clock_config_is_at_the_compute_clock() -> None
     resources = {kind: {"used": 1, "percent": 1.0} for kind in ("lut", "ff", "dsp", "bram")}
 
     def report(clocks):
-        return {"resources": resources, "target_mhz": 75.0, "timing_met": False,
+        return {"resources": resources, "target_mhz": 75.0, "timing_met": False, "stage": "route",
                 "compute_target_mhz": 100.0 if "compute" in clocks else None, "clocks": clocks,
                 "fmax_mhz": {name: fmax for name, (fmax, _) in clocks.items()}}
 
@@ -132,6 +132,29 @@ def test_board_sweep_row_of_a_two_clock_config_is_at_the_compute_clock() -> None
     assert (one["fmax_mhz"], one["target_mhz"], one["two_clocks"]) == (81.5, 75.0, False)
     table = sweep._table([row, one]).splitlines()
     assert table[2].endswith("81.5/75.0") and table[3].endswith(" -")
+
+
+def test_board_sweep_row_of_a_flow_stopped_after_placement() -> None:
+    """--stop-after place: the row has the resources and nextpnr's estimates after placement
+    (``~F`` in the table, the compute clock's as the array's), no Fmax, no verdict on timing,
+    no peak GOPS; after yosys, no estimate at all."""
+    from systolic.hw.config import AcceleratorConfig
+
+    sweep = _board_sweep()
+    resources = {kind: {"used": 7, "percent": 12.0} for kind in ("lut", "ff", "dsp", "bram")}
+    config = AcceleratorConfig(rows=16, cols=16, clock_mhz=50, compute_clock_mhz=100)
+    report = {"resources": resources, "target_mhz": 50.0, "compute_target_mhz": 100.0, "timing_met": None,
+              "stage": "place", "clocks": {}, "fmax_mhz": {}, "placed_mhz": {"sync": 50.2, "compute": 69.6}}
+    row = sweep._row("config", "ulx3s-85f", config, 100.0, report, None, 60)
+    assert (row["stopped_after"], row["placed_mhz"], row["control_placed_mhz"], row["target_mhz"]) == \
+        ("place", 69.6, 50.2, 100.0)
+    assert "fmax_mhz" not in row and "peak_gops" not in row and "timing_met" not in row
+    yosys = sweep._row("config", "ulx3s-85f", config, 100.0,
+                       {**report, "stage": "yosys", "placed_mhz": {}}, None, 60)
+    assert yosys["placed_mhz"] is None and yosys["luts"] == 7
+    placed_line, yosys_line = sweep._table([row, yosys]).splitlines()[2:]
+    assert re.search(r"\s~69\.6\s+100\.0\s+placed\s+-\s+1\s+~50\.2/50\.0$", placed_line), placed_line
+    assert re.search(r"\s-\s+100\.0\s+yosys\s+-\s+1\s+-$", yosys_line), yosys_line
 
 
 _SIZE = "takes an array size RxC (rows x cols, e.g. 8x8), not "

@@ -492,6 +492,94 @@ def test_synth_argument_errors(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match=rf"^time_limit must be a positive number of seconds or None, "
                                              rf"not {re.escape(repr(limit))}$"):
             synth("icebreaker", SMALL, tmp_path, time_limit=limit)
+    with pytest.raises(ValueError, match=r"^stop_after must be None or one of 'yosys', 'place', "
+                                         r"not 'route'$"):
+        synth("icebreaker", SMALL, tmp_path, stop_after="route")
+    assert not any(tmp_path.iterdir())          # nothing was built
+
+
+# -- the netlist by unit, and a flow that stops early -------------------------------------------------
+
+def test_netlist_units_groups_cells_by_their_module_instance() -> None:
+    from systolic.boards.synth import netlist_units
+
+    def cells(*named: tuple[str, str]) -> dict:
+        return {name: {"type": kind} for name, kind in named}
+    netlist = {"modules": {
+        "$__ABC9_DELAY": {"attributes": {}, "cells": cells(("x.y.z", "LUT4"))},
+        "top": {"attributes": {"top": "00000000000000000000000000000001"}, "cells": cells(
+            ("core.accelerator.store.sfu.t0_LUT4_Z", "LUT4"),
+            ("core.accelerator.store.sfu.out_group0_TRELLIS_FF_Q", "TRELLIS_FF"),
+            ("core.accelerator.store.sfu.output_fifo.storage.mem", "DP16KD"),   # deeper: the unit's
+            ("core.accelerator.store.sfu", "$scopeinfo"),                         # no hardware
+            ("core.accelerator.load.command$75.r_LUT4_Z", "LUT4"),                # $N dropped
+            ("core.accelerator.load.command.q_TRELLIS_FF_Q", "TRELLIS_FF"),
+            ("core.accelerator.busy_TRELLIS_FF_Q", "TRELLIS_FF"),                 # a shallower unit
+            ("clk_LUT4_Z", "LUT4"))},                                             # the top's own
+    }}
+    assert list(netlist_units(netlist).items()) == [
+        ("core.accelerator.store.sfu", {"DP16KD": 1, "LUT4": 1, "TRELLIS_FF": 1}),
+        ("core.accelerator.load.command", {"LUT4": 1, "TRELLIS_FF": 1}),
+        ("(top)", {"LUT4": 1}),
+        ("core.accelerator", {"TRELLIS_FF": 1}),
+    ]
+    assert list(netlist_units(netlist, depth=2)) == ["core.accelerator", "(top)"]
+    with pytest.raises(ValueError, match=r"^depth must be a positive integer, not 0$"):
+        netlist_units(netlist, depth=0)
+    del netlist["modules"]["top"]
+    with pytest.raises(ValueError, match=r"^the netlist has no top module \(no module with the "
+                                         r"attribute top\)$"):
+        netlist_units(netlist)
+
+
+def test_synth_stops_after_yosys_with_the_netlist_by_unit(tmp_path: Path) -> None:
+    """stop_after="yosys": no nextpnr run, no bitstream; the report has the netlist's cells (in
+    total and by unit, which add up) and the resources from yosys, timing not judged. A bitstream
+    and nextpnr's files of an earlier run in the same directory are removed."""
+    for stale in ("top.bin", "top.asc", "nextpnr.log", "nextpnr-report.json"):
+        (tmp_path / stale).write_text("an earlier run")
+    report = synth("icebreaker", SMALL.replace(clock_mhz=18), tmp_path, core="array", stop_after="yosys")
+    assert json.loads((tmp_path / "report.json").read_text()) == report
+    assert report["stage"] == "yosys" and report["timing_met"] is None
+    assert report["clocks"] == report["fmax_mhz"] == report["placed_mhz"] == {}
+    assert report["critical_path"] is None and "bitstream" not in report["files"]
+    assert "nextpnr" not in report["seconds"]
+    assert sorted(path.name for path in tmp_path.iterdir() if "nextpnr" in path.name or path.suffix
+                  in (".bin", ".asc")) == []
+    assert all(resource["source"] == "yosys" for resource in report["resources"].values()
+               if resource["label"] != "logic cells (LUT4 + FF)")
+    units = report["units"]
+    assert sum(kinds.get("SB_MAC16", 0) for kinds in units.values()) == 4
+    for pe in ("pe_0_0", "pe_0_1", "pe_1_0", "pe_1_1"):    # depth 4: core.array.pe_r_c.multiplier
+        assert sum(kinds.get("SB_MAC16", 0) for unit, kinds in units.items()
+                   if unit.startswith(f"core.array.{pe}.")) == 1, (pe, units)
+    total = {kind: sum(kinds.get(kind, 0) for kinds in units.values()) for kind in ("SB_LUT4", "SB_MAC16")}
+    assert total == {kind: report["synthesis"]["cells"][kind] for kind in total}
+
+
+def test_synth_stops_after_placement_with_nextpnrs_estimate(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    """--stop-after place: nextpnr places without routing; the report has its Fmax estimate and
+    its utilization, no bitstream and no judgement of timing; the command says where it stopped
+    and succeeds."""
+    config = tmp_path / "small.toml"
+    SMALL.save(config)
+    out = tmp_path / "out"
+    status = main(["synth", "--board", "ulx3s-85f", "--config", str(config), "--clock-mhz", "125",
+                   "--core", "array", "--stop-after", "place", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    report = json.loads((out / "report.json").read_text())
+    assert report["stage"] == "place" and report["timing_met"] is None and report["fmax_mhz"] == {}
+    assert list(report["placed_mhz"]) == ["sync"] and report["placed_mhz"]["sync"] > 0
+    assert report["resources"]["dsp"] == {"label": "MULT18X18D", "used": 4, "available": 156,
+                                          "percent": 2.6, "source": "nextpnr"}
+    assert not (out / "top.bit").exists() and not (out / "top.config").exists()
+    assert (out / report["files"]["nextpnr_log"]).stat().st_size > 0
+    assert re.search(rf"^clock sync: {report['placed_mhz']['sync']:.1f} MHz estimated after placement, "
+                     rf"target 125\.0 MHz \(not routed\)$", printed, re.M), printed
+    assert re.search(r"^largest units \(cells\): core\.array\.\w+ \d+, ", printed, re.M), printed
+    assert re.search(r"^stopped after placement: no bitstream, \d+ s$", printed, re.M), printed
 
 
 # -- nextpnr's progress and the time limit ------------------------------------------------------------
@@ -699,10 +787,7 @@ def test_icebreaker_soc_keeps_every_pe_product(tmp_path: Path) -> None:
     are driven). yosys's ice40_dsp pass had taken PE (0, 1)'s sum register both as that PE's
     output register and as the C/D input register of PE (1, 1), whose C/D were then constant 0:
     3 SB_MAC16, PE (0, 1)'s product lost in the bitstream while every simulation was exact."""
-    from systolic.boards.synth import PlaceRouteTimeout
-
-    with pytest.raises(PlaceRouteTimeout):
-        synth("icebreaker", None, tmp_path, time_limit=0.01)
+    synth("icebreaker", None, tmp_path, stop_after="yosys")
     netlist = json.loads((tmp_path / "top.json").read_text())
     cells = max(netlist["modules"].values(), key=lambda module: len(module["cells"]))["cells"]
     macs = [cell["connections"] for cell in cells.values() if cell["type"] == "SB_MAC16"]
@@ -719,7 +804,8 @@ def _check_report(report: dict, board_name: str, out: Path, mhz: float, *, dsps:
     for key in ("board", "device", "target_mhz", "fmax_mhz", "timing_met", "resources", "tools", "seconds",
                 "clock", "critical_path", "synthesis", "seed", "placer", "router"):
         assert key in report, key
-    assert report["board"] == board_name and report["device"] == board.part
+    assert report["board"] == board_name and report["device"] == board.part and report["stage"] == "route"
+    assert set(report["placed_mhz"]) == set(report["fmax_mhz"]) and report["units"]
     assert report["target_mhz"] == pytest.approx(mhz, rel=0.01)
     # nextpnr derives the PLL output's period in picoseconds: 100 MHz from 48 MHz is 100.01
     assert report["clocks"]["sync"]["target_mhz"] == pytest.approx(report["target_mhz"], rel=1e-3)
