@@ -485,7 +485,8 @@ class PlaceRouteTimeout(ToolError):
         self.seconds = seconds
 
 
-_MAX_FREQUENCY = re.compile(r"^Info: Max frequency for clock '(?P<clock>[^']+)': (?P<mhz>[0-9.]+) MHz"
+#: nextpnr pads the shorter clock names of its Fmax lines to the longest's width
+_MAX_FREQUENCY = re.compile(r"^Info: Max frequency for clock +'(?P<clock>[^']+)': (?P<mhz>[0-9.]+) MHz"
                             r"(?: \((?:PASS|FAIL) at (?P<target>[0-9.]+) MHz\))?")
 _ROUTING_ARCS = re.compile(r"^Info: Routing (?P<arcs>\d+) arcs\.")
 #: router1's progress rows: "Info:  330000 |  67589  262410 |  305  695 |  240076|  10.09  2077.88|"

@@ -625,6 +625,12 @@ def test_nextpnr_progress_reads_the_stage_estimate_and_arcs_left() -> None:
     # the Fmax after routing (a Warning when it fails) is not the placed estimate
     routed = _PLACED_LOG + "Warning: Max frequency for clock 'x': 82.00 MHz (FAIL at 100.00 MHz)\n"
     assert nextpnr_progress(routed, 100.0)["placed_mhz"]["sync"] == 40.24
+    # two clocks: nextpnr pads the shorter name (the lean 16x16 SoC's placement, seed 1)
+    two_clocks = ("Info: Max frequency for clock              '$glbnet$clock_reset.clk2': 54.19 MHz "
+                  "(FAIL at 100.00 MHz)\n"
+                  "Info: Max frequency for clock '$glbnet$clock_reset.lock_sync.por_clk': 55.90 MHz "
+                  "(PASS at 50.00 MHz)\n")
+    assert nextpnr_progress(two_clocks, 50.0, 100.0)["placed_mhz"] == {"compute": 54.19, "sync": 55.9}
 
 
 # the OrangeCrab preset before fifo_block_ram_bits: the analytic placer's first iteration (its
