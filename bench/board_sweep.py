@@ -76,6 +76,8 @@ def _row(kind: str, board: str, config: AcceleratorConfig, mhz: float, report: d
             "stopped_after": report["stage"],
             "luts": resources["lut"]["used"], "ffs": resources["ff"]["used"],
             "dsps": resources["dsp"]["used"], "brams": resources["bram"]["used"],
+            "sprams": resources["spram"]["used"] if "spram" in resources else 0,
+            "logic_cells": resources["lc"]["used"] if "lc" in resources else None,     # iCE40
             "lut_percent": resources["lut"]["percent"],
             "target_mhz": report["compute_target_mhz"] if two_clocks else report["target_mhz"],
             "two_clocks": two_clocks, "control_target_mhz": report["target_mhz"],

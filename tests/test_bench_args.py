@@ -152,6 +152,12 @@ def test_board_sweep_row_of_a_flow_stopped_after_placement() -> None:
     yosys = sweep._row("config", "ulx3s-85f", config, 100.0,
                        {**report, "stage": "yosys", "placed_mhz": {}}, None, 60)
     assert yosys["placed_mhz"] is None and yosys["luts"] == 7
+    assert (row["sprams"], row["logic_cells"]) == (0, None)      # ECP5: no SPRAM, no logic cells
+    ice40 = {**resources, "spram": {"used": 4, "percent": 100.0}, "lc": {"used": 4756, "percent": 90.0}}
+    ice40_row = sweep._row("preset", "icebreaker", config.replace(compute_clock_mhz=0.0), 24.0,
+                           {**report, "stage": "yosys", "resources": ice40, "compute_target_mhz": None,
+                            "target_mhz": 24.0, "placed_mhz": {}}, None, 60)
+    assert (ice40_row["sprams"], ice40_row["logic_cells"], ice40_row["two_clocks"]) == (4, 4756, False)
     placed_line, yosys_line = sweep._table([row, yosys]).splitlines()[2:]
     assert re.search(r"\s~69\.6\s+100\.0\s+placed\s+-\s+1\s+~50\.2/50\.0$", placed_line), placed_line
     assert re.search(r"\s-\s+100\.0\s+yosys\s+-\s+1\s+-$", yosys_line), yosys_line
