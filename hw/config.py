@@ -70,9 +70,12 @@ _DOC = {
                         "ways): read latency 5 cycles, for 100 MHz on large FPGAs; false: read "
                         "latency 2 and far fewer flip-flops, for small, slow FPGAs",
     "requant_table_rows": "rows of the SFU's per-channel bias/multiplier/shift table",
-    "requant_row_words": "memory words per requantize-table row (1 to 64): more make the table's "
-                         "block RAMs narrower and deeper (fewer of them on small FPGAs); a row then "
-                         "takes that many cycles to write or read, and a register holds the row in use",
+    "requant_row_words": "with sfu_engine = 'serial' only: memory words per requantize-table row (1 "
+                         "to 64): more make the table's block RAMs narrower and deeper (fewer of them "
+                         "on small FPGAs); a row then takes that many cycles to write or read, and a "
+                         "register holds the row in use. The pipelined SFU reads the table one lane "
+                         "group (cols / sfu_row_cycles entries) a cycle, a memory word each, so it "
+                         "must be 1 there",
     "requant_load_entries": "0: a dst=table LOAD may write any entries of a row. Otherwise a power "
                             "of two dividing cols: each row's entries that one table LOAD writes must "
                             "lie in one aligned group of this many (docs/isa.md, LOAD), so the LOAD "
@@ -339,6 +342,11 @@ class AcceleratorConfig:
         if not (_is_pow2(self.sfu_row_cycles) and self.sfu_row_cycles <= self.cols):
             raise ConfigError(f"sfu_row_cycles must be a power of two between 1 and cols ({self.cols}), "
                               f"not {self.sfu_row_cycles!r}")
+        if self.sfu_engine == "pipelined" and self.requant_row_words != 1:
+            raise ConfigError(f"requant_row_words must be 1 with sfu_engine = 'pipelined' (its SFU reads "
+                              f"the requantize table a lane group per memory word: sfu_row_cycles words "
+                              f"a row); it sets the words of the serial SFU's table, not "
+                              f"{self.requant_row_words!r}")
         if not 16 <= self.counter_bits <= 64:
             raise ConfigError(f"counter_bits must be between 16 and 64, not {self.counter_bits!r}")
         if not 1.0 <= self.clock_mhz <= 1000.0:
@@ -486,6 +494,12 @@ class AcceleratorConfig:
         """Entries of a requantize-table row one dst=table LOAD may write, an aligned group:
         ``requant_load_entries``, or ``cols`` (the whole row) when that is 0."""
         return self.requant_load_entries or self.cols
+
+    @property
+    def requant_table_words(self) -> int:
+        """Memory words per requantize-table row: one per lane group (``sfu_row_cycles``) for the
+        pipelined SFU, which reads a group a cycle; ``requant_row_words`` for the serial one."""
+        return self.sfu_row_cycles if self.sfu_engine == "pipelined" else self.requant_row_words
 
     @property
     def requant_entry_bytes(self) -> int:

@@ -2,39 +2,52 @@
 
 ``config.requant_table_rows`` rows of ``config.cols`` entries; entry ``c`` of a row serves output
 channel ``c`` of a STORE whose ``qrow`` names the row (docs/isa.md, STORE). The DMA writes entries
-(LOAD ``dst=table``, with an element mask); the store unit reads one row at the start of a STORE and
-keeps the response pending (``resp.valid`` high, ``resp.ready`` low) while the SFU uses it.
+(LOAD ``dst=table``, with an element mask). A row is ``config.requant_table_words`` (W) memory
+words of :func:`requant_word_bits` bits (the row's bits in order, the last word padded; word k of
+row r at address r * 2**ceil(log2 W) + k).
 
-A row is ``config.requant_row_words`` memory words of :func:`requant_word_bits` bits (the row's
-bits in order, the last word padded). A row read goes into registers, word by word, and the
-response comes from them. With W > 1 words, narrower and deeper block RAMs (on iCE40 a 16 x
-70-bit-entry x 2-channel table is one 256 x 16 RAM instead of nine) cost W cycles per row written
-or read.
+How the SFU reads it depends on ``config.sfu_engine``:
+
+* ``"pipelined"``: a word is one lane group (``config.sfu_lanes`` entries; W =
+  ``config.sfu_row_cycles``), and the SFU reads the group it needs every cycle through ``lookup``
+  (a synchronous read: the group's entries one cycle after the row and group are given). No row
+  is held anywhere: a one-lane SFU takes 70 wires from the block RAM, not the row's C x 70.
+* ``"serial"``: ``read``, one row per STORE into registers (word by word with W > 1: narrower and
+  deeper block RAMs, on iCE40 a 16 x 70-bit-entry x 2-channel table is one 256 x 16 RAM instead of
+  nine, at W cycles per row read), the response pending while the STORE runs.
 
 Ports (see docs/arch-memory-sfu.md):
 
 * ``write`` — stream of (row address, C entries, C-bit element mask). The table has its own write
-  port, nothing competes with it: a row is accepted in the cycle it writes its last word (every
-  cycle with one word per row; otherwise after W - 1 cycles writing the earlier words, the payload
-  held as the stream requires). Written entries are readable from the next cycle.
-* ``read`` — a :func:`~systolic.hw.scratchpad.read_port_signature` port: ``req`` carries a row
-  address, ``resp`` returns the row :data:`TABLE_READ_LATENCY` (2) cycles after ``req`` is
-  accepted, from registers. One response at a time (the table is read once per
-  STORE): ``req`` is accepted whenever no response is owed or the pending one is taken in the same
-  cycle (with W words: in the cycle it reads the last word, the W - 1 earlier words read in the
-  cycles before, from the first cycle it could have been accepted), so back-to-back reads are
-  W + 1 cycles apart. A read sees a write of the same cycle word by word in simulation
-  (transparent; undefined on an FPGA built by ``systolic synth``, hw/rtlil.py: the ISA's token
-  rules order a LOAD of the table and a STORE reading it); a pending response does not change.
+  port, nothing competes with it: with W = 1 a row is accepted in the cycle it is written; with
+  W > 1 one word is written per cycle, from the first word holding an enabled entry to the last,
+  and the row is accepted with the last (the payload held as the stream requires): a LOAD of one
+  lane group's entries takes one cycle. Written entries are readable from the next cycle.
+* ``lookup`` (pipelined SFU) — :func:`lookup_signature`: ``row`` and ``group`` in, ``entries``
+  (the group's ``sfu_lanes`` entries) out the next cycle, every cycle.
+* ``read`` (serial SFU) — a :func:`~systolic.hw.scratchpad.read_port_signature` port: ``req``
+  carries a row address, ``resp`` returns the row :data:`TABLE_READ_LATENCY` (2) cycles after
+  ``req`` is accepted, from registers. One response at a time (the table is read once per STORE):
+  ``req`` is accepted whenever no response is owed or the pending one is taken in the same cycle
+  (with W words: in the cycle it reads the last word, the W - 1 earlier words read in the cycles
+  before, from the first cycle it could have been accepted), so back-to-back reads are W + 1
+  cycles apart; a pending response does not change.
+
+A read sees a write of the same cycle word by word in simulation (transparent; undefined on an
+FPGA built by ``systolic synth``, hw/rtlil.py): the ISA's token rules order a LOAD of a table row
+and every STORE reading it, before or after it (docs/isa.md), so neither port ever reads a row
+while it is written.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.hdl import Shape, Value
+from amaranth.hdl import Shape
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
-from amaranth.lib.wiring import In
+from amaranth.lib.wiring import In, Out
 
 from ..sim.arith import MAX_SHIFT, MULT_BITS
 from .config import AcceleratorConfig
@@ -42,8 +55,8 @@ from .isa import Memory as Destination
 from .rtlil import UNDEFINED_COLLISION
 from .scratchpad import read_port_signature
 
-__all__ = ["REQUANT_ENTRY", "TABLE_READ_LATENCY", "RequantTable", "requant_row_layout", "requant_word_bits",
-           "requant_write_layout", "table_load_fields"]
+__all__ = ["REQUANT_ENTRY", "TABLE_READ_LATENCY", "RequantTable", "lookup_signature", "requant_group_layout",
+           "requant_row_layout", "requant_word_bits", "requant_write_layout", "table_load_fields"]
 
 #: One channel's requantize entry: int32 bias, int32 multiplier, shift 0..62 (6 bits).
 REQUANT_ENTRY = data.StructLayout({
@@ -62,10 +75,27 @@ def requant_row_layout(config: AcceleratorConfig) -> data.ArrayLayout:
     return data.ArrayLayout(REQUANT_ENTRY, config.cols)
 
 
+def requant_group_layout(config: AcceleratorConfig) -> data.ArrayLayout:
+    """One lane group of a row: ``config.sfu_lanes`` entries (channels ``g * sfu_lanes`` on of
+    group ``g``)."""
+    return data.ArrayLayout(REQUANT_ENTRY, config.sfu_lanes)
+
+
+def lookup_signature(config: AcceleratorConfig) -> wiring.Signature:
+    """The pipelined SFU's read port of the table, from the reader's side: ``row`` and ``group``
+    (a lane group, 0 to ``sfu_row_cycles`` - 1; no such member when there is one group) out,
+    ``entries`` (:func:`requant_group_layout`) in, one cycle after the row and group that name
+    them."""
+    members = {"row": Out(unsigned(config.requant_addr_bits))}
+    if config.sfu_row_cycles > 1:
+        members["group"] = Out(unsigned((config.sfu_row_cycles - 1).bit_length()))
+    return wiring.Signature(members | {"entries": In(requant_group_layout(config))})
+
+
 def requant_word_bits(config: AcceleratorConfig) -> int:
-    """Width of one memory word of the table: a row's bits over ``config.requant_row_words``
-    words, rounded up, bits."""
-    return -(-Shape.cast(requant_row_layout(config)).width // config.requant_row_words)
+    """Width of one memory word of the table: a row's bits over ``config.requant_table_words``
+    words, rounded up, bits (with the pipelined SFU exactly one lane group's entries)."""
+    return -(-Shape.cast(requant_row_layout(config)).width // config.requant_table_words)
 
 
 def table_load_fields(config: AcceleratorConfig, *, dram_addr: int, dst_addr: int,
@@ -98,23 +128,26 @@ def requant_write_layout(config: AcceleratorConfig) -> data.StructLayout:
 
 
 class RequantTable(wiring.Component):
-    """The SFU's requantize table (one simple dual-port block RAM, ``cols`` x 70 bits wide).
+    """The SFU's requantize table (one simple dual-port block RAM, ``cols`` x 70 bits a row).
 
     Parameters
     ----------
     config : AcceleratorConfig
-        Uses ``cols`` and ``requant_table_rows``.
+        Uses ``cols``, ``requant_table_rows``, ``requant_table_words`` and ``sfu_engine`` (which
+        read port: ``lookup`` for the pipelined SFU, ``read`` for the serial one).
     """
 
     def __init__(self, config: AcceleratorConfig) -> None:
         if not isinstance(config, AcceleratorConfig):
             raise TypeError(f"config must be an AcceleratorConfig, not {config!r}")
         self._config = config
-        addr = data.StructLayout({"addr": unsigned(config.requant_addr_bits)})
-        super().__init__({
-            "write": In(stream.Signature(requant_write_layout(config))),
-            "read": In(read_port_signature(addr, requant_row_layout(config))),
-        })
+        members = {"write": In(stream.Signature(requant_write_layout(config)))}
+        if config.sfu_engine == "pipelined":
+            members["lookup"] = In(lookup_signature(config))
+        else:
+            addr = data.StructLayout({"addr": unsigned(config.requant_addr_bits)})
+            members["read"] = In(read_port_signature(addr, requant_row_layout(config)))
+        super().__init__(members)
 
     @property
     def config(self) -> AcceleratorConfig:
@@ -122,13 +155,13 @@ class RequantTable(wiring.Component):
 
     @property
     def read_latency(self) -> int:
-        """Cycles from an accepted read request to its response."""
-        return TABLE_READ_LATENCY
+        """Cycles from an accepted ``read`` request to its response (``lookup``: 1)."""
+        return TABLE_READ_LATENCY if self._config.sfu_engine == "serial" else 1
 
     def elaborate(self, platform: object) -> Module:
         cfg = self._config
         m = Module()
-        words = cfg.requant_row_words
+        words = cfg.requant_table_words
         if words == 1:
             memory = Memory(shape=requant_row_layout(cfg), depth=_table_depth(cfg), init=[],
                             attrs={UNDEFINED_COLLISION: 1})
@@ -140,12 +173,75 @@ class RequantTable(wiring.Component):
         write_port = memory.write_port(granularity=1)
         # a STORE never reads a row that a LOAD writes in the same cycle (the token rules order
         # them): synthesis leaves that result undefined (hw/rtlil.py), so no bypass logic sits
-        # between the block RAM and the row registers; simulation reads the new word
+        # between the block RAM and its reader; simulation reads the new word
         read_port = memory.read_port(transparent_for=(write_port,))
-        # -- read: the row goes into registers (with W words, word by word as read); the response
-        # comes from them the cycle after (TABLE_READ_LATENCY), so the block RAM's clock-to-output and
-        # the SFU's use of the entries are in different cycles. One response at a time: a request
-        # is accepted (with its last word) only while no response is owed or one is taken.
+        self._write(m, write_port)
+        if cfg.sfu_engine == "pipelined":
+            # every cycle the group named the cycle before, straight from the block RAM
+            lookup = self.lookup
+            m.d.comb += [
+                read_port.addr.eq(Cat(lookup.group, lookup.row) if words > 1 else lookup.row),
+                lookup.entries.eq(read_port.data),
+            ]
+        else:
+            self._read_rows(m, read_port)
+        return m
+
+    def _write(self, m: Module, write_port: Any) -> None:
+        cfg = self._config
+        words = cfg.requant_table_words
+        if words == 1:
+            m.d.comb += [
+                write_port.addr.eq(self.write.payload.addr),
+                write_port.data.eq(self.write.payload.data),
+                self.write.ready.eq(1),
+            ]
+            with m.If(self.write.valid):
+                m.d.comb += write_port.en.eq(self.write.payload.mask)
+            return
+        width = requant_word_bits(cfg)
+        entry_bits = Shape.cast(REQUANT_ENTRY).width
+        padded = words * width
+        # bit b of the row is written when its entry's mask bit is set
+        mask = self.write.payload.mask
+        enables = Signal(padded)
+        m.d.comb += enables.eq(Cat(*(mask[c].replicate(entry_bits) for c in range(cfg.cols))))
+        # the words holding an enabled entry, the first and the last of them (0 and 0 if none)
+        used = Signal(words)
+        m.d.comb += used.eq(Cat(*(enables[k * width:(k + 1) * width].any() for k in range(words))))
+        first = Signal(range(words))
+        last = Signal(range(words))
+        for k in reversed(range(words)):
+            with m.If(used[k]):
+                m.d.comb += first.eq(k)
+        for k in range(words):
+            with m.If(used[k]):
+                m.d.comb += last.eq(k)
+        # one word per cycle from the first to the last, the row accepted with the last
+        started = Signal()                      # the row's first word has been written
+        following = Signal(range(words))        # the word after the one written last cycle
+        current = Signal(range(words))
+        done = Signal()
+        m.d.comb += [current.eq(Mux(started, following, first)), done.eq(current == last)]
+        row_bits = self.write.payload.data.as_value()
+        bits = Cat(row_bits, Const(0, padded - len(row_bits)))
+        m.d.comb += [
+            write_port.addr.eq(Cat(current, self.write.payload.addr)),
+            write_port.data.eq(bits.word_select(current, width)),
+            self.write.ready.eq(done),
+        ]
+        with m.If(self.write.valid):
+            m.d.comb += write_port.en.eq(enables.word_select(current, width))
+            m.d.sync += [started.eq(~done), following.eq(current + 1)]
+
+    def _read_rows(self, m: Module, read_port: Any) -> None:
+        """The serial SFU's ``read`` port: the row into registers (with W words, word by word as
+        read); the response comes from them the cycle after (TABLE_READ_LATENCY), so the block
+        RAM's clock-to-output and the SFU's use of the entries are in different cycles. One
+        response at a time: a request is accepted (with its last word) only while no response is
+        owed or one is taken."""
+        cfg = self._config
+        words = cfg.requant_table_words
         resp = self.read.resp
         fetched = Signal()                  # the accepted request's last word was read last cycle
         free = ~fetched & (~resp.valid | resp.ready)
@@ -156,14 +252,6 @@ class RequantTable(wiring.Component):
         row = Signal(requant_row_layout(cfg))
         m.d.comb += resp.payload.eq(row)
         if words == 1:
-            m.d.comb += [
-                write_port.addr.eq(self.write.payload.addr),
-                write_port.data.eq(self.write.payload.data),
-                self.write.ready.eq(1),
-            ]
-            with m.If(self.write.valid):
-                m.d.comb += write_port.en.eq(self.write.payload.mask)
-
             granted = self.read.req.valid & free
             m.d.comb += [
                 self.read.req.ready.eq(granted),
@@ -173,37 +261,11 @@ class RequantTable(wiring.Component):
             m.d.sync += fetched.eq(granted)
             with m.If(fetched):
                 m.d.sync += row.eq(read_port.data)
-            return m
+            return
 
+        # word k into register k the cycle after it is read; the request is accepted with the last
+        # word, whose register completes the row (fetched)
         width = requant_word_bits(cfg)
-        entry_bits = Shape.cast(REQUANT_ENTRY).width
-        padded = words * width
-
-        def word_of(row: Value, index: Value) -> Value:
-            """Word ``index`` of a row's bits (zero-padded)."""
-            bits = Cat(row, Const(0, padded - len(row)))
-            return bits.word_select(index, width)
-
-        # -- write: one word per cycle while the row is offered, accepted with its last word
-        write_word = Signal(range(words))
-        last_write = write_word == words - 1
-        # bit b of the row is written when its entry's mask bit is set
-        mask = self.write.payload.mask
-        enables = Cat(*(mask[c].replicate(entry_bits) for c in range(cfg.cols)),
-                      Const(0, padded - cfg.cols * entry_bits))
-        m.d.comb += [
-            write_port.addr.eq(Cat(write_word, self.write.payload.addr)),
-            write_port.data.eq(word_of(self.write.payload.data.as_value(), write_word)),
-            self.write.ready.eq(last_write),
-        ]
-        with m.If(self.write.valid):
-            m.d.comb += write_port.en.eq(enables.word_select(write_word, width))
-            m.d.sync += write_word.eq(Mux(last_write, 0, write_word + 1))
-        with m.Else():
-            m.d.sync += write_word.eq(0)
-
-        # -- read: word k into register k the cycle after it is read; the request is accepted with
-        # the last word, whose register completes the row (fetched)
         read_word = Signal(range(words))
         last_read = read_word == words - 1
         reading = self.read.req.valid & free
@@ -225,4 +287,3 @@ class RequantTable(wiring.Component):
             with m.If(was_reading & (previous == k)):
                 m.d.sync += register.eq(read_port.data)
         m.d.comb += row.eq(Cat(*registers)[:len(row.as_value())])
-        return m

@@ -20,12 +20,19 @@ Ports (see docs/arch-memory-sfu.md for the stage diagram):
 * ``o`` — output stream of :func:`sfu_output_layout`: C elements of the accumulator element shape.
   ``out_type=int``: requantized values inside ``config.output_range`` (the store unit writes their
   low ``output_bits`` bits); ``out_type=raw``: the accumulator elements unchanged.
-* ``params`` — the requantize table row (C x (bias, mult, shift)), e.g. the table's pending read
-  response. ``regs`` — the CONFIG registers (:data:`SFU_REGS`, the CONFIG fields of the ISA).
-  ``settings`` — the STORE's ``out_type``, ``act``, ``pool``, ``residual`` and ``pool_count``
-  (= pool_h * pool_w, window pixels including pad, for the average).
-  These three are sampled one cycle before use: they must be stable from the cycle before the
-  first beat of a STORE is offered until ``idle`` is high again after its last beat.
+* ``param_group`` (out) and ``params`` (in) — this SFU reads the STORE's requantize table row a
+  lane group at a time (the table's ``lookup`` port): ``params`` must be the ``sfu_lanes``
+  entries (bias, mult, shift) of lane group ``param_group`` (channels ``g * sfu_lanes`` on) of the
+  row, one cycle after ``param_group`` names it; ``param_group`` names the group the input stage
+  will hold two cycles later (no port with ``sfu_row_cycles`` = 1: ``params`` is then the row).
+  The serial SFU (hw/sfu_serial.py) has no ``param_group``: its ``params`` is the whole row, e.g.
+  the table's pending read response. ``regs`` — the CONFIG registers (:data:`SFU_REGS`, the CONFIG
+  fields of the ISA). ``settings`` — the STORE's ``out_type``, ``act``, ``pool``, ``residual`` and
+  ``pool_count`` (= pool_h * pool_w, window pixels including pad, for the average).
+  ``regs`` and ``settings`` are sampled one cycle before use: they must be stable from the cycle
+  before the first beat of a STORE is offered until ``idle`` is high again after its last beat;
+  the table row read through ``param_group`` from two cycles before (the serial SFU's ``params``
+  from the cycle before).
 * ``idle`` — no beat in the pipeline stages (outputs may still wait in the output FIFO).
 
 Modes the config leaves out cost no logic: an ``act`` or ``pool`` code missing from
@@ -60,7 +67,7 @@ from .config import AcceleratorConfig
 from .dsp import MULT18X18D_INPUT_BITS, is_ecp5, mult18x18d
 from .fifo import buffered_fifo
 from .isa import HEADER_LAYOUT, LAYOUTS, Activation, Opcode, OutType, PoolMode
-from .requant_table import REQUANT_ENTRY
+from .requant_table import requant_group_layout, requant_row_layout
 
 __all__ = [
     "SFU_REGS", "SFU_SETTINGS", "SFUPorts", "SpecialFunctionUnit", "SplitMultiplier", "SERIAL_LATENCY",
@@ -333,14 +340,25 @@ class SFUPorts(wiring.Component):
     ``hw/sfu_serial.py``), for ``config``: see :class:`SpecialFunctionUnit` and the module
     docstring."""
 
+    #: True: ``params`` is one lane group of the table row, the group ``param_group`` named the
+    #: cycle before (the table's ``lookup`` port); False: ``params`` is the whole row.
+    streams_params: bool = False
+
     def __init__(self, config: AcceleratorConfig) -> None:
         if not isinstance(config, AcceleratorConfig):
             raise TypeError(f"config must be an AcceleratorConfig, not {config!r}")
         self._config = config
-        super().__init__({
+        members = {
             "i": In(stream.Signature(sfu_input_layout(config))),
             "o": Out(stream.Signature(sfu_output_layout(config))),
-            "params": In(data.ArrayLayout(REQUANT_ENTRY, config.cols)),
+        }
+        if self.streams_params:
+            if config.sfu_row_cycles > 1:
+                members["param_group"] = Out(unsigned((config.sfu_row_cycles - 1).bit_length()))
+            members["params"] = In(requant_group_layout(config))
+        else:
+            members["params"] = In(requant_row_layout(config))
+        super().__init__(members | {
             "regs": In(SFU_REGS),
             "settings": In(SFU_SETTINGS),
             "idle": Out(1),
@@ -364,6 +382,8 @@ class SpecialFunctionUnit(SFUPorts):
         Uses ``cols``, ``sfu_row_cycles``, the accumulator and output element types,
         ``sfu_activations``, ``sfu_pooling`` and ``sfu_residual``.
     """
+
+    streams_params = True
 
     @property
     def _fifo_rows(self) -> int:
@@ -415,10 +435,6 @@ class SpecialFunctionUnit(SFUPorts):
             zp.eq(Mux(is_raw, 0, regs.zp_out)),
             tie_out.eq(regs.tie_out),
         ]
-        # the requantize table entries as the datapath uses them (raw: identity)
-        entry_bias = [Mux(is_raw, 0, self.params[c].bias) for c in range(cfg.cols)]
-        entry_mult = [Mux(is_raw, 1, self.params[c].mult) for c in range(cfg.cols)]
-        entry_shift = [Mux(is_raw, 0, self.params[c].shift) for c in range(cfg.cols)]
         clamp_empty = Signal()
         activation_clamp(m, cfg, settings, regs, clamp_lo, clamp_hi, clamp_empty)
         if has_residual:
@@ -499,7 +515,6 @@ class SpecialFunctionUnit(SFUPorts):
             valid = stage_valid("input", accepted)
             m.d.sync += beat.eq(self.i.payload)
             group = Const(0, 0)
-            group_next = Const(0, 0)
             m.d.comb += self.i.ready.eq(room)
         else:
             valid = Signal(name="input_valid")
@@ -512,30 +527,51 @@ class SpecialFunctionUnit(SFUPorts):
                 m.d.sync += group.eq(group + 1)
             with m.Else():
                 m.d.sync += valid.eq(0)
-            # the group in S0 next cycle (0 when a new beat or none comes)
-            group_next = Mux(more, group + 1, 0)[:group_bits]
             m.d.comb += self.i.ready.eq(room & ~more)
-        flags = Cat(beat.first, beat.last, beat.pad, group)
-        # A lane's per-channel parameter is registered one cycle before its use: from the group
-        # of the stage two before the one computed with it (stages move every cycle).
-        group_history: list[Value] = [group_next, group]
+        flags = Cat(beat.first, beat.last, beat.pad)
 
-        def lane_param(name: str, per_channel: list[Value], decode: Any = None) -> list[Signal]:
-            """Per lane: the parameter of the channel in use next cycle, ``decode``-d."""
-            source = group_history[-2]
-            picked = [_pick([per_channel[c] for c in channels(lane)], source) for lane in each_lane]
+        # The table entries of the group in S0 (raw: the identity), registered from the table's
+        # read of the cycle before: param_group names the group S0 holds two cycles later, one
+        # cycle for the table's synchronous read and one for these registers.
+        if groups > 1:
+            m.d.comb += self.param_group.eq(Mux(more, Mux(group == groups - 2, 0, group + 2),
+                                                accepted))
+        entry = {
+            "bias": [register(f"bias{lane}", Mux(is_raw, 0, self.params[lane].bias)) for lane in each_lane],
+            "mult": [register(f"entry_mult{lane}", Mux(is_raw, 1, self.params[lane].mult))
+                     for lane in each_lane],
+            "shift": [register(f"entry_shift{lane}", Mux(is_raw, 0, self.params[lane].shift))
+                      for lane in each_lane],
+        }
+        # A lane's entry follows its group down the stages (they move every cycle): carried[field,
+        # s] holds the field of the group in stage s (0 = S0), made on first use.
+        carried: dict[tuple[str, int], list[Value]] = {(name, 0): values for name, values in entry.items()}
+        stage = 0                               # the newest stage built
+
+        def carried_field(name: str, index: int) -> list[Value]:
+            if (name, index) not in carried:
+                carried[name, index] = [register(f"{name}{lane}_s{index}", value)
+                                        for lane, value in enumerate(carried_field(name, index - 1))]
+            return carried[name, index]
+
+        def lane_param(name: str, field: str, decode: Any = None) -> list[Value]:
+            """Per lane: the entry's ``field`` of the group in the newest stage, ``decode``-d, in a
+            register beside that stage's (the stage after it computes with the parameter)."""
+            if stage == 0:
+                assert decode is None, name
+                return carried_field(field, 0)
             return [register(f"{name}{lane}", decode(value) if decode is not None else value)
-                    for lane, value in enumerate(picked)]
+                    for lane, value in enumerate(carried_field(field, stage - 1))]
 
         def next_stage(name: str, valid_in: Value) -> tuple[Signal, Signal]:
-            nonlocal flags
+            nonlocal flags, stage
             valid_out = stage_valid(name, valid_in)
             flags = register(f"{name}_flags", flags)
-            group_history.append(flags[3:])
+            stage += 1
             return valid_out, flags
 
         # S1: bias add, saturating to the accumulator range; residual minus its zero point
-        bias = lane_param("bias", entry_bias)
+        bias = lane_param("bias", "bias")
         valid, flags = next_stage("bias", valid)
         t = [register(f"t{lane}", _saturate(_pick([beat.acc[c] for c in channels(lane)], group) + bias[lane],
                                             cfg.acc_bits, cfg.acc_signed), signed(acc_width))
@@ -546,7 +582,7 @@ class SpecialFunctionUnit(SFUPorts):
                      for lane in each_lane]
 
         # S2..S4: t * mult (wrapped to 64 bits), (r - res_zp) * res_mult (exact, < 2**50)
-        mult = lane_param("mult", entry_mult)
+        mult = lane_param("mult", "mult")
         for name in ("partial", "terms", "product"):
             valid, flags = next_stage(name, valid)
         p = [_multiply(m, f"p{lane}", t[lane], acc_width, mult[lane], 32, wrap=_WORD) for lane in each_lane]
@@ -560,12 +596,12 @@ class SpecialFunctionUnit(SFUPorts):
 
         # S5: add the rounding term; S6, S7: arithmetic shift (by multiples of 8, then 0..7), the
         # tie recognized beside the first shift from the bits it drops
-        half = lane_param("half", entry_shift, _half)                # rounding terms
+        half = lane_param("half", "shift", _half)                # rounding terms
         valid, flags = next_stage("round", valid)
         x = [register(f"x{lane}", _wrap(p[lane] + half[lane])) for lane in each_lane]
-        shift = lane_param("shift", entry_shift)
-        mask = lane_param("mask", entry_shift, _low_mask)            # bits shifted out
-        rounds = lane_param("rounds", entry_shift, lambda value: value != 0)
+        shift = lane_param("shift", "shift")
+        mask = lane_param("mask", "shift", _low_mask)                # bits shifted out
+        rounds = lane_param("rounds", "shift", lambda value: value != 0)
         valid, flags = next_stage("shift_coarse", valid)
         tie = [register(f"tie_coarse{lane}", _is_tie(x[lane], mask[lane], rounds[lane]))
                for lane in each_lane]

@@ -295,7 +295,10 @@ class Accelerator(wiring.Component):
         else:
             self._compute_datapath(core, compute, spad, acc, array)
             wiring.connect(core, store=store.read_acc, acc=acc.read)
-        wiring.connect(core, store=store.read_table, table=table.read)
+        if cfg.sfu_engine == "pipelined":
+            wiring.connect(core, store=store.table_lookup, table=table.lookup)
+        else:
+            wiring.connect(core, store=store.read_table, table=table.read)
         if cfg.sfu_residual:
             wiring.connect(core, store=store.residual, load=load.residual)
 

@@ -50,7 +50,7 @@ from .dma_serial import SerialGatherReader, SerialScatterWriter
 from .fifo import buffered_fifo
 from .interconnect import HalfRateRegister, SpacedStreamRegister, StreamRegister, recent_keys
 from .isa import LAYOUTS, Memory, Opcode, OutType, PoolMode
-from .requant_table import requant_row_layout, requant_write_layout
+from .requant_table import lookup_signature, requant_row_layout, requant_write_layout
 from .scratchpad import read_latency, read_port_signature, spad_row_layout, spad_write_layout
 from .sfu import SFU_REGS, SpecialFunctionUnit
 from .sfu_serial import SerialSpecialFunctionUnit
@@ -836,11 +836,14 @@ class StoreUnit(wiring.Component):
             "busy": Out(1),
             "dram_base": In(32),
             "read_acc": Out(read_port_signature(acc_addr, acc_row_layout(config))),
-            "read_table": Out(read_port_signature(table_addr, requant_row_layout(config))),
             "axi_w": Out(_axi_write_port(config)),
             "error": Out(2),
             "error_pc": Out(32),
         }
+        if config.sfu_engine == "pipelined":
+            members["table_lookup"] = Out(lookup_signature(config))
+        else:
+            members["read_table"] = Out(read_port_signature(table_addr, requant_row_layout(config)))
         if config.sfu_residual:
             members["residual"] = Out(residual_read_signature(config))
         super().__init__(members)
@@ -865,7 +868,6 @@ class StoreUnit(wiring.Component):
 
         regs = Signal(SFU_REGS)
         m.d.comb += sfu.regs.eq(regs)
-        m.d.comb += sfu.params.eq(self.read_table.resp.payload)
 
         # Without pooling in the config there are no windows: a STORE walks its pixels only.
         has_pooling = bool(cfg.sfu_pooling)
@@ -883,6 +885,16 @@ class StoreUnit(wiring.Component):
             sfu.settings.residual.eq(s.residual),
             sfu.settings.pool_count.eq(window_pixels),
         ]
+        # the pipelined SFU reads the STORE's table row a lane group a cycle (qrow from the
+        # STORE's register, set in IDLE: stable long before the first beat); the serial one takes
+        # the row read at the STORE's start (TABLE, PARAMS)
+        streamed = cfg.sfu_engine == "pipelined"
+        if streamed:
+            m.d.comb += [self.table_lookup.row.eq(s.qrow), sfu.params.eq(self.table_lookup.entries)]
+            if cfg.sfu_row_cycles > 1:
+                m.d.comb += self.table_lookup.group.eq(sfu.param_group)
+        else:
+            m.d.comb += sfu.params.eq(self.read_table.resp.payload)
 
         # pixel / window walk state
         oy = Signal(16)
@@ -1056,6 +1068,23 @@ class StoreUnit(wiring.Component):
         busy = Signal()
         m.d.comb += self.busy.eq(busy | self.completed)
 
+        def after_table() -> None:
+            """To the residual read if the STORE has one, else to the writer's command."""
+            if residual is not None:
+                with m.If(s.residual):
+                    m.next = "RESIDUAL"
+                with m.Else():
+                    m.next = "START"
+            else:
+                m.next = "START"
+
+        def after_setup() -> None:
+            """After SETUP (and ORIGIN): the serial SFU's table row first."""
+            if streamed:
+                after_table()
+            else:
+                m.next = "TABLE"
+
         with m.FSM(name="store"):
             with m.State("IDLE"):
                 m.d.comb += self.cmd.ready.eq(1)
@@ -1095,7 +1124,7 @@ class StoreUnit(wiring.Component):
                     m.next = "ORIGIN"
                 else:
                     m.d.sync += wrow.eq(s.acc_addr)
-                    m.next = "TABLE"
+                    after_setup()
             if has_pooling:
                 with m.State("ORIGIN"):
                     m.d.comb += busy.eq(1)
@@ -1107,24 +1136,19 @@ class StoreUnit(wiring.Component):
                         oy_row.eq(first_row), ox_row.eq(first_row), wrow.eq(first_row),
                         row_skip.eq(s.in_w[:row_bits] - last_wx),
                     ]
-                    m.next = "TABLE"
-            with m.State("TABLE"):
-                m.d.comb += [busy.eq(1), self.read_table.req.valid.eq(1),
-                             self.read_table.req.payload.addr.eq(s.qrow)]
-                with m.If(self.read_table.req.ready):
-                    m.next = "PARAMS"
-            with m.State("PARAMS"):
-                # wait for the table row (TABLE_READ_LATENCY): it is on resp.payload from then on, and
-                # the SFU samples params a cycle before the first beat
-                m.d.comb += busy.eq(1)
-                with m.If(self.read_table.resp.valid):
-                    if residual is not None:
-                        with m.If(s.residual):
-                            m.next = "RESIDUAL"
-                        with m.Else():
-                            m.next = "START"
-                    else:
-                        m.next = "START"
+                    after_setup()
+            if not streamed:
+                with m.State("TABLE"):
+                    m.d.comb += [busy.eq(1), self.read_table.req.valid.eq(1),
+                                 self.read_table.req.payload.addr.eq(s.qrow)]
+                    with m.If(self.read_table.req.ready):
+                        m.next = "PARAMS"
+                with m.State("PARAMS"):
+                    # wait for the table row (TABLE_READ_LATENCY): it is on resp.payload from then on,
+                    # and the SFU samples params a cycle before the first beat
+                    m.d.comb += busy.eq(1)
+                    with m.If(self.read_table.resp.valid):
+                        after_table()
             if residual is not None:
                 with m.State("RESIDUAL"):
                     # the residual read waits for the shared GatherReader
@@ -1144,7 +1168,9 @@ class StoreUnit(wiring.Component):
                 # every residual row went into the SFU with its accumulator beat
                 drained = ~writer.busy & ~requests.r_rdy & sfu.idle & ~self.read_acc.resp.valid
                 with m.If(drained):
-                    m.d.comb += [completing.eq(1), self.read_table.resp.ready.eq(1)]
+                    m.d.comb += completing.eq(1)
+                    if not streamed:
+                        m.d.comb += self.read_table.resp.ready.eq(1)
                     m.next = "IDLE"
 
         with m.If(writer.error != 0):

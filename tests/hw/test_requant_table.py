@@ -1,4 +1,5 @@
-"""RequantTable against a Python model: masked DMA writes and row reads with backpressure."""
+"""RequantTable against a Python model: masked DMA writes, and reads through both ports: the
+serial SFU's row reads with backpressure and the pipelined SFU's lane-group lookups."""
 
 from __future__ import annotations
 
@@ -17,16 +18,23 @@ from .test_scratchpad import collect, construct_rejected, drive, simulate
 SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
-SMALL = AcceleratorConfig(rows=4, cols=4, requant_table_rows=8)
-ONE_ROW = AcceleratorConfig(rows=2, cols=2, requant_table_rows=1)
+# the serial SFU's table (the read port)
+SMALL = AcceleratorConfig(rows=4, cols=4, requant_table_rows=8, sfu_engine="serial")
+ONE_ROW = AcceleratorConfig(rows=2, cols=2, requant_table_rows=1, sfu_engine="serial")
 # narrow words (requant_row_words): 9 words of 32 bits (280 + 8 pad), the iCEBreaker's 9 words
 # of 16 bits (140 + 4 pad: one 256 x 16 block RAM), 64 words of 3 bits, a one-row table of 2
-WORDS = AcceleratorConfig(rows=4, cols=4, requant_table_rows=8, requant_row_words=9)
-ICEBREAKER = AcceleratorConfig(rows=2, cols=2, requant_table_rows=16, requant_row_words=9)
-TINY_WORDS = AcceleratorConfig(rows=2, cols=2, requant_table_rows=4, requant_row_words=64)
-ONE_ROW_WORDS = AcceleratorConfig(rows=2, cols=2, requant_table_rows=1, requant_row_words=2)
+WORDS = SMALL.replace(requant_row_words=9)
+ICEBREAKER = ONE_ROW.replace(requant_table_rows=16, requant_row_words=9)
+TINY_WORDS = ONE_ROW.replace(requant_table_rows=4, requant_row_words=64)
+ONE_ROW_WORDS = ONE_ROW.replace(requant_row_words=2)
 CONFIGS = [SMALL, ONE_ROW, WORDS, ICEBREAKER, TINY_WORDS, ONE_ROW_WORDS]
 IDS = ["8-rows", "1-row", "9-words", "icebreaker", "64-words", "1-row-2-words"]
+# the pipelined SFU's table (the lookup port): a word per lane group
+LOOKUP = [AcceleratorConfig(rows=4, cols=4, requant_table_rows=8),
+          AcceleratorConfig(rows=4, cols=4, requant_table_rows=8, sfu_row_cycles=2),
+          AcceleratorConfig(rows=4, cols=4, requant_table_rows=8, sfu_row_cycles=4),
+          AcceleratorConfig(rows=2, cols=2, requant_table_rows=1, sfu_row_cycles=2)]
+LOOKUP_IDS = ["4-lanes", "2-lanes-x-2", "1-lane-x-4", "1-row-1-lane-x-2"]
 ENTRY_BITS = REQUANT_ENTRY.size
 
 
@@ -77,21 +85,36 @@ def _unpack(row: int, cols: int) -> list[dict[str, int]]:
     return entries
 
 
-def model(config: AcceleratorConfig, writes: list[dict[str, Any]], result: dict[str, Any],
-          reads: list[int]) -> list[list[dict[str, int]]]:
-    """Word k of W of a row accepted at edge n is written or read at edge n - (W - 1 - k), and a
-    read of a word at edge t sees the writes of that word at edges up to t (transparent)."""
-    words, width = config.requant_row_words, requant_word_bits(config)
-    table = [0] * config.requant_table_rows
+def _enables(config: AcceleratorConfig, mask: int) -> int:
+    return sum(((1 << ENTRY_BITS) - 1) << (c * ENTRY_BITS) for c in range(config.cols) if mask >> c & 1)
+
+
+def _used_words(config: AcceleratorConfig, mask: int) -> list[int]:
+    """The words a write with ``mask`` writes: from the first holding an enabled entry to the
+    last (word 0 alone for an empty mask)."""
+    width = requant_word_bits(config)
+    enables = _enables(config, mask)
+    used = [k for k in range(config.requant_table_words) if enables >> (k * width) & ((1 << width) - 1)]
+    return list(range(used[0], used[-1] + 1)) if used else [0]
+
+
+def _write_events(config: AcceleratorConfig, writes: list[dict[str, Any]],
+                  edges: list[int]) -> list[tuple[int, int, str, int, Any]]:
+    """A row accepted at edge n writes its words ``_used_words`` one per edge, the last at n."""
     events = []
-    for edge, w in zip(result["write"], writes, strict=True):
-        enables = sum(((1 << ENTRY_BITS) - 1) << (c * ENTRY_BITS)
-                      for c in range(config.cols) if w["mask"] >> c & 1)
-        events += [(edge - (words - 1 - k), 0, "w", k, (w["addr"], _pack(w["data"]), enables))
-                   for k in range(words)]
-    for n, (edge, addr) in enumerate(zip(result["req"], reads, strict=True)):
-        events += [(edge - (words - 1 - k), 1, "r", k, (addr, n)) for k in range(words)]
-    out = [0] * len(reads)
+    for edge, w in zip(edges, writes, strict=True):
+        words = _used_words(config, w["mask"])
+        item = (w["addr"], _pack(w["data"]), _enables(config, w["mask"]))
+        events += [(edge - (words[-1] - k), 0, "w", k, item) for k in words]
+    return events
+
+
+def _replay(config: AcceleratorConfig, events: list[tuple[int, int, str, int, Any]], reads: int) -> list[int]:
+    """Apply the events in edge order, writes of an edge before its reads (transparent): the
+    bits of each read's words, by read."""
+    width = requant_word_bits(config)
+    table = [0] * config.requant_table_rows
+    out = [0] * reads
     for _, _, kind, k, item in sorted(events, key=lambda x: (x[0], x[1])):
         word = ((1 << width) - 1) << (k * width)
         if kind == "r":
@@ -100,7 +123,18 @@ def model(config: AcceleratorConfig, writes: list[dict[str, Any]], result: dict[
         else:
             addr, bits, enables = item
             table[addr] = table[addr] & ~(word & enables) | bits & word & enables
-    return [_unpack(row, config.cols) for row in out]
+    return out
+
+
+def model(config: AcceleratorConfig, writes: list[dict[str, Any]], result: dict[str, Any],
+          reads: list[int]) -> list[list[dict[str, int]]]:
+    """Read port: word k of W of a row accepted at edge n is read at edge n - (W - 1 - k), and a
+    read of a word at edge t sees the writes of that word at edges up to t (transparent)."""
+    words = config.requant_table_words
+    events = _write_events(config, writes, result["write"])
+    for n, (edge, addr) in enumerate(zip(result["req"], reads, strict=True)):
+        events += [(edge - (words - 1 - k), 1, "r", k, (addr, n)) for k in range(words)]
+    return [_unpack(row, config.cols) for row in _replay(config, events, len(reads))]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=IDS)
@@ -144,7 +178,7 @@ def test_pending_row_stays_while_the_table_is_written(config: AcceleratorConfig)
         await drive(ctx, dut.read.req, [{"addr": 3}], rng=rng)
         progress["requested"] = True
         await ctx.tick().repeat(TABLE_READ_LATENCY - 1)
-        for _ in range(12 * config.requant_row_words):      # pending, not taken, while written
+        for _ in range(12 * config.requant_table_words):    # pending, not taken, while written
             _, _, valid, row = await ctx.tick().sample(dut.read.resp.valid, dut.read.resp.payload)
             seen.append((valid, entries(row)))
         ctx.set(dut.read.resp.ready, 1)
@@ -157,7 +191,7 @@ def test_pending_row_stays_while_the_table_is_written(config: AcceleratorConfig)
 
     simulate(dut, writer, reader)
     as_tuples = [[(e["bias"], e["mult"], e["shift"]) for e in rows] for rows in (first, second)]
-    assert seen[:-1] == [(1, as_tuples[0])] * (12 * config.requant_row_words)
+    assert seen[:-1] == [(1, as_tuples[0])] * (12 * config.requant_table_words)
     assert seen[-1] == (1, as_tuples[1])
 
 
@@ -168,7 +202,7 @@ def test_narrow_words_take_a_cycle_each(config: AcceleratorConfig) -> None:
     rng = random.Random(SEED + 1)
     writes = [{"addr": k, "data": [_entry(rng) for _ in range(4)], "mask": 0b1111} for k in range(5)]
     result = run_traffic(config, writes, [0, 1, 2], seed=SEED, gap=0.0, stall=0.0)
-    words = config.requant_row_words
+    words = config.requant_table_words
     assert [result["write"][k + 1] - result["write"][k] for k in range(4)] == [words] * 4
     assert [result["req"][k + 1] - result["req"][k] for k in range(2)] == [words + 1] * 2
     assert [e for e, _ in result["resp"]] == [e + TABLE_READ_LATENCY for e in result["req"]]
@@ -177,7 +211,87 @@ def test_narrow_words_take_a_cycle_each(config: AcceleratorConfig) -> None:
 @pytest.mark.parametrize("value", [0, 65, -1])
 def test_row_words_must_be_between_1_and_64(value: int) -> None:
     with pytest.raises(ConfigError, match=rf"^requant_row_words must be between 1 and 64, not {value}$"):
-        AcceleratorConfig(requant_row_words=value)
+        AcceleratorConfig(requant_row_words=value, sfu_engine="serial")
+
+
+def test_row_words_are_the_serial_sfus_only() -> None:
+    with pytest.raises(ConfigError, match=r"^requant_row_words must be 1 with sfu_engine = 'pipelined' "
+                                          r"\(its SFU reads the requantize table a lane group per memory "
+                                          r"word: sfu_row_cycles words a row\); it sets the words of the "
+                                          r"serial SFU's table, not 4$"):
+        AcceleratorConfig(requant_row_words=4)
+    assert AcceleratorConfig(cols=8, rows=8, sfu_row_cycles=4).requant_table_words == 4
+    assert AcceleratorConfig(sfu_engine="serial", requant_row_words=4).requant_table_words == 4
+
+
+def run_lookups(config: AcceleratorConfig, writes: list[dict[str, Any]], cycles: int, *,
+                seed: int) -> tuple[list[int], list[tuple[int, int, int, list[dict[str, int]]]]]:
+    """Random masked writes (random gaps) beside a lookup of a random row and lane group every
+    cycle: the writes' accepting edges and (edge, row, group, entries read at that edge)."""
+    dut = RequantTable(config)
+    groups, lanes = config.sfu_row_cycles, config.sfu_lanes
+    result: dict[str, Any] = {"lookups": []}
+    done = {"writes": False}
+
+    async def writer(ctx):
+        result["write"] = await drive(ctx, dut.write, writes, rng=random.Random(seed), gap=0.3)
+        done["writes"] = True
+
+    async def looker(ctx):
+        rng = random.Random(seed + 1)
+        edge = 0
+        while edge < cycles or not done["writes"]:
+            row, group = rng.randrange(config.requant_table_rows), rng.randrange(groups)
+            ctx.set(dut.lookup.row, row)
+            if groups > 1:
+                ctx.set(dut.lookup.group, group)
+            await ctx.tick()
+            edge += 1
+            entries = ctx.get(dut.lookup.entries)
+            result["lookups"].append((edge, row, group, [{"bias": entries[k].bias, "mult": entries[k].mult,
+                                                          "shift": entries[k].shift} for k in range(lanes)]))
+
+    simulate(dut, writer, looker)
+    return result["write"], result["lookups"]
+
+
+@pytest.mark.parametrize("config", LOOKUP, ids=LOOKUP_IDS)
+def test_lookups_of_lane_groups_match_model(config: AcceleratorConfig) -> None:
+    # every cycle's lookup returns, the next cycle, its lane group's entries as written up to the
+    # edge it was made at (writes of that edge included: transparent in simulation)
+    rng = random.Random(SEED + 2)
+    full = (1 << config.cols) - 1
+    writes = [{"addr": rng.randrange(config.requant_table_rows),
+               "data": [_entry(rng) for _ in range(config.cols)],
+               "mask": rng.choice([full, 1, 1 << (config.cols - 1), rng.randrange(full + 1)])}
+              for _ in range(150)]
+    edges, lookups = run_lookups(config, writes, 400, seed=SEED)
+    events = _write_events(config, writes, edges)
+    events += [(edge, 1, "r", group, (row, n)) for n, (edge, row, group, _) in enumerate(lookups)]
+    rows = _replay(config, events, len(lookups))
+    width = requant_word_bits(config)
+    expected = [_unpack(bits >> (group * width), config.sfu_lanes)
+                for bits, (_, _, group, _) in zip(rows, lookups, strict=True)]
+    assert [entries for *_, entries in lookups] == expected
+    assert sum(any(e["bias"] for e in entries) for *_, entries in lookups) > len(lookups) // 2
+
+
+def test_a_write_takes_the_words_of_its_enabled_entries() -> None:
+    # one lane x 4 groups: a word per entry, a row accepted after its first to last enabled word
+    config = LOOKUP[2]
+    rng = random.Random(SEED + 3)
+    masks = [0b0100, 0b0110, 0b1111, 0b1001, 0b0001, 0b1000]
+    writes = [{"addr": k, "data": [_entry(rng) for _ in range(4)], "mask": mask}
+              for k, mask in enumerate(masks)]
+    dut = RequantTable(config)
+    result = {}
+
+    async def writer(ctx):
+        result["write"] = await drive(ctx, dut.write, writes, rng=rng)
+
+    simulate(dut, writer)
+    assert [b - a for a, b in zip(result["write"], result["write"][1:], strict=False)] == [2, 4, 4, 1, 1]
+    assert result["write"][0] == 1
 
 
 def test_config_must_be_an_accelerator_config() -> None:

@@ -89,7 +89,7 @@ def test_a_design_without_marked_memories_is_unchanged() -> None:
 @pytest.mark.parametrize("banks, words", [(2, 1), (4, 3), (8, 1)])
 def test_every_scratchpad_accumulator_and_table_memory_is_marked(banks: int, words: int) -> None:
     config = AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=8192, scratchpad_banks=banks,
-                               requant_row_words=words)
+                               requant_row_words=words, sfu_engine="serial" if words > 1 else "pipelined")
     assert undefined_read_collisions(rtlil.convert(Scratchpad(config)))[1] == banks
     assert undefined_read_collisions(rtlil.convert(Accumulator(config)))[1] == ACC_BANKS
     assert undefined_read_collisions(rtlil.convert(RequantTable(config)))[1] == 1

@@ -80,12 +80,16 @@ async def collect(ctx: Any, stream: Any, count: int, *, rng: random.Random,
     return taken
 
 
-def simulate(dut: Any, *testbenches: Callable[..., Any], limit: int = EDGE_LIMIT) -> None:
-    """Run the testbenches to completion on a 1 MHz clock; fails after ``limit`` edges."""
+def simulate(dut: Any, *testbenches: Callable[..., Any], limit: int = EDGE_LIMIT,
+             background: tuple[Callable[..., Any], ...] = ()) -> None:
+    """Run the testbenches to completion on a 1 MHz clock (``background`` ones beside them, not
+    waited for); fails after ``limit`` edges."""
     sim = Simulator(dut)
     sim.add_clock(1e-6)
     for testbench in testbenches:
         sim.add_testbench(testbench)
+    for testbench in background:
+        sim.add_testbench(testbench, background=True)
 
     async def watchdog(ctx):
         await ctx.delay(limit * 1e-6)

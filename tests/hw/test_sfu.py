@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from amaranth import Const
 from systolic.hw.config import AcceleratorConfig, ConfigError
 from systolic.hw.isa import Activation, OutType, PoolMode
 from systolic.hw.sfu import SERIAL_LATENCY, SFU_REGS, SpecialFunctionUnit, sfu_input_layout, sfu_latency
@@ -101,12 +102,36 @@ def reference(config: AcceleratorConfig, job: Job) -> list[list[int]]:
     return out
 
 
+#: The table row each SFU under test streams its parameters from (SFUs with ``streams_params``).
+_TABLE_ROWS: dict[int, list[dict[str, int]]] = {}
+
+
 def _set_static(ctx: Any, dut: SpecialFunctionUnit, job: Job) -> None:
-    ctx.set(dut.params, [{"bias": b, "mult": mu, "shift": s}
-                         for b, mu, s in zip(job.bias, job.mult, job.shift, strict=True)])
+    row = [{"bias": b, "mult": mu, "shift": s}
+           for b, mu, s in zip(job.bias, job.mult, job.shift, strict=True)]
+    if dut.streams_params:
+        _TABLE_ROWS[id(dut)] = row
+    else:
+        ctx.set(dut.params, row)
     ctx.set(dut.regs, {name: _reg(job, name) for name, _ in SFU_REGS})
     ctx.set(dut.settings, {"out_type": job.out_type, "act": job.act, "pool": job.pool,
                            "residual": int(job.residual), "pool_count": job.pool_count})
+
+
+def _table(dut: SpecialFunctionUnit) -> tuple[Any, ...]:
+    """For an SFU that streams its parameters: a background testbench acting as the table's
+    ``lookup`` port, the entries of lane group ``param_group`` of the row ``_set_static`` gave,
+    one cycle after the group is named (a synchronous read of a memory)."""
+    if not dut.streams_params:
+        return ()
+    lanes, groups = dut.config.sfu_lanes, dut.config.sfu_row_cycles
+
+    async def table(ctx):
+        async for _, _, group in ctx.tick().sample(dut.param_group if groups > 1 else Const(0)):
+            row = _TABLE_ROWS.get(id(dut))
+            if row is not None:
+                ctx.set(dut.params, row[group * lanes:(group + 1) * lanes])
+    return (table,)
 
 
 def _payload(config: AcceleratorConfig, beat: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +172,8 @@ def run_sfu(config: AcceleratorConfig, jobs: list[Job], *, seed: int, gap: float
             progress["consumed_jobs"] = k + 1
 
     # the serial SFU takes tens of cycles per channel (hw/sfu_serial.py)
-    simulate(dut, producer, consumer, limit=20_000 if engine == "pipelined" else 1_000_000)
+    simulate(dut, producer, consumer, limit=20_000 if engine == "pipelined" else 1_000_000,
+             background=_table(dut))
     return results
 
 
@@ -463,7 +489,7 @@ def _accept_and_output_cycles(dut: SpecialFunctionUnit, job: Job) -> tuple[list[
             if valid:
                 taken.append(cycle)
 
-    simulate(dut, producer, consumer)
+    simulate(dut, producer, consumer, background=_table(dut))
     assert taken and accepted
     return accepted, taken
 
@@ -511,7 +537,7 @@ def test_long_output_stall_fills_the_fifo_without_losing_outputs(pool: PoolMode,
         taken = await collect(ctx, dut.o, len(expected), rng=rng, stall=0.2)
         got.extend([row[c] for c in range(config.cols)] for _, row in taken)
 
-    simulate(dut, producer, consumer)
+    simulate(dut, producer, consumer, background=_table(dut))
     assert got == expected
     outputs_per_beat = 1 if pool == PoolMode.NONE else 1 / job.pool_count
     stalled = [a for a in accepted if a < 300]
