@@ -18,8 +18,9 @@ How the SFU reads it depends on ``config.sfu_engine``:
 
 Ports (see docs/arch-memory-sfu.md):
 
-* ``write`` — stream of (row address, C entries, C-bit element mask). The table has its own write
-  port, nothing competes with it: with W = 1 a row is accepted in the cycle it is written; with
+* ``write`` — stream of (row address, group, the group's ``table_load_entries`` entries, their
+  element mask): :func:`requant_write_layout`. The table has its own write port, nothing
+  competes with it: with W = 1 a row is accepted in the cycle it is written; with
   W > 1 one word is written per cycle, from the first word holding an enabled entry to the last,
   and the row is accepted with the last (the payload held as the stream requires): a LOAD of one
   lane group's entries takes one cycle. Written entries are readable from the next cycle.
@@ -118,12 +119,17 @@ def _table_depth(config: AcceleratorConfig) -> int:
 
 
 def requant_write_layout(config: AcceleratorConfig) -> data.StructLayout:
-    """Payload of the table's DMA write stream: row address, entries, element mask (bit c
-    enables entry c)."""
-    return data.StructLayout({
-        "addr": unsigned(config.requant_addr_bits),
-        "data": requant_row_layout(config),
-        "mask": unsigned(config.cols),
+    """Payload of the table's DMA write stream: one aligned group of E =
+    ``config.table_load_entries`` entries of a row (what one table LOAD may write there): row
+    address, ``group`` (the group's index, entries ``group * E`` on; no such field when E is the
+    whole row), the E entries and their mask (bit j enables entry j of the group)."""
+    entries = config.table_load_entries
+    fields: dict[str, Any] = {"addr": unsigned(config.requant_addr_bits)}
+    if entries < config.cols:
+        fields["group"] = unsigned((config.cols // entries - 1).bit_length())
+    return data.StructLayout(fields | {
+        "data": data.ArrayLayout(REQUANT_ENTRY, entries),
+        "mask": unsigned(entries),
     })
 
 
@@ -190,22 +196,30 @@ class RequantTable(wiring.Component):
     def _write(self, m: Module, write_port: Any) -> None:
         cfg = self._config
         words = cfg.requant_table_words
+        payload = self.write.payload
+        group = cfg.table_load_entries          # entries a write carries, an aligned group
+        # entry c of the row is entry c % group of the payload, enabled when its group is the
+        # payload's and its mask bit set
+        row_mask = Signal(cfg.cols)
+        m.d.comb += row_mask.eq(Cat(*(payload.mask[c % group] & (payload.group == c // group)
+                                      if group < cfg.cols else payload.mask[c] for c in range(cfg.cols))))
+        group_bits = payload.data.as_value()
+        row_bits = group_bits.replicate(cfg.cols // group)
         if words == 1:
             m.d.comb += [
-                write_port.addr.eq(self.write.payload.addr),
-                write_port.data.eq(self.write.payload.data),
+                write_port.addr.eq(payload.addr),
+                write_port.data.eq(row_bits),
                 self.write.ready.eq(1),
             ]
             with m.If(self.write.valid):
-                m.d.comb += write_port.en.eq(self.write.payload.mask)
+                m.d.comb += write_port.en.eq(row_mask)
             return
         width = requant_word_bits(cfg)
         entry_bits = Shape.cast(REQUANT_ENTRY).width
         padded = words * width
         # bit b of the row is written when its entry's mask bit is set
-        mask = self.write.payload.mask
         enables = Signal(padded)
-        m.d.comb += enables.eq(Cat(*(mask[c].replicate(entry_bits) for c in range(cfg.cols))))
+        m.d.comb += enables.eq(Cat(*(row_mask[c].replicate(entry_bits) for c in range(cfg.cols))))
         # the words holding an enabled entry, the first and the last of them (0 and 0 if none)
         used = Signal(words)
         m.d.comb += used.eq(Cat(*(enables[k * width:(k + 1) * width].any() for k in range(words))))
@@ -223,11 +237,19 @@ class RequantTable(wiring.Component):
         current = Signal(range(words))
         done = Signal()
         m.d.comb += [current.eq(Mux(started, following, first)), done.eq(current == last)]
-        row_bits = self.write.payload.data.as_value()
-        bits = Cat(row_bits, Const(0, padded - len(row_bits)))
+        lanes = cfg.sfu_lanes
+        if cfg.sfu_engine == "pipelined" and group >= lanes:
+            # a word is a lane group, and the write's group holds group / lanes of them, in order
+            per_write = group // lanes
+            index = current[:(per_write - 1).bit_length()]
+            word = group_bits.word_select(index, width) if per_write > 1 else group_bits
+        elif cfg.sfu_engine == "pipelined":
+            word = group_bits.replicate(lanes // group)      # the group's place in the word is enabled
+        else:
+            word = Cat(row_bits, Const(0, padded - len(row_bits))).word_select(current, width)
         m.d.comb += [
-            write_port.addr.eq(Cat(current, self.write.payload.addr)),
-            write_port.data.eq(bits.word_select(current, width)),
+            write_port.addr.eq(Cat(current, payload.addr)),
+            write_port.data.eq(word),
             self.write.ready.eq(done),
         ]
         with m.If(self.write.valid):

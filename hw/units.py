@@ -178,8 +178,8 @@ class LoadUnit(wiring.Component):
         # A table LOAD writes entries of one aligned group of G = table_load_entries in each row
         # (docs/isa.md): the reader places them in a row of G entries (its dst_col is the first
         # entry's place in the group), and the group's index travels with the command, so that
-        # the reader's rows are G entries wide, not cols (the entries' places are then fixed
-        # wires into the table's write port, whose element mask picks the group).
+        # the reader's rows are G entries wide, not cols, and so are the table's writes (the
+        # group's index beside them).
         group = cfg.table_load_entries
         group_bits = (group - 1).bit_length()
         groups = cfg.cols // group
@@ -304,15 +304,17 @@ class LoadUnit(wiring.Component):
 
         table = self.table_write.payload
         tb = cfg.requant_entry_bytes
-        for c in range(cfg.cols):
-            place = c % group * tb            # entry c's first byte in its group's row
+        for j in range(group):
+            place = j * tb                    # entry j's first byte in its group's row
             m.d.comb += [
-                table.data[c].bias.eq(_bytes_le(rows.data, place, 4)),
-                table.data[c].mult.eq(_bytes_le(rows.data, place + 4, 4)),
-                table.data[c].shift.eq(_bytes_le(rows.data, place + 8, 1)),
-                table.mask[c].eq(rows.mask[place] & (info.group == c // group if groups > 1 else 1)),
+                table.data[j].bias.eq(_bytes_le(rows.data, place, 4)),
+                table.data[j].mult.eq(_bytes_le(rows.data, place + 4, 4)),
+                table.data[j].shift.eq(_bytes_le(rows.data, place + 8, 1)),
+                table.mask[j].eq(rows.mask[place]),
             ]
         m.d.comb += table.addr.eq(rows.row)
+        if groups > 1:
+            m.d.comb += table.group.eq(info.group)
         if residual is not None:
             res = residual.rows.payload
             m.d.comb += [res.data.eq(rows.data.as_value()[:len(res.data.as_value())]), res.resp.eq(rows.resp)]

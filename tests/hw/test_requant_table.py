@@ -27,14 +27,19 @@ WORDS = SMALL.replace(requant_row_words=9)
 ICEBREAKER = ONE_ROW.replace(requant_table_rows=16, requant_row_words=9)
 TINY_WORDS = ONE_ROW.replace(requant_table_rows=4, requant_row_words=64)
 ONE_ROW_WORDS = ONE_ROW.replace(requant_row_words=2)
-CONFIGS = [SMALL, ONE_ROW, WORDS, ICEBREAKER, TINY_WORDS, ONE_ROW_WORDS]
-IDS = ["8-rows", "1-row", "9-words", "icebreaker", "64-words", "1-row-2-words"]
+# writes of a group of 2 entries (requant_load_entries)
+PAIRS = WORDS.replace(requant_load_entries=2)
+CONFIGS = [SMALL, ONE_ROW, WORDS, ICEBREAKER, TINY_WORDS, ONE_ROW_WORDS, PAIRS]
+IDS = ["8-rows", "1-row", "9-words", "icebreaker", "64-words", "1-row-2-words", "9-words-pairs"]
 # the pipelined SFU's table (the lookup port): a word per lane group
 LOOKUP = [AcceleratorConfig(rows=4, cols=4, requant_table_rows=8),
           AcceleratorConfig(rows=4, cols=4, requant_table_rows=8, sfu_row_cycles=2),
           AcceleratorConfig(rows=4, cols=4, requant_table_rows=8, sfu_row_cycles=4),
-          AcceleratorConfig(rows=2, cols=2, requant_table_rows=1, sfu_row_cycles=2)]
-LOOKUP_IDS = ["4-lanes", "2-lanes-x-2", "1-lane-x-4", "1-row-1-lane-x-2"]
+          AcceleratorConfig(rows=2, cols=2, requant_table_rows=1, sfu_row_cycles=2),
+          # writes of 2 entries: two words of one entry, half a word of two
+          AcceleratorConfig(rows=4, cols=4, requant_table_rows=8, sfu_row_cycles=4, requant_load_entries=2),
+          AcceleratorConfig(rows=4, cols=4, requant_table_rows=8, sfu_row_cycles=2, requant_load_entries=1)]
+LOOKUP_IDS = ["4-lanes", "2-lanes-x-2", "1-lane-x-4", "1-row-1-lane-x-2", "1-lane-pairs", "2-lanes-singles"]
 ENTRY_BITS = REQUANT_ENTRY.size
 
 
@@ -85,6 +90,29 @@ def _unpack(row: int, cols: int) -> list[dict[str, int]]:
     return entries
 
 
+def _random_writes(config: AcceleratorConfig, rng: random.Random, count: int) -> list[dict[str, Any]]:
+    """Masked writes of random rows (random groups of ``table_load_entries`` entries), the full,
+    first, last and random masks."""
+    entries = config.table_load_entries
+    full = (1 << entries) - 1
+    writes = []
+    for _ in range(count):
+        w = {"addr": rng.randrange(config.requant_table_rows), "data": [_entry(rng) for _ in range(entries)],
+             "mask": rng.choice([full, 1, 1 << (entries - 1), rng.randrange(full + 1)])}
+        if entries < config.cols:
+            w["group"] = rng.randrange(config.cols // entries)
+        writes.append(w)
+    return writes
+
+
+def _row_write(config: AcceleratorConfig, w: dict[str, Any]) -> tuple[list[dict[str, int]], int]:
+    """A write's entries and mask in row form: its group's entries in place, the others 0."""
+    entries, group = config.table_load_entries, w.get("group", 0)
+    zero = {"bias": 0, "mult": 0, "shift": 0}
+    row = [zero] * (group * entries) + w["data"] + [zero] * (config.cols - (group + 1) * entries)
+    return row, w["mask"] << (group * entries)
+
+
 def _enables(config: AcceleratorConfig, mask: int) -> int:
     return sum(((1 << ENTRY_BITS) - 1) << (c * ENTRY_BITS) for c in range(config.cols) if mask >> c & 1)
 
@@ -103,8 +131,9 @@ def _write_events(config: AcceleratorConfig, writes: list[dict[str, Any]],
     """A row accepted at edge n writes its words ``_used_words`` one per edge, the last at n."""
     events = []
     for edge, w in zip(edges, writes, strict=True):
-        words = _used_words(config, w["mask"])
-        item = (w["addr"], _pack(w["data"]), _enables(config, w["mask"]))
+        row, mask = _row_write(config, w)
+        words = _used_words(config, mask)
+        item = (w["addr"], _pack(row), _enables(config, mask))
         events += [(edge - (words[-1] - k), 0, "w", k, item) for k in words]
     return events
 
@@ -140,10 +169,7 @@ def model(config: AcceleratorConfig, writes: list[dict[str, Any]], result: dict[
 @pytest.mark.parametrize("config", CONFIGS, ids=IDS)
 def test_random_masked_writes_and_reads_match_model(config: AcceleratorConfig) -> None:
     rng = random.Random(SEED)
-    full = (1 << config.cols) - 1
-    writes = [{"addr": rng.randrange(config.requant_table_rows),
-               "data": [_entry(rng) for _ in range(config.cols)],
-               "mask": rng.choice([full, 1, rng.randrange(full + 1)])} for _ in range(120)]
+    writes = _random_writes(config, rng, 120)
     reads = [rng.randrange(config.requant_table_rows) for _ in range(120)]
     result = run_traffic(config, writes, reads, seed=SEED, gap=0.3, stall=0.5)
     assert [row for _, row in result["resp"]] == model(config, writes, result, reads)
@@ -260,11 +286,7 @@ def test_lookups_of_lane_groups_match_model(config: AcceleratorConfig) -> None:
     # every cycle's lookup returns, the next cycle, its lane group's entries as written up to the
     # edge it was made at (writes of that edge included: transparent in simulation)
     rng = random.Random(SEED + 2)
-    full = (1 << config.cols) - 1
-    writes = [{"addr": rng.randrange(config.requant_table_rows),
-               "data": [_entry(rng) for _ in range(config.cols)],
-               "mask": rng.choice([full, 1, 1 << (config.cols - 1), rng.randrange(full + 1)])}
-              for _ in range(150)]
+    writes = _random_writes(config, rng, 150)
     edges, lookups = run_lookups(config, writes, 400, seed=SEED)
     events = _write_events(config, writes, edges)
     events += [(edge, 1, "r", group, (row, n)) for n, (edge, row, group, _) in enumerate(lookups)]
