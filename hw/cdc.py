@@ -82,6 +82,9 @@ class StreamCrossing(wiring.Component):
     read address (the pointer advanced by a read) is in a combinational path with the consumer's
     logic: ``o`` comes from registers, and the FIFO is read whenever the register has room, not
     when the consumer is ready. ``drained`` counts the items the consumer took from the register.
+    With ``pieces`` > 1 that register is a ``HalfRateRegister`` (one item, no spare entry and no
+    multiplexer per bit): items arrive at most every ``pieces`` cycles, so its rate of one every
+    other cycle costs nothing.
     ``write_register``: the items enter through a ``StreamRegister`` in ``w_domain``, so that the
     producer's ``valid`` and payload reach the FIFO's write port (and the block RAM's data inputs)
     only from registers, and ``i.ready`` is a register; ``write_register="half"`` makes that
@@ -153,8 +156,9 @@ class StreamCrossing(wiring.Component):
             # emptied with the FIFO's read side (whose reset follows the write side's); no read
             # in the last cycle of that reset (r_rst, a register, is then still high), so that no
             # item leaves the FIFO for a register being reset
+            register = HalfRateRegister if pieces > 1 else StreamRegister
             m.submodules.r_register = r_register = ResetInserter({self.r_domain: fifo.r_rst})(
-                DomainRenamer(self.r_domain)(StreamRegister(self.shape)))
+                DomainRenamer(self.r_domain)(register(self.shape)))
             wiring.connect(m, r_register.o, wiring.flipped(self.o))
             r_side = r_register.i
             m.d.comb += fifo.r_en.eq(Mux(r_last, r_side.ready, 1) & ~fifo.r_rst)
@@ -172,7 +176,7 @@ class StreamCrossing(wiring.Component):
             # The count restarts with the FIFO's read-domain reset, as its pointers do (r_rst, a
             # register, is still high in the first cycle the FIFO may be read again: that
             # cycle's read counts, as `taken`'s below)
-            earlier = Signal(piece * (pieces - 1))
+            earlier = Signal(piece * (pieces - 1), reset_less=True)     # (qualified by r_piece)
             read = fifo.r_en & fifo.r_rdy
             m.d[self.r_domain] += r_piece.eq(Mux(fifo.r_rst, 0, r_piece) + read)
             with m.If(read & ~r_last):
@@ -376,12 +380,17 @@ class ResetCrossing(wiring.Component):
         held = Signal(range(self.cycles + 1), reset_less=True)
         ack_o = Signal(reset_less=True)
         reset = Signal(init=1, reset_less=True)
+        # the output: a copy of `reset` a cycle later whose only load is the port, so that the
+        # register can sit beside whatever buffers the reset out to its domain (on ECP5 a global
+        # clock buffer at a fixed site: hw/top.py); the acknowledgement follows the copy
+        out = Signal(init=1, reset_less=True)
         enough = held == self.cycles
         m.d[self.o_domain] += [
             held.eq(Mux(reset, Mux(enough, held, held + 1), 0)),
             reset.eq(req_o | (reset & ~enough)),
-            ack_o.eq(reset & enough),
+            out.eq(reset),
+            ack_o.eq(out & enough),
         ]
-        m.d.comb += self.reset.eq(reset)
+        m.d.comb += self.reset.eq(out)
         m.submodules.ack_cdc = FFSynchronizer(ack_o, ack_i, o_domain=self.i_domain)
         return m

@@ -97,17 +97,22 @@ class StreamRegister(_StreamStage):
     two sides: ``o.valid`` and ``o.payload`` come from registers, and ``i.ready`` is a register
     (high while the spare entry is empty), so a consumer's ``ready`` does not reach the producer
     in the same cycle. One cycle of latency; a transfer every cycle while ``o.ready`` stays high.
-    Items leave in order, none lost or repeated."""
+    Items leave in order, none lost or repeated.
+
+    Only the two valid flags are reset: the payload registers, qualified by them, are not (a
+    reset reaches a few flip-flops rather than two payloads' worth, which on a wide stream such
+    as an accumulator row is over a thousand)."""
 
     def elaborate(self, platform):
         m = Module()
-        spare = Signal.like(self.i.payload)
+        spare = Signal.like(self.i.payload, reset_less=True)
         spare_valid = Signal()
-        m.d.comb += self.i.ready.eq(~spare_valid)
+        payload = Signal.like(self.i.payload, reset_less=True)
+        m.d.comb += [self.i.ready.eq(~spare_valid), self.o.payload.eq(payload)]
         with m.If(~self.o.valid | self.o.ready):        # the output register is free this cycle
             m.d.sync += [
                 self.o.valid.eq(spare_valid | self.i.valid),
-                self.o.payload.eq(Mux(spare_valid, spare, self.i.payload)),
+                payload.eq(Mux(spare_valid, spare, self.i.payload)),
                 spare_valid.eq(0),
             ]
         with m.Elif(self.i.valid & ~spare_valid):       # the output waits: the item into the spare
@@ -165,9 +170,9 @@ class SpacedStreamRegister(_StreamStage):
     def elaborate(self, platform):
         m = Module()
         key, flag = self._key, self._flag
-        spare = Signal.like(self.i.payload)
+        spare = Signal.like(self.i.payload, reset_less=True)      # (qualified by the valids)
         spare_valid = Signal()
-        out = Signal.like(self.i.payload)
+        out = Signal.like(self.i.payload, reset_less=True)
         out_valid = Signal()
         hold = Signal()
         fire = Signal()
@@ -210,13 +215,15 @@ class HalfRateRegister(_StreamStage):
     it; unlike :class:`StreamRegister` it has no spare entry and no multiplexer per payload bit
     (the payload register is loaded through its enable), at the price of one transfer every other
     cycle at most. One cycle of latency; items leave in order, none lost or repeated. Used for
-    the instructions of the load and store units, each of which takes many cycles."""
+    the instructions of the load and store units, each of which takes many cycles. Only the
+    valid flag is reset, not the payload register."""
 
     def elaborate(self, platform):
         m = Module()
-        m.d.comb += self.i.ready.eq(~self.o.valid)
+        payload = Signal.like(self.i.payload, reset_less=True)
+        m.d.comb += [self.i.ready.eq(~self.o.valid), self.o.payload.eq(payload)]
         with m.If(self.o.valid & self.o.ready):
             m.d.sync += self.o.valid.eq(0)
         with m.If(self.i.valid & self.i.ready):
-            m.d.sync += [self.o.valid.eq(1), self.o.payload.eq(self.i.payload)]
+            m.d.sync += [self.o.valid.eq(1), payload.eq(self.i.payload)]
         return m

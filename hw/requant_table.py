@@ -56,8 +56,9 @@ from .isa import Memory as Destination
 from .rtlil import UNDEFINED_COLLISION
 from .scratchpad import read_port_signature
 
-__all__ = ["REQUANT_ENTRY", "TABLE_READ_LATENCY", "RequantTable", "lookup_signature", "requant_group_layout",
-           "requant_row_layout", "requant_word_bits", "requant_write_layout", "table_load_fields"]
+__all__ = ["REQUANT_ENTRY", "TABLE_READ_LATENCY", "RequantTable", "lane_group_shape", "lookup_signature",
+           "requant_group_layout", "requant_row_layout", "requant_word_bits", "requant_write_layout",
+           "table_load_fields"]
 
 #: One channel's requantize entry: int32 bias, int32 multiplier, shift 0..62 (6 bits).
 REQUANT_ENTRY = data.StructLayout({
@@ -82,6 +83,12 @@ def requant_group_layout(config: AcceleratorConfig) -> data.ArrayLayout:
     return data.ArrayLayout(REQUANT_ENTRY, config.sfu_lanes)
 
 
+def lane_group_shape(config: AcceleratorConfig) -> Shape:
+    """The index of a lane group within a row (0 to ``config.sfu_row_cycles`` - 1): the table's
+    ``lookup.group`` and the pipelined SFU's ``param_group``."""
+    return unsigned((config.sfu_row_cycles - 1).bit_length())
+
+
 def lookup_signature(config: AcceleratorConfig) -> wiring.Signature:
     """The pipelined SFU's read port of the table, from the reader's side: ``row`` and ``group``
     (a lane group, 0 to ``sfu_row_cycles`` - 1; no such member when there is one group) out,
@@ -89,7 +96,7 @@ def lookup_signature(config: AcceleratorConfig) -> wiring.Signature:
     them."""
     members = {"row": Out(unsigned(config.requant_addr_bits))}
     if config.sfu_row_cycles > 1:
-        members["group"] = Out(unsigned((config.sfu_row_cycles - 1).bit_length()))
+        members["group"] = Out(lane_group_shape(config))
     return wiring.Signature(members | {"entries": In(requant_group_layout(config))})
 
 

@@ -67,7 +67,7 @@ from .config import AcceleratorConfig
 from .dsp import MULT18X18D_INPUT_BITS, is_ecp5, mult18x18d
 from .fifo import buffered_fifo
 from .isa import HEADER_LAYOUT, LAYOUTS, Activation, Opcode, OutType, PoolMode
-from .requant_table import requant_group_layout, requant_row_layout
+from .requant_table import lane_group_shape, requant_group_layout, requant_row_layout
 
 __all__ = [
     "SFU_REGS", "SFU_SETTINGS", "SFUPorts", "SpecialFunctionUnit", "SplitMultiplier", "SERIAL_LATENCY",
@@ -354,7 +354,7 @@ class SFUPorts(wiring.Component):
         }
         if self.streams_params:
             if config.sfu_row_cycles > 1:
-                members["param_group"] = Out(unsigned((config.sfu_row_cycles - 1).bit_length()))
+                members["param_group"] = Out(lane_group_shape(config))
             members["params"] = In(requant_group_layout(config))
         else:
             members["params"] = In(requant_row_layout(config))
@@ -410,7 +410,7 @@ class SpecialFunctionUnit(SFUPorts):
         lanes = cfg.sfu_lanes
         each_lane = range(lanes)
         groups = cfg.sfu_row_cycles             # lane groups per row, one per cycle
-        group_bits = (groups - 1).bit_length()
+        group_bits = lane_group_shape(cfg).width
         has_residual = cfg.sfu_residual
         has_max = "max" in cfg.sfu_pooling
         has_avg = "avg" in cfg.sfu_pooling
