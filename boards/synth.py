@@ -664,19 +664,37 @@ def _timing(data: Mapping[str, Any], target_mhz: float, compute_mhz: float | Non
         if key not in clocks:
             found = ", ".join(f"{c['net']} at {c['target_mhz']} MHz" for c in clocks.values()) or "none"
             raise ToolError(f"nextpnr timed no clock at {whose} {mhz:g} MHz (clocks: {found})")
-    paths = data.get("critical_paths") or []
-    critical = None
-    if paths:
-        worst = paths[0]
-        for path in paths:
-            if sum(s["delay"] for s in path["path"]) > sum(s["delay"] for s in worst["path"]):
-                worst = path
-        steps = worst["path"]
-        critical = {"from": worst.get("from"), "to": worst.get("to"),
-                    "start": steps[0]["from"].get("cell") if steps else None,
-                    "end": steps[-1]["to"].get("cell") if steps else None,
-                    "ns": round(sum(step["delay"] for step in steps), 3)}
-    return clocks, critical
+    return clocks, _critical_path(data.get("critical_paths") or [], clocks)
+
+
+def _critical_path(paths: list[Mapping[str, Any]], clocks: Mapping[str, Mapping[str, Any]]
+                   ) -> dict[str, Any] | None:
+    """The critical path among nextpnr's (one per pair of clock edges): of the paths from and to
+    the same timed clock, the one with the least slack (its clock's period less its delay), named
+    by the clock (``clock``, ``slack_ns``); with none such, the longest (``clock`` and
+    ``slack_ns`` None). With two clocks the longest path can be the slower clock's and meet its
+    target while the faster clock's fails; and nextpnr's paths between the two clocks (the
+    crossings' synchronizers) have no requirement of their own here."""
+    by_net = {f"posedge {clock['net']}": (name, 1000.0 / clock["target_mhz"])
+              for name, clock in clocks.items()}
+
+    def delay(path: Mapping[str, Any]) -> float:
+        return sum(step["delay"] for step in path["path"])
+
+    timed = [(delay(path) - by_net[path["from"]][1], path) for path in paths
+             if path.get("path") and path.get("from") == path.get("to") and path.get("from") in by_net]
+    if timed:
+        negative_slack, worst = max(timed, key=lambda item: item[0])
+        clock, slack = by_net[worst["from"]][0], round(-negative_slack, 3)
+    elif any(path.get("path") for path in paths):
+        worst = max((path for path in paths if path.get("path")), key=delay)
+        clock = slack = None
+    else:
+        return None
+    steps = worst["path"]
+    return {"from": worst.get("from"), "to": worst.get("to"), "clock": clock, "slack_ns": slack,
+            "start": steps[0]["from"].get("cell"), "end": steps[-1]["to"].get("cell"),
+            "ns": round(delay(worst), 3)}
 
 
 def _resources(board: Board, usage: Mapping[str, Mapping[str, int]], placed: Mapping[str, Any]
@@ -922,7 +940,8 @@ def summary_table(report: Mapping[str, Any]) -> str:
                      f"MHz: {verdict}")
     path = report["critical_path"]
     if path is not None:
-        lines.append(f"critical path {path['ns']:.1f} ns: {path['start']} -> {path['end']}")
+        where = "" if path["clock"] is None else f" (clock {path['clock']}, slack {path['slack_ns']:.1f} ns)"
+        lines.append(f"critical path {path['ns']:.1f} ns{where}: {path['start']} -> {path['end']}")
     if report["stage"] == "place":
         targets = {"sync": report["target_mhz"], "compute": report["compute_target_mhz"]}
         for name, mhz in report["placed_mhz"].items():

@@ -367,6 +367,38 @@ def test_two_clocks_are_named_in_the_report() -> None:
     assert nextpnr_progress(log, 75.0, 100.0)["placed_mhz"] == {"compute": 61.2, "sync": 55.0}
 
 
+def _path(start: str, end: str, *delays: float, edges: tuple[str, str]) -> dict:
+    """A critical path as nextpnr's report gives it: steps from ``start`` to ``end``."""
+    steps = [{"type": "routing", "delay": delay, "from": {"cell": start}, "to": {"cell": end}}
+             for delay in delays]
+    return {"from": f"posedge {edges[0]}", "to": f"posedge {edges[1]}", "path": steps}
+
+
+def test_critical_path_is_the_least_slack_within_a_clock() -> None:
+    """With two clocks the report's critical path is the one with the least slack within one
+    clock, not the longest: here the slower clock's 17.6 ns path meets its 20 ns while the
+    compute clock's 15.7 ns path fails its 10 ns; the longer path between the clocks (a
+    synchronizer's) is not chosen. With no path within a clock the longest is given, unnamed."""
+    sync, compute = "$glbnet$core.clk", "$glbnet$clock_reset.clk2"
+    report = {"fmax": {compute: {"achieved": 63.6, "constraint": 100.0},
+                       sync: {"achieved": 56.7, "constraint": 50.0}},
+              "critical_paths": [_path("fifo_ram", "writer", 5.8, 11.8, edges=(sync, sync)),
+                                 _path("r_rst", "acc_fifo", 0.5, 15.2, edges=(compute, compute)),
+                                 _path("boot", "r_rst_sync", 9.0, 10.0, edges=(sync, compute))]}
+    _, critical = _timing(report, 50.0, 100.0)
+    assert critical == {"from": f"posedge {compute}", "to": f"posedge {compute}", "clock": "compute",
+                        "slack_ns": -5.7, "start": "r_rst", "end": "acc_fifo", "ns": 15.7}
+    # the compute clock's path at 5.5 ns (slack 4.5 ns): the sync clock's (slack 2.4 ns) is the least
+    report["critical_paths"][1]["path"][1]["delay"] = 5.0
+    _, critical = _timing(report, 50.0, 100.0)
+    assert (critical["clock"], critical["slack_ns"], critical["start"]) == ("sync", 2.4, "fifo_ram")
+    report["critical_paths"] = report["critical_paths"][2:]
+    _, critical = _timing(report, 50.0, 100.0)
+    assert (critical["clock"], critical["slack_ns"], critical["ns"]) == (None, None, 19.0)
+    report["critical_paths"] = []
+    assert _timing(report, 50.0, 100.0)[1] is None
+
+
 # -- reset generator -----------------------------------------------------------------------------------
 
 def test_reset_is_released_after_the_power_on_delay() -> None:
