@@ -58,7 +58,7 @@ from .scratchpad import read_port_signature
 
 __all__ = ["REQUANT_ENTRY", "TABLE_READ_LATENCY", "RequantTable", "lane_group_shape", "lookup_signature",
            "requant_group_layout", "requant_row_layout", "requant_word_bits", "requant_write_layout",
-           "table_load_fields"]
+           "table_group_shape", "table_load_fields"]
 
 #: One channel's requantize entry: int32 bias, int32 multiplier, shift 0..62 (6 bits).
 REQUANT_ENTRY = data.StructLayout({
@@ -87,6 +87,13 @@ def lane_group_shape(config: AcceleratorConfig) -> Shape:
     """The index of a lane group within a row (0 to ``config.sfu_row_cycles`` - 1): the table's
     ``lookup.group`` and the pipelined SFU's ``param_group``."""
     return unsigned((config.sfu_row_cycles - 1).bit_length())
+
+
+def table_group_shape(config: AcceleratorConfig) -> Shape:
+    """The index of a table LOAD's group of ``config.table_load_entries`` entries within a row
+    (0 to ``cols // table_load_entries`` - 1): the table write's ``group`` and the LOAD unit's,
+    carried with each LOAD in flight."""
+    return unsigned((config.cols // config.table_load_entries - 1).bit_length())
 
 
 def lookup_signature(config: AcceleratorConfig) -> wiring.Signature:
@@ -133,7 +140,7 @@ def requant_write_layout(config: AcceleratorConfig) -> data.StructLayout:
     entries = config.table_load_entries
     fields: dict[str, Any] = {"addr": unsigned(config.requant_addr_bits)}
     if entries < config.cols:
-        fields["group"] = unsigned((config.cols // entries - 1).bit_length())
+        fields["group"] = table_group_shape(config)
     return data.StructLayout(fields | {
         "data": data.ArrayLayout(REQUANT_ENTRY, entries),
         "mask": unsigned(entries),

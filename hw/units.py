@@ -50,7 +50,7 @@ from .dma_serial import SerialGatherReader, SerialScatterWriter
 from .fifo import buffered_fifo
 from .interconnect import HalfRateRegister, SpacedStreamRegister, StreamRegister, recent_keys
 from .isa import LAYOUTS, Memory, Opcode, OutType, PoolMode
-from .requant_table import lookup_signature, requant_row_layout, requant_write_layout
+from .requant_table import lookup_signature, requant_row_layout, requant_write_layout, table_group_shape
 from .scratchpad import read_latency, read_port_signature, spad_row_layout, spad_write_layout
 from .sfu import SFU_REGS, SpecialFunctionUnit
 from .sfu_serial import SerialSpecialFunctionUnit
@@ -186,7 +186,7 @@ class LoadUnit(wiring.Component):
         # per command in flight, in order: where its rows go, the table group, the LOAD's program
         # counter
         info_layout = data.StructLayout({"dst": Memory, "widen": 1, "residual": 1, "pc": 32,
-                                         **({"group": range(groups)} if groups > 1 else {})})
+                                         **({"group": table_group_shape(cfg)} if groups > 1 else {})})
         m.submodules.inflight = inflight = buffered_fifo(cfg, width=info_layout.size, depth=self.depth)
 
         load = _view(Opcode.LOAD, self.cmd.payload.word)

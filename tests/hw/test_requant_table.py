@@ -8,8 +8,16 @@ import random
 from typing import Any
 
 import pytest
+from amaranth import unsigned
 from systolic.hw.config import AcceleratorConfig, ConfigError
-from systolic.hw.requant_table import REQUANT_ENTRY, TABLE_READ_LATENCY, RequantTable, requant_word_bits
+from systolic.hw.requant_table import (
+    REQUANT_ENTRY,
+    TABLE_READ_LATENCY,
+    RequantTable,
+    requant_word_bits,
+    requant_write_layout,
+    table_group_shape,
+)
 from systolic.sim.arith import MAX_SHIFT
 
 from .test_lint_synth_memories import synth
@@ -329,3 +337,14 @@ def test_narrow_words_fit_one_ice40_block_ram() -> None:
     result = synth(RequantTable(ICEBREAKER.replace(requant_row_words=1)), "RequantTable", "ice40",
                    flags=("-noabc",))
     assert result["brams"] == 9, result
+
+
+@pytest.mark.parametrize("cols,load_entries,bits", [(16, 4, 2), (16, 2, 3), (16, 1, 4), (8, 4, 1)])
+def test_a_table_write_names_every_group_of_a_row(cols: int, load_entries: int, bits: int) -> None:
+    """A table LOAD's group index (the write's ``group``, the LOAD unit's in flight) is as wide
+    as the last group of a row needs: cols // table_load_entries groups."""
+    config = AcceleratorConfig(rows=4, cols=cols, requant_table_rows=8, requant_load_entries=load_entries)
+    assert config.table_load_entries == load_entries
+    assert table_group_shape(config) == unsigned(bits)
+    assert (cols // load_entries - 1).bit_length() == bits
+    assert requant_write_layout(config)["group"].shape == unsigned(bits)
