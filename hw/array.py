@@ -39,7 +39,6 @@ from .pe import MAC_LATENCY, ProcessingElement, element_shapes
 __all__ = [
     "LUTRAM_DELAY_DEPTH", "LUTRAM_DELAY_MIN", "SystolicArray", "weight_layout", "input_layout",
     "output_layout", "array_latency", "ws_cycles", "os_cycles", "column_sum_shape", "default_stall_stages",
-    "DSP_ENABLE_COLUMNS",
 ]
 
 
@@ -166,14 +165,6 @@ def default_stall_stages(config: AcceleratorConfig) -> int:
     config = _check_config(config)
     pes = config.rows * config.cols
     return 0 if pes <= 16 else 1 if pes <= 64 else 3
-
-
-#: Neighbouring PEs of a row whose DSP blocks take their clock enable from one register of the
-#: stall tree (from 3 stall stages on): an ECP5 DSP block's four MULT18X18D share four
-#: clock-enable lines, so a group of four fills a block with one line. One register per row
-#: drove DSP blocks spread across the die (9.9 ns on the routed 16x16 SoC at 446999d); one per PE
-#: left a block of four PEs no line for anything else (docs/boards.md).
-DSP_ENABLE_COLUMNS = 4
 
 
 #: A delay of reset-less data this many cycles or more goes through distributed RAM when the
@@ -322,11 +313,6 @@ class SystolicArray(wiring.Component):
                       for i in range(config.rows)]
         for name, group in groups.items():
             m.submodules[name] = EnableInserter(enables[name])(group)
-        # equal to enable_inputs in every cycle, a leaf of its own for the input handshakes
-        # (inputs.ready, weights.ready): enable_inputs enables the whole input side, and the
-        # producer's stream register behind the handshake was the 16x16 SoC's critical path on
-        # the ULX3S-85F (the compute unit's input register, seed 2 at 446999d)
-        handshake = Signal(name="enable_input_handshake")
 
         # The last `array_lut_multipliers` PEs in row-major order multiply in logic, the
         # `array_bram_multipliers` before them in block RAM. A WS PE row's partial sums are only
@@ -343,26 +329,22 @@ class SystolicArray(wiring.Component):
         pes = [[ProcessingElement(config, multiplier=kind(i * config.cols + j),
                                   psum_shape=column_sum_shape(config, i + 1) if ws else None)
                 for j in range(config.cols)] for i in range(config.rows)]
-        # the DSP blocks' clock enables (ProcessingElement's dsp_enable): one per group of
-        # DSP_ENABLE_COLUMNS neighbouring PEs of a row with DSP PEs, each a leaf of that row's
-        # branch of the stall tree
-        dsp_groups = [sorted({j // DSP_ENABLE_COLUMNS for j, pe in enumerate(row) if pe.multiplier == "dsp"})
-                      for row in pes]
-        dsp_enables = [[Signal(name=f"enable_dsp_{i}_{g}") for g in groups_]
-                       for i, groups_ in enumerate(dsp_groups)]
+        # the DSP blocks' clock enables: one per PE row with DSP PEs (ProcessingElement's
+        # dsp_enable), a leaf of that row's branch of the stall tree
+        dsp_enables = [[Signal(name=f"enable_dsp_{i}")] if any(pe.multiplier == "dsp" for pe in row) else []
+                       for i, row in enumerate(pes)]
         for i, row in enumerate(pes):
             for j, pe in enumerate(row):
                 m.submodules[f"pe_{i}_{j}"] = pe
                 m.d.comb += pe.enable.eq(pe_enables[i][j])
                 if pe.multiplier == "dsp":
-                    m.d.comb += pe.dsp_enable.eq(dsp_enables[i][dsp_groups[i].index(j // DSP_ENABLE_COLUMNS)])
+                    m.d.comb += pe.dsp_enable.eq(dsp_enables[i][0])
 
         if ws:
-            valid, last, results = self._elaborate_ws(groups, handshake, pes, lutram)
+            valid, last, results = self._elaborate_ws(groups, enables["inputs"], pes, lutram)
         else:
-            valid, last, results = self._elaborate_os(groups, handshake, pes, lutram)
-        self._elaborate_stall(m, platform, [[enables["inputs"], handshake], [enables["weights"]],
-                                            [enables["outputs"]]]
+            valid, last, results = self._elaborate_os(groups, enables["inputs"], pes, lutram)
+        self._elaborate_stall(m, platform, [[leaf] for leaf in enables.values()]
                               + [row + dsp for row, dsp in zip(pe_enables, dsp_enables, strict=True)],
                               enables["outputs"], valid, last, results)
         return m
@@ -370,10 +352,10 @@ class SystolicArray(wiring.Component):
     def _elaborate_stall(self, m: Module, platform: Any, branches: list[list[Signal]],
                          out_enable: Signal, valid: Value, last: Value,
                          results: list[Value]) -> None:
-        """Drive the enables (``branches``: the edge blocks' enables, the input side's with its
-        handshakes' copy, and each PE row's enables) and the output stream from the de-skewed
-        result row (``valid``, ``last``, ``results``: the bottom row's sums, each of its column's
-        shape), which leaves the pipeline in every cycle ``out_enable`` is high."""
+        """Drive the enables (``branches``: the edge blocks' enables, each alone, and each PE
+        row's enables) and the output stream from the de-skewed result row (``valid``,
+        ``last``, ``results``: the bottom row's sums, each of its column's shape), which leaves
+        the pipeline in every cycle ``out_enable`` is high."""
         leaves = [leaf for branch in branches for leaf in branch]
         outputs = self.outputs
         stages = self.stall_stages
@@ -441,8 +423,7 @@ class SystolicArray(wiring.Component):
 
         # The decision register; from 2 stages on one register per branch (an edge block or a
         # PE row); from 3 on also one per PE, below its row's register, and a chain above the
-        # branches for the stages beyond 3. No register drives more than a row's leaves (cols and one
-        # per DSP_ENABLE_COLUMNS DSP PEs) or rows + 4 branches.
+        # branches for the stages beyond 3. No register drives more than max(rows, cols) + 3.
         decision = _stall_register(m, platform, occupancy <= depth - stages, "stall_root")
         if stages == 1:
             m.d.comb += [leaf.eq(decision) for leaf in [*leaves, handshake]]

@@ -3,9 +3,8 @@
 Five blocks, each safe for any ratio of the two clocks (neither needs to be faster, and the
 clocks need not be related):
 
-* :class:`StreamCrossing` — a stream through an asynchronous FIFO
-  (:class:`~systolic.hw.fifo.RegisteredAsyncFIFO`: Gray-coded pointers, two-register
-  synchronizers, its ready flags registers), and on either side, if asked, through a
+* :class:`StreamCrossing` — a stream through an asynchronous FIFO (Amaranth's ``AsyncFIFO``:
+  Gray-coded pointers, two-register synchronizers), and on either side, if asked, through a
   stream register that keeps the FIFO's memory and pointers out of the paths of the logic
   there. Its write side also counts the items whose read the other side has reported
   (``drained``), so that a producer can tell when items it sent have been taken (a LOAD
@@ -31,10 +30,10 @@ Units: counts are items or events; ``depth`` in entries.
 from amaranth import Cat, Const, DomainRenamer, Module, Mux, ResetInserter, Shape, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.cdc import FFSynchronizer
-from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.fifo import AsyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-from .fifo import RegisteredAsyncFIFO
+from .fifo import BlockRamAsyncFIFO
 from .interconnect import HalfRateRegister, StreamRegister
 
 __all__ = ["StreamCrossing", "DrainedGate", "EventCrossing", "CountCrossing", "ResetCrossing", "COUNT_BITS"]
@@ -76,8 +75,7 @@ class StreamCrossing(wiring.Component):
     last one. ``sent`` and ``drained`` count items.
 
     ``block_ram``: the FIFO's storage carries yosys' ``ram_style = "block"``
-    (:class:`~systolic.hw.fifo.RegisteredAsyncFIFO`'s ``block_ram``; synthesis only, the
-    behaviour is the same).
+    (:class:`~systolic.hw.fifo.BlockRamAsyncFIFO`; synthesis only, the behaviour is the same).
 
     ``read_register``: the items leave through a :class:`~systolic.hw.interconnect.StreamRegister`
     in ``r_domain``, so that neither the FIFO's read data (a block RAM's clock-to-output) nor its
@@ -136,9 +134,9 @@ class StreamCrossing(wiring.Component):
         width = Shape.cast(self.shape).width
         pieces = self.pieces
         piece = -(-width // pieces)          # bits of a piece (the last one zero-padded)
-        m.submodules.fifo = fifo = RegisteredAsyncFIFO(
-            width=piece, depth=self.depth * pieces, exact_depth=True, w_domain=self.w_domain,
-            r_domain=self.r_domain, block_ram=self.block_ram)
+        kind = BlockRamAsyncFIFO if self.block_ram else AsyncFIFO
+        m.submodules.fifo = fifo = kind(width=piece, depth=self.depth * pieces, exact_depth=True,
+                                        w_domain=self.w_domain, r_domain=self.r_domain)
         # the FIFO's two sides, each directly on a port or through a register of its domain
         w_side, r_side = self.i, self.o
         if self.write_register:
@@ -155,15 +153,15 @@ class StreamCrossing(wiring.Component):
             w_last, r_last = w_piece == pieces - 1, r_piece == pieces - 1
         m.d.comb += w_side.ready.eq(fifo.w_rdy & w_last)
         if self.read_register:
-            # emptied with the FIFO's read side (whose reset follows the write side's); the FIFO
-            # gives nothing while r_rst is high (its r_rdy is low in every such cycle), so that no
-            # item leaves it for a register being reset
+            # emptied with the FIFO's read side (whose reset follows the write side's); no read
+            # in the last cycle of that reset (r_rst, a register, is then still high), so that no
+            # item leaves the FIFO for a register being reset
             register = HalfRateRegister if pieces > 1 else StreamRegister
             m.submodules.r_register = r_register = ResetInserter({self.r_domain: fifo.r_rst})(
                 DomainRenamer(self.r_domain)(register(self.shape)))
             wiring.connect(m, r_register.o, wiring.flipped(self.o))
             r_side = r_register.i
-            m.d.comb += fifo.r_en.eq(Mux(r_last, r_side.ready, 1))
+            m.d.comb += fifo.r_en.eq(Mux(r_last, r_side.ready, 1) & ~fifo.r_rst)
         else:
             m.d.comb += fifo.r_en.eq(Mux(r_last, self.o.ready, 1))
         m.d.comb += [fifo.w_en.eq(w_side.valid), r_side.valid.eq(fifo.r_rdy & r_last)]
@@ -175,8 +173,9 @@ class StreamCrossing(wiring.Component):
             with m.If(fifo.w_en & fifo.w_rdy):
                 m.d[self.w_domain] += w_piece.eq(w_piece + 1)        # (wraps: pieces is 2**n)
             # the earlier pieces shift into a register; the last one joins them from the FIFO.
-            # The count restarts with the FIFO's read-domain reset, as its pointers do (no read
-            # while r_rst is high)
+            # The count restarts with the FIFO's read-domain reset, as its pointers do (r_rst, a
+            # register, is still high in the first cycle the FIFO may be read again: that
+            # cycle's read counts, as `taken`'s below)
             earlier = Signal(piece * (pieces - 1), reset_less=True)     # (qualified by r_piece)
             read = fifo.r_en & fifo.r_rdy
             m.d[self.r_domain] += r_piece.eq(Mux(fifo.r_rst, 0, r_piece) + read)
@@ -185,18 +184,14 @@ class StreamCrossing(wiring.Component):
             m.d.comb += r_side.payload.eq(Cat(earlier, fifo.r_data)[:width])
         with m.If(self.i.valid & self.i.ready):
             m.d[self.w_domain] += self.sent.eq(self.sent + 1)
-        # items taken, counted in the read domain a cycle after each take (a register of the
-        # handshake: the consumer's ready does not reach the count's adder in its cycle) and
-        # sent back as a Gray code. The count restarts from 0 with the FIFO's read-domain reset
-        # (which follows the write side's), as the FIFO's own pointers do; an item taken while
-        # r_rst is high (one the read register gave out as the reset crossed) does not count:
-        # the FIFO is not read while r_rst is high, so it is not one sent after the reset.
-        took = Signal()
+        # items taken, counted in the read domain and sent back as a Gray code. The count
+        # restarts from 0 with the FIFO's read-domain reset (which follows the write side's), as
+        # the FIFO's own pointers do; r_rst is a register, still high in the first cycle the
+        # FIFO may be read again, so that cycle's read counts.
         taken = Signal(COUNT_BITS)
         taken_gray = Signal(COUNT_BITS)
-        taken_next = Mux(fifo.r_rst, 0, taken + took)
-        m.d[self.r_domain] += [took.eq(self.o.valid & self.o.ready & ~fifo.r_rst), taken.eq(taken_next),
-                               taken_gray.eq(_gray(taken_next))]
+        taken_next = Mux(fifo.r_rst, 0, taken) + (self.o.valid & self.o.ready)
+        m.d[self.r_domain] += [taken.eq(taken_next), taken_gray.eq(_gray(taken_next))]
         synced = Signal(COUNT_BITS)
         m.submodules.drained_cdc = FFSynchronizer(taken_gray, synced, o_domain=self.w_domain)
         m.d[self.w_domain] += self.drained.eq(Cat(*_binary(synced)))

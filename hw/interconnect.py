@@ -101,9 +101,7 @@ class StreamRegister(_StreamStage):
 
     Only the two valid flags are reset: the payload registers, qualified by them, are not (a
     reset reaches a few flip-flops rather than two payloads' worth, which on a wide stream such
-    as an accumulator row is over a thousand). The spare entry takes the input in every cycle it
-    is empty, so its load enable is its valid flag (a register): the consumer's ``ready`` reaches
-    the output register's enable only."""
+    as an accumulator row is over a thousand)."""
 
     def elaborate(self, platform):
         m = Module()
@@ -118,11 +116,7 @@ class StreamRegister(_StreamStage):
                 spare_valid.eq(0),
             ]
         with m.Elif(self.i.valid & ~spare_valid):       # the output waits: the item into the spare
-            m.d.sync += spare_valid.eq(1)
-        # the spare entry takes the input in every cycle it is empty (the item that fills it is
-        # then there), so its load enable is a register and not the consumer's ready
-        with m.If(~spare_valid):
-            m.d.sync += spare.eq(self.i.payload)
+            m.d.sync += [spare_valid.eq(1), spare.eq(self.i.payload)]
         return m
 
 
@@ -211,9 +205,7 @@ class SpacedStreamRegister(_StreamStage):
         with m.Else():                          # the item stays (none leaves this cycle)
             m.d.sync += hold.eq(waits(out, False))
             with m.If(self.i.valid & ~spare_valid):
-                m.d.sync += spare_valid.eq(1)
-        with m.If(~spare_valid):                # as StreamRegister's: loaded while empty
-            m.d.sync += spare.eq(self.i.payload)
+                m.d.sync += [spare_valid.eq(1), spare.eq(self.i.payload)]
         return m
 
 

@@ -73,9 +73,8 @@ def exit_status(returncode: int) -> str:
 #: * CASEINCOMPLETE: a ``Switch`` that leaves values unmatched (an enum with unused codes, a queue
 #:   number) becomes a ``case`` without ``default``; every signal it drives has a value assigned
 #:   before the ``case`` in the same process, so nothing is latched.
-#: * SYNCASYNCNET: the crossings' asynchronous FIFO (``RegisteredAsyncFIFO``, hw/fifo.py, in the
-#:   crossings of a config with ``compute_clock_mhz``, hw/cdc.py), as Amaranth's ``AsyncFIFO``,
-#:   resets its read side asynchronously from the write side's reset (an
+#: * SYNCASYNCNET: Amaranth's ``AsyncFIFO`` (the crossings of a config with ``compute_clock_mhz``,
+#:   hw/cdc.py) resets its read side asynchronously from the write side's reset (an
 #:   ``AsyncFFSynchronizer``), so that reset, elsewhere synchronous, is also an asynchronous one.
 VERILATOR_WAIVERS: tuple[str, ...] = (
     "-Wno-DECLFILENAME",

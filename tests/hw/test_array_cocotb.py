@@ -41,12 +41,9 @@ CASES = [
     # 16-bit operands: products wider than 18 bits, so the sign pins of the DSP matter
     pytest.param("os", 4, 4, True, {"input_bits": 16, "weight_bits": 16}, None, id="os-4x4-int16-ecp5"),
     # the registered stall tree of large arrays (TRELLIS_FF instances), with the DSP blocks' clock
-    # enables registers of their own and the input and output handshakes' a register each
+    # enables a register per PE row and the output handshake's a register of its own
     pytest.param("ws", 4, 4, True, {}, 3, id="ws-4x4-ecp5-stall3"),
     pytest.param("os", 4, 4, True, {}, 3, id="os-4x4-ecp5-stall3"),
-    # DSP clock enables a register per DSP_ENABLE_COLUMNS PEs of a row: two groups in rows 0-3,
-    # one for row 4's six DSP PEs, the rest in logic
-    pytest.param("ws", 8, 8, True, {"array_lut_multipliers": 26}, 3, id="ws-8x8-ecp5-stall3"),
 ]
 
 

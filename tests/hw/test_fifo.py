@@ -12,17 +12,14 @@ import os
 import random
 
 import pytest
-from amaranth import ClockDomain, Module
 from amaranth.back import rtlil
 from amaranth.lib import fifo
-from amaranth.sim import Simulator
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.dma import GatherReader, read_run_fifo_depth
 from systolic.hw.fifo import (
     RAM_STYLE,
     BlockRamAsyncFIFO,
     BlockRamFIFO,
-    RegisteredAsyncFIFO,
     buffered_fifo,
     fifo_storage_bits,
     wants_block_ram,
@@ -174,159 +171,9 @@ def test_block_ram_async_fifo_is_block_ram_on_ecp5() -> None:
 
     (attributes, memory), = _memories(_async_rtlil(make(BlockRamAsyncFIFO)))
     assert memory.endswith("memory width 64 size 8 \\storage") and _STYLE in attributes
-    (attributes, _), = _memories(_async_rtlil(make(RegisteredAsyncFIFO)))
+    (attributes, _), = _memories(_async_rtlil(make(fifo.AsyncFIFO)))
     assert _STYLE not in attributes
     marked = yosys_synth(_async_rtlil(make(BlockRamAsyncFIFO)), "top", "ecp5", rtlil=True)
-    plain = yosys_synth(_async_rtlil(make(RegisteredAsyncFIFO)), "top", "ecp5", rtlil=True)
+    plain = yosys_synth(_async_rtlil(make(fifo.AsyncFIFO)), "top", "ecp5", rtlil=True)
     assert marked["cells"].get("DP16KD", 0) >= 1 and marked["lutrams"] == 0
     assert plain["cells"].get("DP16KD", 0) == 0 and plain["lutrams"] > 0
-
-
-#: (write period, read period) in ns: either side faster, and a ratio that never lines up
-_ASYNC_PERIODS = [(10, 7), (7, 10), (10, 23), (10, 10)]
-
-
-def _async_simulate(dut: RegisteredAsyncFIFO, periods: tuple[int, int], *benches,
-                    write: ClockDomain | None = None) -> None:
-    m = Module()
-    m.domains.write = write or ClockDomain("write")
-    m.domains.read = ClockDomain("read")
-    m.submodules.dut = dut
-    sim = Simulator(m)
-    sim.add_clock(periods[0] * 1e-9, domain="write")
-    sim.add_clock(periods[1] * 1e-9, domain="read", phase=periods[1] * 0.37e-9)
-    for bench in benches:
-        sim.add_testbench(bench)
-    sim.run()
-
-
-@pytest.mark.parametrize("depth", [2, 8])
-@pytest.mark.parametrize("periods", _ASYNC_PERIODS)
-def test_registered_async_fifo_in_order_under_random_traffic(periods, depth) -> None:
-    """Every item comes out once, in order, under random enables on both sides; r_rdy is never
-    high while the FIFO is empty nor w_rdy while it is full (an item written to a full FIFO
-    would overwrite one not yet read, a read of an empty one would repeat or invent one)."""
-    rng = random.Random(SEED * 1000 + depth + sum(periods))
-    items = [rng.randrange(1 << 16) for _ in range(300)] + [0, 0xFFFF, 0x8000, 1]
-    dut = RegisteredAsyncFIFO(width=16, depth=depth, w_domain="write", r_domain="read")
-    got = []
-
-    async def writer(ctx):
-        k = 0
-        while k < len(items):
-            on = rng.random() < 0.7
-            ctx.set(dut.w_en, on)
-            ctx.set(dut.w_data, items[k] if on else rng.randrange(1 << 16))
-            _, _, ready = await ctx.tick("write").sample(dut.w_rdy)
-            if on and ready:
-                k += 1
-        ctx.set(dut.w_en, 0)
-
-    async def reader(ctx):
-        for _ in range(20 * len(items)):        # bounded: a lost item fails, not hangs
-            if len(got) >= len(items):
-                break
-            on = rng.random() < 0.6
-            ctx.set(dut.r_en, on)
-            _, _, ready, value = await ctx.tick("read").sample(dut.r_rdy, dut.r_data)
-            if on and ready:
-                got.append(value)
-        ctx.set(dut.r_en, 0)
-        for _ in range(20):
-            assert not ctx.get(dut.r_rdy), "r_rdy high with every item read"
-            await ctx.tick("read")
-
-    _async_simulate(dut, periods, writer, reader)
-    assert got == items
-
-
-@pytest.mark.parametrize("periods", _ASYNC_PERIODS)
-def test_registered_async_fifo_holds_depth_items_and_streams_at_full_rate(periods) -> None:
-    """With the reader stopped the FIFO takes exactly ``depth`` items; with both sides enabled
-    in every cycle and equal clocks an item moves in every cycle (the registered flags cost
-    latency, not rate)."""
-    depth = 8
-    dut = RegisteredAsyncFIFO(width=8, depth=depth, w_domain="write", r_domain="read")
-    result = {}
-
-    async def writer(ctx):
-        ctx.set(dut.w_en, 1)
-        written = 0
-        for _ in range(60):
-            ctx.set(dut.w_data, written)
-            _, _, ready = await ctx.tick("write").sample(dut.w_rdy)
-            written += ready
-        result["filled"] = written
-        result["go"] = True
-        stalls = 0
-        for _ in range(200):
-            ctx.set(dut.w_data, written)
-            _, _, ready = await ctx.tick("write").sample(dut.w_rdy)
-            written += ready
-            stalls += not ready
-        result["write_stalls"] = stalls
-        result["written"] = written
-        ctx.set(dut.w_en, 0)
-
-    async def reader(ctx):
-        while not result.get("go"):
-            await ctx.tick("read")
-        ctx.set(dut.r_en, 1)
-        got = []
-        for _ in range(400):
-            _, _, ready, value = await ctx.tick("read").sample(dut.r_rdy, dut.r_data)
-            if ready:
-                got.append(value)
-        result["got"] = got
-
-    _async_simulate(dut, periods, writer, reader)
-    assert result["filled"] == depth
-    assert result["got"] == [n % 256 for n in range(result["written"])]
-    if periods[0] == periods[1]:
-        # the reader keeps up: after the full FIFO's first items, the writer is never held
-        assert result["write_stalls"] <= 4, result
-
-
-def test_registered_async_fifo_write_reset_empties_it() -> None:
-    """A reset of the write domain empties the FIFO: the read side raises r_rst, gives none of
-    the items written before and not read, and the items written after come out in order (the
-    read pointer joins the write pointer, wherever it was). (The read side also starts in that
-    reset, as Amaranth's AsyncFIFO does: the writer waits it out.)"""
-    dut = RegisteredAsyncFIFO(width=8, depth=4, w_domain="write", r_domain="read")
-    write = ClockDomain("write")
-    before, got = [], []
-    state = {"written": False, "resetting": False, "released": False, "rst_seen": False}
-
-    async def writer(ctx):
-        await ctx.tick("write").repeat(5)
-        ctx.set(dut.w_en, 1)
-        for value in (1, 2, 3):
-            ctx.set(dut.w_data, value)
-            await ctx.tick("write").until(dut.w_rdy)
-        ctx.set(dut.w_en, 0)
-        state["written"] = True
-        await ctx.tick("write").repeat(12)
-        ctx.set(write.rst, 1)
-        state["resetting"] = True
-        await ctx.delay(20e-9)          # two write cycles (a tick of a domain in reset raises)
-        ctx.set(write.rst, 0)
-        state["released"] = True
-        await ctx.tick("write").repeat(3)
-        ctx.set(dut.w_en, 1)
-        for value in (7, 8):
-            ctx.set(dut.w_data, value)
-            await ctx.tick("write").until(dut.w_rdy)
-        ctx.set(dut.w_en, 0)
-
-    async def reader(ctx):
-        for _ in range(80):
-            _, _, ready, value, rst = await ctx.tick("read").sample(dut.r_rdy, dut.r_data, dut.r_rst)
-            state["rst_seen"] |= bool(rst) and state["resetting"]
-            if ready and ctx.get(dut.r_en):
-                (got if state["released"] else before).append(value)
-            # the first item is read before the reset, the rest after it
-            ctx.set(dut.r_en, state["released"] or (state["written"] and not before))
-
-    _async_simulate(dut, (10, 7), writer, reader, write=write)
-    assert state["rst_seen"]
-    assert before == [1] and got == [7, 8]
