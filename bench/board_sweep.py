@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from systolic.boards.boards import BOARDS, BoardError, FitError, get_board, load_preset
-from systolic.boards.synth import PLACERS, ROUTERS, STOP_AFTER, PlaceRouteTimeout, synth
+from systolic.boards.synth import PLACERS, ROUTERS, STOP_AFTER, PlaceRouteTimeout, RouteStalled, synth
 from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment, parse_size
 
 __all__ = ["run_one", "main"]
@@ -109,7 +109,8 @@ def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: 
             time_limit: float | None = None, stop_after: str | None = None) -> dict[str, Any]:
     """Synthesize ``config`` on ``board`` (into ``work``) at ``clock_mhz`` (default: the
     config's); when only DSP blocks are short, again with that many more PEs multiplying in
-    logic. nextpnr is stopped after ``time_limit`` seconds (the row then says how far it got);
+    logic. nextpnr is stopped after ``time_limit`` seconds, and router2 when it stops converging
+    (:data:`~systolic.boards.synth.ROUTE_PATIENCE`); the row then says how far it got;
     ``stop_after`` ("yosys" or "place") ends each flow there (the row has the resources and,
     after placement, nextpnr's estimate in ``placed_mhz``). Returns one table row."""
     started = time.monotonic()
@@ -128,8 +129,14 @@ def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: 
             row.update(stopped_in=exc.stage,
                        placed_mhz=exc.placed_mhz.get("compute", exc.placed_mhz.get("sync")),
                        control_placed_mhz=exc.placed_mhz.get("sync"),
-                       arcs_total=exc.arcs_total, arcs_left=exc.arcs_left,
+                       arcs_total=exc.arcs_total, arcs_left=exc.arcs_left, router2=exc.router2,
                        heap_stalled=exc.heap_stalled)
+            return row
+        except RouteStalled as exc:         # router2 stopped converging (synth's route_patience)
+            row = _row(kind, board, config, mhz, None, str(exc), time.monotonic() - started)
+            row.update(stopped_in="routing",
+                       placed_mhz=exc.placed_mhz.get("compute", exc.placed_mhz.get("sync")),
+                       control_placed_mhz=exc.placed_mhz.get("sync"), router2=exc.router2)
             return row
         except FitError as exc:
             pes = config.rows * config.cols

@@ -42,8 +42,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ from .clocking import ClockReset, Ecp5Pll, Ice40Pll, PllError, ecp5_pll, ice40_p
 
 __all__ = ["CORES", "PLACERS", "ROUTERS", "ArrayCore", "make_core", "BoardTop", "ClockPlan", "plan_clock",
            "check_fit", "tool_path", "synth", "summary_table", "resolve_config", "PlaceRouteTimeout",
-           "nextpnr_progress", "clock_name", "netlist_units", "STOP_AFTER"]
+           "RouteStalled", "ROUTE_PATIENCE", "nextpnr_progress", "clock_name", "netlist_units", "STOP_AFTER"]
 
 #: Cores :func:`synth` can put on a board.
 CORES = ("soc", "array")
@@ -77,6 +78,12 @@ CORES = ("soc", "array")
 #: ULX3S's 85F it places and routes the 4x4 SoC in about a third of heap's time, at a lower Fmax),
 #: both refined by simulated annealing; "sa" (annealing alone) is slower than either.
 PLACERS = ("heap", "static", "sa")
+#: router2 iterations without fewer overused wires than before after which :func:`synth` stops
+#: it (:class:`RouteStalled`): twice the longest such run seen before router2 finished on the
+#: 16x16 SoC (45 iterations); runs that never finished sat within a few wires of 0 for hundreds
+#: of iterations (docs/boards.md)
+ROUTE_PATIENCE = 100
+
 #: nextpnr's routers: "router1" (nextpnr's default) and "router2" (negotiated congestion over the
 #: whole design at once; on the 4x4 ULX3S SoC it left overused wires where router1 finished,
 #: docs/boards.md).
@@ -340,6 +347,42 @@ def _run(command: list[str], cwd: Path, env: Mapping[str, str],
                           timeout=timeout)
 
 
+#: how often a running nextpnr is checked (its exit, the time limit, router2's progress), seconds
+WATCH_SECONDS = 1.0
+
+
+def _run_watched(command: list[str], cwd: Path, env: Mapping[str, str], timeout: float | None,
+                 stop: Callable[[], bool]) -> subprocess.CompletedProcess | None:
+    """:func:`_run` that also asks ``stop()`` every :data:`WATCH_SECONDS` while ``command`` runs:
+    when it says so the command is killed and None returned. Past ``timeout`` seconds it is
+    killed and :class:`subprocess.TimeoutExpired` raised. Output goes to temporary files, not
+    pipes, so a command that writes a lot never waits on a full pipe."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        process = subprocess.Popen(command, cwd=cwd, env=dict(env), stdout=stdout, stderr=stderr)
+        try:
+            while True:
+                wait = WATCH_SECONDS if deadline is None else max(0.0, min(WATCH_SECONDS,
+                                                                            deadline - time.monotonic()))
+                try:
+                    returncode = process.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise subprocess.TimeoutExpired(command, timeout)
+                if stop():
+                    return None
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        stdout.seek(0)
+        stderr.seek(0)
+        return subprocess.CompletedProcess(command, returncode, stdout.read().decode(errors="replace"),
+                                           stderr.read().decode(errors="replace"))
+
+
 def _tool_versions(family: str, yosys_log: Path) -> dict[str, str]:
     """Versions of the Python packages the flow ran on, and yosys' own (from its log)."""
     out = {}
@@ -475,14 +518,30 @@ class PlaceRouteTimeout(ToolError):
 
     def __init__(self, message: str, *, stage: str, placed_mhz: dict[str, float],
                  arcs_total: int | None, arcs_left: int | None, seconds: float,
-                 heap_stalled: bool = False) -> None:
+                 heap_stalled: bool = False, router2: dict[str, int] | None = None) -> None:
         super().__init__(message)
         self.heap_stalled = heap_stalled
         self.stage = stage
         self.placed_mhz = placed_mhz
         self.arcs_total = arcs_total
         self.arcs_left = arcs_left
+        self.router2 = router2
         self.seconds = seconds
+
+
+class RouteStalled(ToolError):
+    """nextpnr's router2 was stopped because it no longer converged: its count of overused wires
+    (routing resources claimed by more than one net, which must reach 0) had not gone below its
+    lowest in ``patience`` iterations (:func:`synth`'s ``route_patience``). ``router2``: its
+    progress then (:func:`nextpnr_progress`: ``iteration``, ``overused``, ``fewest``,
+    ``fewest_iteration``); ``placed_mhz``: nextpnr's Fmax estimate after placement."""
+
+    def __init__(self, message: str, *, router2: dict[str, int], placed_mhz: dict[str, float],
+                 patience: int) -> None:
+        super().__init__(message)
+        self.router2 = router2
+        self.placed_mhz = placed_mhz
+        self.patience = patience
 
 
 #: nextpnr pads the shorter clock names of its Fmax lines to the longest's width
@@ -491,6 +550,9 @@ _MAX_FREQUENCY = re.compile(r"^Info: Max frequency for clock +'(?P<clock>[^']+)'
 _ROUTING_ARCS = re.compile(r"^Info: Routing (?P<arcs>\d+) arcs\.")
 #: router1's progress rows: "Info:  330000 |  67589  262410 |  305  695 |  240076|  10.09  2077.88|"
 _ROUTER_ROW = re.compile(r"^Info:\s+\d+\s*\|\s*\d+\s+\d+\s*\|\s*\d+\s+\d+\s*\|\s*(?P<left>\d+)\s*\|")
+#: router2's rows, one per iteration: "Info:     iter=91 wires=1128474 overused=0 overuse=0 archfail=0"
+#: (the static placer's "Info: iter=1 steplen=..." rows are not these)
+_ROUTER2_ROW = re.compile(r"^Info:\s+iter=(?P<iteration>\d+) wires=\d+ overused=(?P<overused>\d+) ")
 
 
 _HEAP_ITERATION = re.compile(r"^Info:\s+at iteration #\d+, type ALL:")
@@ -521,11 +583,17 @@ def nextpnr_progress(log: str, target_mhz: float | None = None,
     ``placed_mhz`` (clock -> the Fmax estimate printed after placement, before routing; the
     clocks constrained to ``target_mhz`` and ``compute_mhz`` are called ``sync`` and
     ``compute``, as in :func:`synth`'s report, :func:`clock_name`), ``arcs_total``
-    and ``arcs_left`` (the router's last progress row; None before routing), ``heap_stalled``:
-    the analytic placer (HeAP) had started and not finished its first iteration, whose strict
-    legalisation is where it stalls on nearly full ECP5 devices (docs/boards.md)."""
+    and ``arcs_left`` (router1's last progress row; None before routing), ``router2``: None
+    before router2's first iteration, then its last iteration's number (``iteration``) and
+    count of overused wires (``overused``), the fewest overused wires of any iteration so far
+    (``fewest``) and the first iteration that had that few (``fewest_iteration``);
+    ``heap_stalled``: the analytic placer (HeAP) had started and not finished its first
+    iteration, whose strict legalisation is where it stalls on nearly full ECP5 devices
+    (docs/boards.md)."""
     lines = log.splitlines()
-    routing = next((i for i, line in enumerate(lines) if line.startswith("Info: Routing..")), None)
+    # "Routing globals..." (ECP5) or "Routing.." (router1) starts it; router2 logs its rows after
+    # "Routing globals..." and "Routing.." only for router1's final check
+    routing = next((i for i, line in enumerate(lines) if line.startswith("Info: Routing")), None)
     placing = any("placer" in line.lower() or "placement" in line.lower() for line in lines)
     placed: dict[str, float] = {}
     for line in lines[:routing]:
@@ -536,25 +604,44 @@ def nextpnr_progress(log: str, target_mhz: float | None = None,
                               target_mhz, compute_mhz)
             placed[name] = float(match.group("mhz"))
     arcs_total = arcs_left = None
+    router2: dict[str, int] | None = None
     for line in lines[routing:] if routing is not None else []:
         if (match := _ROUTING_ARCS.match(line)) is not None:
             arcs_total = arcs_left = int(match.group("arcs"))
         elif (match := _ROUTER_ROW.match(line)) is not None:
             arcs_left = int(match.group("left"))
+        elif (match := _ROUTER2_ROW.match(line)) is not None:
+            iteration, overused = int(match.group("iteration")), int(match.group("overused"))
+            if router2 is None or overused < router2["fewest"]:
+                router2 = {"fewest": overused, "fewest_iteration": iteration}
+            router2.update(iteration=iteration, overused=overused)
     heap_started = any(line.startswith("Info: Running main analytical placer") for line in lines)
     heap_stalled = (heap_started and routing is None and not any(map(_HEAP_ITERATION.match, lines))
                     and not any(line.startswith("Info: HeAP Placer Time") for line in lines))
     return {"stage": "routing" if routing is not None else "placement" if placing else "packing",
             "placed_mhz": placed, "arcs_total": arcs_total, "arcs_left": arcs_left,
+            "router2": None if router2 is None else {key: router2[key] for key in _ROUTER2_KEYS},
             "heap_stalled": heap_stalled}
+
+
+_ROUTER2_KEYS = ("iteration", "overused", "fewest", "fewest_iteration")
+
+
+def _placed_estimate(placed_mhz: Mapping[str, float]) -> str:
+    names = {"sync": "the accelerator clock", "compute": "the compute clock"}
+    return "after placement nextpnr estimated " + ", ".join(
+        f"{mhz:.1f} MHz for {names.get(clock, clock)}" for clock, mhz in placed_mhz.items())
 
 
 def _nextpnr(board: Board, build: Path, seed: int, placer: str, router: str, env: Mapping[str, str],
              what: str, time_limit: float | None = None, target_mhz: float | None = None,
-             compute_mhz: float | None = None, route: bool = True) -> dict[str, Any]:
+             compute_mhz: float | None = None, route: bool = True,
+             route_patience: int | None = None) -> dict[str, Any]:
     """nextpnr's report (``nextpnr-report.json``); without ``route`` it only places
     (``--no-route``: the report has the utilization but no Fmax, and there is no placed
-    output)."""
+    output). With ``route_patience`` (router2 only), nextpnr is stopped and
+    :class:`RouteStalled` raised when router2's fewest overused wires is ``route_patience``
+    iterations old."""
     family = board.family
     placed_output = ["--asc" if family == "ice40" else "--textcfg", _PLACED[family]]
     output_args = placed_output if route else ["--no-route"]
@@ -564,10 +651,17 @@ def _nextpnr(board: Board, build: Path, seed: int, placer: str, router: str, env
     report = build / "nextpnr-report.json"
     report.unlink(missing_ok=True)
     (build / "nextpnr.log").unlink(missing_ok=True)
+    log = build / "nextpnr.log"
+
+    def stalled() -> bool:
+        if route_patience is None or router != "router2" or not route or not log.is_file():
+            return False
+        router2 = nextpnr_progress(log.read_text(errors="replace"))["router2"]
+        return router2 is not None and router2["iteration"] - router2["fewest_iteration"] >= route_patience
+
     try:
-        result = _run(command, build, env, timeout=time_limit)
+        result = _run_watched(command, build, env, time_limit, stalled)
     except subprocess.TimeoutExpired:
-        log = build / "nextpnr.log"
         log_text = log.read_text(errors="replace") if log.is_file() else ""
         progress = nextpnr_progress(log_text, target_mhz, compute_mhz)
         done = {"packing": "before placement", "placement": "while placing",
@@ -584,15 +678,29 @@ def _nextpnr(board: Board, build: Path, seed: int, placer: str, router: str, env
                             "legalisation: try --placer static"))
         if progress["arcs_total"] is not None:
             facts.append(f"{progress['arcs_left']} of {progress['arcs_total']} arcs left to route")
+        if (router2 := progress["router2"]) is not None:
+            facts.append(f"router2 at iteration {router2['iteration']} with {router2['overused']} "
+                         f"overused wires, fewest {router2['fewest']} at iteration "
+                         f"{router2['fewest_iteration']}")
         if progress["placed_mhz"]:
-            facts.append("after placement nextpnr estimated " + ", ".join(
-                f"{mhz:.1f} MHz for " + {"sync": "the accelerator clock",
-                                          "compute": "the compute clock"}.get(clock, clock)
-                for clock, mhz in progress["placed_mhz"].items()))
+            facts.append(_placed_estimate(progress["placed_mhz"]))
         raise PlaceRouteTimeout(
             f"{_NEXTPNR[family]} did not finish within the time limit of {time_limit / 60:g} min "
             f"and was stopped {done}" + (f" ({'; '.join(facts)})" if facts else "")
             + f"; log in {log}", seconds=time_limit, **progress) from None
+    if result is None:          # router2 stalled (stalled() said so)
+        progress = nextpnr_progress(log.read_text(errors="replace"), target_mhz, compute_mhz)
+        router2 = progress["router2"]
+        facts = [_placed_estimate(progress["placed_mhz"])] if progress["placed_mhz"] else []
+        raise RouteStalled(
+            f"{_NEXTPNR[family]}'s router2 does not converge and was stopped at iteration "
+            f"{router2['iteration']}: its overused wires (wires wanted by more than one net; routing "
+            f"ends at 0) have not gone below {router2['fewest']} (iteration "
+            f"{router2['fewest_iteration']}) in {route_patience} iterations, {router2['overused']} now"
+            + "".join(f"; {fact}" for fact in facts)
+            + f"; another --seed places the design differently, --router router1 routes it another way, "
+            f"a larger --route-patience waits longer; log in {log}",
+            router2=router2, placed_mhz=progress["placed_mhz"], patience=route_patience)
     output = result.stdout + result.stderr
     if (build / "nextpnr.log").is_file():
         output += (build / "nextpnr.log").read_text(errors="replace")
@@ -763,7 +871,7 @@ def resolve_config(board: str | Board, config: AcceleratorConfig | str | Path | 
 def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out_dir: str | Path, *,
           clock_mhz: float | None = None, seed: int = 1, core: str = "soc", baud: int | None = None,
           placer: str = "heap", router: str = "router1", time_limit: float | None = None,
-          stop_after: str | None = None) -> dict[str, Any]:
+          route_patience: int | None = ROUTE_PATIENCE, stop_after: str | None = None) -> dict[str, Any]:
     """Synthesize, place and route ``config`` (an :class:`AcceleratorConfig`, a TOML file, or
     None for the board's preset) on ``board`` into ``out_dir`` (created); returns the report,
     also written to ``out_dir/report.json``.
@@ -777,14 +885,18 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     (default: the board's), bits/s; ``placer``: nextpnr's placer, one of :data:`PLACERS`;
     ``router``: nextpnr's router, one of :data:`ROUTERS`; ``time_limit``: most seconds nextpnr
     may take (default: no limit), past which it is stopped and :class:`PlaceRouteTimeout` says
-    how far it got; ``stop_after``: None (the whole flow), or one of :data:`STOP_AFTER`: "yosys"
+    how far it got; ``route_patience``: with router2, the most iterations it may go without
+    fewer overused wires than before (default :data:`ROUTE_PATIENCE`; None: no limit), after
+    which it is stopped and :class:`RouteStalled` raised (router1 has no iterations: it does not
+    apply); ``stop_after``: None (the whole flow), or one of :data:`STOP_AFTER`: "yosys"
     (the netlist and the fit check) or "place" (nextpnr places, ``--no-route``), with no
     bitstream and the report's ``stage`` saying so.
 
     Raises :class:`~systolic.boards.boards.BoardError` for an unknown board, a clock the PLL
     cannot make, a memory the board cannot hold or a design that does not fit the device, and
     :class:`~systolic.sim.tools.ToolError` when a tool fails (:class:`PlaceRouteTimeout`, a
-    ToolError, when nextpnr runs past ``time_limit``). Timing that is not met is not an
+    ToolError, when nextpnr runs past ``time_limit``; :class:`RouteStalled`, one too, when
+    router2 stops converging). Timing that is not met is not an
     error: the report says so (``timing_met``)."""
     started = time.monotonic()
     board = get_board(board) if isinstance(board, str) else board
@@ -799,6 +911,10 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, int | float)
                                    or not time_limit > 0):
         raise ValueError(f"time_limit must be a positive number of seconds or None, not {time_limit!r}")
+    if route_patience is not None and (isinstance(route_patience, bool) or not isinstance(route_patience, int)
+                                       or route_patience < 1):
+        raise ValueError(f"route_patience must be a positive number of router2 iterations or None, "
+                         f"not {route_patience!r}")
     if stop_after is not None and stop_after not in STOP_AFTER:
         raise ValueError(f"stop_after must be None or one of {', '.join(repr(s) for s in STOP_AFTER)}, "
                          f"not {stop_after!r}")
@@ -866,7 +982,7 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
         step = time.monotonic()
         route = stop_after != "place"
         placed = _nextpnr(board, out, seed, placer, router, env, what, time_limit, clock.hz / 1e6,
-                          compute_target, route=route)
+                          compute_target, route=route, route_patience=route_patience)
         seconds["nextpnr"] = time.monotonic() - step
         placed_mhz = nextpnr_progress((out / "nextpnr.log").read_text(errors="replace"), clock.hz / 1e6,
                                       compute_target)["placed_mhz"]

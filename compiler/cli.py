@@ -418,7 +418,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 # -- systolic synth ---------------------------------------------------------------------------------
 
 def _add_synth(sub: Any) -> None:
-    from systolic.boards.synth import CORES, PLACERS, ROUTERS, STOP_AFTER
+    from systolic.boards.synth import CORES, PLACERS, ROUTE_PATIENCE, ROUTERS, STOP_AFTER
 
     p = sub.add_parser("synth", help="synthesize, place and route the SoC for an FPGA board",
                        description="Build the SoC (accelerator, on-chip memory, UART host bridge) for "
@@ -442,6 +442,9 @@ def _add_synth(sub: Any) -> None:
     p.add_argument("--time-limit", type=float, metavar="MIN",
                    help="stop nextpnr after MIN minutes and say how far it got (stage, arcs left, "
                         "its Fmax estimate after placement); default: no limit")
+    p.add_argument("--route-patience", type=int, metavar="N",
+                   help=f"with --router router2: stop it, and say so, when its overused wires have not "
+                        f"gone below their fewest in N iterations (default {ROUTE_PATIENCE})")
     p.add_argument("--stop-after", choices=STOP_AFTER,
                    help="end the flow early, with no bitstream: yosys (the netlist, its cells by unit, "
                         "the fit check) or place (nextpnr places without routing: its Fmax estimate); "
@@ -454,11 +457,17 @@ def _add_synth(sub: Any) -> None:
 
 def _cmd_synth(args: argparse.Namespace) -> int:
     from systolic.boards.boards import get_board
-    from systolic.boards.synth import resolve_config, summary_table, synth
+    from systolic.boards.synth import ROUTE_PATIENCE, resolve_config, summary_table, synth
     from systolic.sim.tools import ToolError
 
     if args.time_limit is not None and not args.time_limit > 0:
         raise UsageError(f"--time-limit must be a positive number of minutes, not {args.time_limit:g}")
+    if args.route_patience is not None and args.router != "router2":
+        raise UsageError(f"--route-patience counts router2's iterations; the router is {args.router} "
+                         f"(add --router router2)")
+    if args.route_patience is not None and args.route_patience < 1:
+        raise UsageError(f"--route-patience must be a positive number of iterations, "
+                         f"not {args.route_patience}")
     board = get_board(args.board)
     config = resolve_config(board, args.config)
     if args.overrides:
@@ -469,6 +478,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         report = synth(board, config, args.out, clock_mhz=args.clock_mhz, seed=args.seed,
                        core=args.core, baud=args.baud, placer=args.placer, router=args.router,
                        time_limit=None if args.time_limit is None else args.time_limit * 60,
+                       route_patience=ROUTE_PATIENCE if args.route_patience is None else args.route_patience,
                        stop_after=args.stop_after)
     except ToolError as exc:
         _report(exc)

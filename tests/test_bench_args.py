@@ -201,3 +201,26 @@ def test_unit_fmax_builds_units_as_the_accelerator_does(capsys: pytest.CaptureFi
     assert make(config).read_queue == 5
     assert capsys.readouterr().err == ("unit_fmax: this revision's Accumulator takes no keyword "
                                        "'fanciness'; built without it\n")
+
+
+def test_board_sweep_row_of_a_router2_that_stopped_converging(monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
+    """A run whose router2 was stopped (RouteStalled) is a row with the whole message and where
+    router2 was, not an Fmax, and the sweep goes on."""
+    from systolic.boards.synth import RouteStalled
+    from systolic.hw.config import AcceleratorConfig
+
+    sweep = _board_sweep()
+    router2 = {"iteration": 290, "overused": 12, "fewest": 1, "fewest_iteration": 190}
+    message = "nextpnr-ecp5's router2 does not converge and was stopped at iteration 290: " + "x" * 600
+
+    def stalled(*args, **kwargs):
+        raise RouteStalled(message, router2=router2, placed_mhz={"compute": 59.17, "sync": 51.83},
+                           patience=100)
+
+    monkeypatch.setattr(sweep, "synth", stalled)
+    config = AcceleratorConfig.from_dict({"rows": 4, "cols": 4})
+    row = sweep.run_one("sweep", "ulx3s-85f", config, tmp_path, 1, router="router2")
+    assert row["error"] == message                      # the whole message, not cut
+    assert (row["stopped_in"], row["router2"], row["placed_mhz"], row["control_placed_mhz"]) == (
+        "routing", router2, 59.17, 51.83)

@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from fractions import Fraction
 from pathlib import Path
 
@@ -524,6 +525,10 @@ def test_synth_argument_errors(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match=rf"^time_limit must be a positive number of seconds or None, "
                                              rf"not {re.escape(repr(limit))}$"):
             synth("icebreaker", SMALL, tmp_path, time_limit=limit)
+    for patience in (0, -3, True, 2.5):
+        with pytest.raises(ValueError, match=rf"^route_patience must be a positive number of router2 "
+                                             rf"iterations or None, not {re.escape(repr(patience))}$"):
+            synth("icebreaker", SMALL, tmp_path, route_patience=patience)
     with pytest.raises(ValueError, match=r"^stop_after must be None or one of 'yosys', 'place', "
                                          r"not 'route'$"):
         synth("icebreaker", SMALL, tmp_path, stop_after="route")
@@ -642,18 +647,18 @@ def test_nextpnr_progress_reads_the_stage_estimate_and_arcs_left() -> None:
     lines = _PLACED_LOG.splitlines()
     assert nextpnr_progress(_PLACED_LOG, 100.0) == {
         "stage": "routing", "placed_mhz": {"sync": 40.24, "clk25_0__io": 301.5},
-        "arcs_total": 326245, "arcs_left": 240076, "heap_stalled": False}
+        "arcs_total": 326245, "arcs_left": 240076, "router2": None, "heap_stalled": False}
     assert nextpnr_progress(_PLACED_LOG)["placed_mhz"] == {"clock_reset.lock_sync.por_clk": 40.24,
                                                            "clk25_0__io": 301.5}
     assert nextpnr_progress("\n".join(lines[:13]), 100.0) == {   # routing, no progress row yet
         "stage": "routing", "placed_mhz": {"sync": 40.24, "clk25_0__io": 301.5},
-        "arcs_total": 326245, "arcs_left": 326245, "heap_stalled": False}
+        "arcs_total": 326245, "arcs_left": 326245, "router2": None, "heap_stalled": False}
     assert nextpnr_progress("\n".join(lines[:3]), 100.0) == {
         "stage": "placement", "placed_mhz": {}, "arcs_total": None, "arcs_left": None,
-        "heap_stalled": False}
+        "router2": None, "heap_stalled": False}
     assert nextpnr_progress(lines[0], 100.0) == {
         "stage": "packing", "placed_mhz": {}, "arcs_total": None, "arcs_left": None,
-        "heap_stalled": False}
+        "router2": None, "heap_stalled": False}
     # the Fmax after routing (a Warning when it fails) is not the placed estimate
     routed = _PLACED_LOG + "Warning: Max frequency for clock 'x': 82.00 MHz (FAIL at 100.00 MHz)\n"
     assert nextpnr_progress(routed, 100.0)["placed_mhz"]["sync"] == 40.24
@@ -663,6 +668,40 @@ def test_nextpnr_progress_reads_the_stage_estimate_and_arcs_left() -> None:
                   "Info: Max frequency for clock '$glbnet$clock_reset.lock_sync.por_clk': 55.90 MHz "
                   "(PASS at 50.00 MHz)\n")
     assert nextpnr_progress(two_clocks, 50.0, 100.0)["placed_mhz"] == {"compute": 54.19, "sync": 55.9}
+
+
+def _router2_log(overused: list[int]) -> str:
+    """A router2 run's log (the lean 16x16 SoC's, static placer): one row per iteration with
+    ``overused`` wires, after the placed estimate and the static placer's own iter= rows."""
+    return ("Info: Running Static placer...\n"
+            "Info: iter=1 steplen=1.837887 a=1.618034 penalty=[0.00, 0.00, 0.00, 0.00]\n"
+            "Info: Max frequency for clock              '$glbnet$clock_reset.clk2': 59.17 MHz "
+            "(FAIL at 100.00 MHz)\n"
+            "Info: Max frequency for clock '$glbnet$clock_reset.lock_sync.por_clk': 51.83 MHz "
+            "(PASS at 50.00 MHz)\n"
+            "Info: Routing globals...\n"
+            "Info:     routing clock net $glbnet$clock_reset.clk2 using global 1\n"
+            "Info: Running router2...\n"
+            "Info: Setting up routing resources...\n"
+            "Info: Running main router loop...\n"
+            + "".join(f"Info:     iter={i} wires={1082057 + i} overused={n} overuse={n + n // 8} "
+                      f"archfail=NA\n" for i, n in enumerate(overused, 1)))
+
+
+def test_nextpnr_progress_follows_router2() -> None:
+    from systolic.boards.synth import nextpnr_progress
+
+    log = _router2_log([74396, 44251, 394, 19, 1, 21, 1, 3])
+    progress = nextpnr_progress(log, 50.0, 100.0)
+    assert progress["stage"] == "routing"
+    assert progress["placed_mhz"] == {"compute": 59.17, "sync": 51.83}     # not the placer's iter= rows
+    assert progress["router2"] == {"iteration": 8, "overused": 3, "fewest": 1, "fewest_iteration": 5}
+    assert (progress["arcs_total"], progress["arcs_left"]) == (None, None)
+    # routing has begun (global nets) before router2's first row
+    before = log.split("Info:     iter=1 ")[0]
+    assert nextpnr_progress(before)["stage"] == "routing" and nextpnr_progress(before)["router2"] is None
+    # the static placer's rows alone are no router2 progress
+    assert nextpnr_progress(log.split("Info: Max")[0])["router2"] is None
 
 
 # the OrangeCrab preset before fifo_block_ram_bits: the analytic placer's first iteration (its
@@ -745,6 +784,52 @@ def test_nextpnr_past_the_time_limit_is_stopped_and_says_how_far_it_got(
         stopped = caught.value
         assert (stopped.stage, stopped.placed_mhz, stopped.arcs_total) == ("placement", {}, None)
     assert caught.value.heap_stalled == (cut == "stalled")
+
+
+def test_router2_that_stops_converging_is_stopped_and_says_where(tmp_path: Path) -> None:
+    """Router2 whose overused wires last went down 6 iterations ago is stopped at a patience of
+    6, with the iteration, its fewest and the placed estimate in the error; the process is gone."""
+    from systolic.boards.synth import RouteStalled, _nextpnr
+
+    build = tmp_path / "build"
+    build.mkdir()
+    env = _fake_nextpnr(tmp_path, _router2_log([4230, 151, 9, 1, 4, 2, 1, 12, 3, 7]))
+    started = time.monotonic()
+    with pytest.raises(RouteStalled, match=(
+            r"^nextpnr-ecp5's router2 does not converge and was stopped at iteration 10: its overused "
+            r"wires \(wires wanted by more than one net; routing ends at 0\) have not gone below 1 "
+            r"\(iteration 4\) in 6 iterations, 7 now; after placement nextpnr estimated 59\.2 MHz for "
+            r"the compute clock, 51\.8 MHz for the accelerator clock; another --seed places the design "
+            r"differently, --router router1 routes it another way, a larger --route-patience waits "
+            r"longer; log in \S*nextpnr\.log$")) as caught:
+        _nextpnr(get_board("ulx3s-85f"), build, 1, "static", "router2", env, "config", time_limit=60,
+                 target_mhz=50.0, compute_mhz=100.0, route_patience=6)
+    assert time.monotonic() - started < 30                   # not the time limit, nor the fake's sleep
+    assert isinstance(caught.value, ToolError) and caught.value.patience == 6
+    assert caught.value.router2 == {"iteration": 10, "overused": 7, "fewest": 1, "fewest_iteration": 4}
+    assert caught.value.placed_mhz == {"compute": 59.17, "sync": 51.83}
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((build / "fake.pid").read_text()), 0)
+
+
+@pytest.mark.parametrize("router, patience", [("router2", 7), ("router2", None), ("router1", 6)])
+def test_router2_within_its_patience_runs_on(router: str, patience: int | None, tmp_path: Path) -> None:
+    """Six iterations without a new fewest is within a patience of 7; no patience, or router1
+    (whose log has no iterations), never stops it: the time limit does, and its error says
+    where router2 was."""
+    from systolic.boards.synth import PlaceRouteTimeout, _nextpnr
+
+    build = tmp_path / "build"
+    build.mkdir()
+    env = _fake_nextpnr(tmp_path, _router2_log([4230, 151, 9, 1, 4, 2, 1, 12, 3, 7]))
+    with pytest.raises(PlaceRouteTimeout, match=(
+            r"^nextpnr-ecp5 did not finish within the time limit of 0\.05 min and was stopped while "
+            r"routing \(router2 at iteration 10 with 7 overused wires, fewest 1 at iteration 4; after "
+            r"placement nextpnr estimated 59\.2 MHz for the compute clock, 51\.8 MHz for the accelerator "
+            r"clock\); log in \S*nextpnr\.log$")) as caught:
+        _nextpnr(get_board("ulx3s-85f"), build, 1, "static", router, env, "config", time_limit=3,
+                 target_mhz=50.0, compute_mhz=100.0, route_patience=patience)
+    assert caught.value.router2 == {"iteration": 10, "overused": 7, "fewest": 1, "fewest_iteration": 4}
 
 
 def test_nextpnr_stopped_by_a_signal_says_so(tmp_path: Path) -> None:
@@ -930,6 +1015,20 @@ def test_cli_synth_errors_are_one_line(argv: list[str], message: str, tmp_path: 
     err = capsys.readouterr().err
     assert status == 1
     assert re.fullmatch(rf"systolic: error: {message}\n", err), err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--route-patience", "50"], "--route-patience counts router2's iterations; the router is router1 "
+                                 "(add --router router2)"),
+    (["--router", "router2", "--route-patience", "0"],
+     "--route-patience must be a positive number of iterations, not 0"),
+])
+def test_cli_synth_route_patience_errors(argv: list[str], message: str, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture) -> None:
+    status = main(["synth", "--board", "ulx3s-85f", *argv, "--out", str(tmp_path)])
+    assert status == 2
+    assert capsys.readouterr().err == f"systolic: error: {message}\n"
+    assert not any(tmp_path.iterdir())          # nothing was built
 
 
 @pytest.mark.parametrize("limit", ["0", "-2", "nan"])
