@@ -80,8 +80,8 @@ CORES = ("soc", "array")
 PLACERS = ("heap", "static", "sa")
 #: router2 iterations without fewer overused wires than before after which :func:`synth` stops
 #: it (:class:`RouteStalled`): twice the longest such run seen before router2 finished on the
-#: 16x16 SoC (45 iterations); runs that never finished sat within a few wires of 0 for hundreds
-#: of iterations (docs/boards.md)
+#: 16x16 SoC (45 iterations); runs that never finished flattened between 1 and a few hundred
+#: overused wires, or rose again, for hundreds of iterations (docs/boards.md)
 ROUTE_PATIENCE = 100
 
 #: nextpnr's routers: "router1" (nextpnr's default) and "router2" (negotiated congestion over the
