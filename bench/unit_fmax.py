@@ -52,6 +52,7 @@ from amaranth import (
     Cat,
     ClockDomain,
     ClockSignal,
+    Const,
     DomainRenamer,
     Elaboratable,
     Module,
@@ -158,9 +159,11 @@ class Harness(Elaboratable):
         self.din = Signal()
         self.load = Signal()
         self.dout = Signal()
-        ports = list(unit.signature.flatten(unit))
-        self._inputs = [Value.cast(value) for _, member, value in ports if member.flow == Flow.In]
-        self._outputs = [Value.cast(value) for _, member, value in ports if member.flow != Flow.In]
+        # constant members (an always_ready stream's ready) are neither driven nor captured
+        ports = [(member, Value.cast(value)) for _, member, value in unit.signature.flatten(unit)
+                 if not isinstance(Value.cast(value), Const)]
+        self._inputs = [value for member, value in ports if member.flow == Flow.In]
+        self._outputs = [value for member, value in ports if member.flow != Flow.In]
         self.in_bits = sum(len(v) for v in self._inputs)
         self.out_bits = sum(len(v) for v in self._outputs)
 

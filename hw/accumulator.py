@@ -10,8 +10,9 @@ with one write port and one read port (simple dual-port block RAM).
 Ports (see docs/arch-memory-sfu.md):
 
 * ``array_write`` — stream of (row, C values, accumulate) from the array controller, accepted every
-  cycle (``ready`` is always 1, so the array never stalls for it). ``accumulate`` adds the values
-  to the stored row (wrapping), else they overwrite it. Pipelined read-modify-write: a beat is
+  cycle: the stream is ``always_ready`` (its ``ready`` is ``Const(1)``), so the array never stalls
+  for it and runs without back-pressure (``SystolicArray(backpressure=False)``). ``accumulate``
+  adds the values to the stored row (wrapping), else they overwrite it. Pipelined read-modify-write: a beat is
   registered as it arrives (stage 0 is a register), and every bank's requests are registered
   beside it (as the scratchpad's are), so a beat accepted in cycle t has its row read by the block
   RAM in t+2, the row in the bank's data register in t+5 (after the BankRAM's registered read
@@ -191,7 +192,7 @@ class Accumulator(wiring.Component):
         self.forwarding = forwarding
         addr = data.StructLayout({"addr": unsigned(config.acc_addr_bits)})
         super().__init__({
-            "array_write": In(stream.Signature(acc_array_write_layout(config))),
+            "array_write": In(stream.Signature(acc_array_write_layout(config), always_ready=True)),
             "dma_write": In(stream.Signature(acc_dma_write_layout(config))),
             "read": In(read_port_signature(addr, acc_row_layout(config))),
         })
@@ -251,7 +252,7 @@ class Accumulator(wiring.Component):
         resp_row = Signal(row_layout)
         free = drive_read_response(m, self.read.resp, grant_read, resp_row, latency, self.read_queue)
         m.d.comb += grant_read.eq(self.read.req.valid & free & ~(beat_reads & (beat_bank == req_bank)))
-        m.d.comb += [self.read.req.ready.eq(grant_read), self.array_write.ready.eq(1)]
+        m.d.comb += self.read.req.ready.eq(grant_read)
         for k, bank in enumerate(banks):
             beat_here = beat_reads & (beat_bank == k)
             to_bank += [

@@ -6,8 +6,9 @@ C = ``cols``) behind ``amaranth.lib.stream`` ports. Callers see aligned vectors:
 inside the block. Every register of the array sits behind one global enable that is low while the
 output cannot take a result, so back-pressure stalls the whole array and loses nothing; in large
 arrays the enable comes through registers (``stall_stages``) and a small skid buffer at the output
-takes the rows produced while the stall travels. Weight-stationary partial sums are only as wide
-as the exact column sum (:func:`column_sum_shape`).
+takes the rows produced while the stall travels. For a consumer that takes every row (the
+compute unit, ``backpressure=False``) there is no enable: every register advances every cycle.
+Weight-stationary partial sums are only as wide as the exact column sum (:func:`column_sum_shape`).
 
 The timing and the interface rules are in ``docs/arch-array.md``; in short, with T tiles streamed
 back to back and the output always ready:
@@ -261,32 +262,49 @@ class SystolicArray(wiring.Component):
     ``outputs.valid`` then come from registers. With a ready consumer the buffer stays empty:
     latency, cycle counts and throughput do not depend on ``stall_stages``.
 
+    ``backpressure`` (default ``True``): ``False`` is for a consumer that takes every result row
+    in the cycle it comes (the compute unit, which writes each row into the accumulator, always
+    ready): ``outputs`` is then ``always_ready`` (its ``ready`` is ``Const(1)``), the array has
+    no enables, no stall tree and no skid buffer, and every register (the DSP blocks' too)
+    advances in every cycle; ``inputs.ready`` and ``weights.ready`` depend only on the preload
+    state (and, OS, the ``last`` cooldown). Latency and cycle counts are those above. On the
+    ULX3S-85F 16x16 SoC the stall tree's enables (one register per PE, one per DSP row, and the
+    handshake's) were the compute clock's critical paths (docs/boards.md). ``stall_stages`` does
+    not apply then (0).
+
     ``lutram_delays`` (default: whether the platform is ECP5): the input skew's, the weight
     skew's and the output de-skew's delays of :data:`LUTRAM_DELAY_MIN` cycles or more go
     through distributed-RAM delay lines of up to :data:`LUTRAM_DELAY_DEPTH` cycles each, with
     one output register, instead of a register per cycle (a 16x16 array: about 4k flip-flops
     fewer for 115 TRELLIS_DPR16X4). The array's behaviour is the same in every cycle.
 
-    Raises :class:`TypeError` when ``config`` is not an :class:`AcceleratorConfig` or
-    ``stall_stages`` not an integer, :class:`ValueError` for ``stall_stages`` outside 0..4.
+    Raises :class:`TypeError` when ``config`` is not an :class:`AcceleratorConfig`,
+    ``stall_stages`` not an integer or ``backpressure`` not a bool, :class:`ValueError` for
+    ``stall_stages`` outside 0..4, or other than 0 without ``backpressure``.
     """
 
     def __init__(self, config: AcceleratorConfig, *, stall_stages: int | None = None,
-                 lutram_delays: bool | None = None) -> None:
+                 lutram_delays: bool | None = None, backpressure: bool = True) -> None:
         self.config = _check_config(config)
         self.lutram_delays = lutram_delays
-        if stall_stages is None:
-            stall_stages = default_stall_stages(config)
-        if isinstance(stall_stages, bool) or not isinstance(stall_stages, int):
+        if not isinstance(backpressure, bool):
+            raise TypeError(f"backpressure must be a bool, not {backpressure!r}")
+        if isinstance(stall_stages, bool) or not isinstance(stall_stages, (int, type(None))):
             raise TypeError(f"stall_stages must be an integer, not {stall_stages!r}")
+        if not backpressure and stall_stages not in (None, 0):
+            raise ValueError(f"stall_stages must be 0 (or left out) without backpressure: nothing "
+                             f"stalls, not {stall_stages!r}")
+        if stall_stages is None:
+            stall_stages = default_stall_stages(config) if backpressure else 0
         if not 0 <= stall_stages <= 4:
             raise ValueError(f"stall_stages must be between 0 and 4, not {stall_stages!r}")
         self.stall_stages = stall_stages
+        self.backpressure = backpressure
         members = {}
         if config.dataflow == "ws":
             members["weights"] = In(stream.Signature(weight_layout(config)))
         members["inputs"] = In(stream.Signature(input_layout(config)))
-        members["outputs"] = Out(stream.Signature(output_layout(config)))
+        members["outputs"] = Out(stream.Signature(output_layout(config), always_ready=not backpressure))
         super().__init__(members)
 
     @property
@@ -312,7 +330,7 @@ class SystolicArray(wiring.Component):
         pe_enables = [[Signal(name=f"enable_pe_{i}_{j}") for j in range(config.cols)]
                       for i in range(config.rows)]
         for name, group in groups.items():
-            m.submodules[name] = EnableInserter(enables[name])(group)
+            m.submodules[name] = EnableInserter(enables[name])(group) if self.backpressure else group
 
         # The last `array_lut_multipliers` PEs in row-major order multiply in logic, the
         # `array_bram_multipliers` before them in block RAM. A WS PE row's partial sums are only
@@ -359,6 +377,12 @@ class SystolicArray(wiring.Component):
         leaves = [leaf for branch in branches for leaf in branch]
         outputs = self.outputs
         stages = self.stall_stages
+        if not self.backpressure:
+            # the consumer takes every row: every register advances in every cycle
+            m.d.comb += [leaf.eq(1) for leaf in leaves]
+            m.d.comb += [outputs.valid.eq(valid), outputs.payload.last.eq(last)]
+            m.d.comb += [outputs.payload.data[j].eq(v) for j, v in enumerate(results)]
+            return
         if stages == 0:
             # one combinational enable: the pipeline holds while its result row is not taken
             enable = Signal()

@@ -82,9 +82,11 @@ class StreamCrossing(wiring.Component):
     read address (the pointer advanced by a read) is in a combinational path with the consumer's
     logic: ``o`` comes from registers, and the FIFO is read whenever the register has room, not
     when the consumer is ready. ``drained`` counts the items the consumer took from the register.
-    With ``pieces`` > 1 that register is a ``HalfRateRegister`` (one item, no spare entry and no
-    multiplexer per bit): items arrive at most every ``pieces`` cycles, so its rate of one every
-    other cycle costs nothing.
+    With ``pieces`` > 1 every piece shifts into a register beside the FIFO, and ``o.payload`` is a
+    copy of it a cycle later with no enable (no multiplexer per bit, and no load enable from the
+    FIFO's logic to the consumer's side): an item leaves two cycles after its last piece is read,
+    and the next item's pieces are read once the consumer has taken it, which costs nothing where
+    items come at most every ``pieces`` cycles.
     ``write_register``: the items enter through a ``StreamRegister`` in ``w_domain``, so that the
     producer's ``valid`` and payload reach the FIFO's write port (and the block RAM's data inputs)
     only from registers, and ``i.ready`` is a register; ``write_register="half"`` makes that
@@ -151,37 +153,64 @@ class StreamCrossing(wiring.Component):
             w_piece = Signal(range(pieces))
             r_piece = Signal(range(pieces))
             w_last, r_last = w_piece == pieces - 1, r_piece == pieces - 1
-        m.d.comb += w_side.ready.eq(fifo.w_rdy & w_last)
-        if self.read_register:
-            # emptied with the FIFO's read side (whose reset follows the write side's); no read
-            # in the last cycle of that reset (r_rst, a register, is then still high), so that no
-            # item leaves the FIFO for a register being reset
-            register = HalfRateRegister if pieces > 1 else StreamRegister
-            m.submodules.r_register = r_register = ResetInserter({self.r_domain: fifo.r_rst})(
-                DomainRenamer(self.r_domain)(register(self.shape)))
-            wiring.connect(m, r_register.o, wiring.flipped(self.o))
-            r_side = r_register.i
-            m.d.comb += fifo.r_en.eq(Mux(r_last, r_side.ready, 1) & ~fifo.r_rst)
-        else:
-            m.d.comb += fifo.r_en.eq(Mux(r_last, self.o.ready, 1))
-        m.d.comb += [fifo.w_en.eq(w_side.valid), r_side.valid.eq(fifo.r_rdy & r_last)]
+        m.d.comb += [w_side.ready.eq(fifo.w_rdy & w_last), fifo.w_en.eq(w_side.valid)]
+        read = fifo.r_en & fifo.r_rdy
         if pieces == 1:
-            m.d.comb += [fifo.w_data.eq(w_side.payload), r_side.payload.eq(fifo.r_data)]
+            m.d.comb += fifo.w_data.eq(w_side.payload)
         else:
             padded = Cat(w_side.payload, Const(0, piece * pieces - width))
             m.d.comb += fifo.w_data.eq(padded.word_select(w_piece, piece))
             with m.If(fifo.w_en & fifo.w_rdy):
                 m.d[self.w_domain] += w_piece.eq(w_piece + 1)        # (wraps: pieces is 2**n)
-            # the earlier pieces shift into a register; the last one joins them from the FIFO.
             # The count restarts with the FIFO's read-domain reset, as its pointers do (r_rst, a
             # register, is still high in the first cycle the FIFO may be read again: that
             # cycle's read counts, as `taken`'s below)
-            earlier = Signal(piece * (pieces - 1), reset_less=True)     # (qualified by r_piece)
-            read = fifo.r_en & fifo.r_rdy
             m.d[self.r_domain] += r_piece.eq(Mux(fifo.r_rst, 0, r_piece) + read)
-            with m.If(read & ~r_last):
-                m.d[self.r_domain] += earlier.eq(Cat(earlier[piece:], fifo.r_data))
-            m.d.comb += r_side.payload.eq(Cat(earlier, fifo.r_data)[:width])
+
+        if self.read_register and pieces > 1:
+            # Every piece, the last one too, shifts into `item` beside the FIFO (its enable is the
+            # FIFO's read, logic of the FIFO's side); `shown`, the output register, copies `item`
+            # in every cycle, with no enable, so nothing but the data crosses to where the
+            # consumer sits (a 530-bit register loaded by the FIFO's read logic across the die
+            # was the 16x16 SoC's critical path, docs/boards.md). `full`: `item` holds a whole
+            # item not yet taken, and the FIFO is not read; `o.valid` (a register) rises a cycle
+            # after `full`, once `shown` has the item, and both fall as the consumer takes it.
+            # The read side's reset (which follows the write side's) empties them, and there is
+            # no read in its last cycle (r_rst, a register, is then still high).
+            item = Signal(piece * pieces, reset_less=True)
+            shown = Signal(piece * pieces, reset_less=True)
+            full = Signal()
+            take = self.o.valid & self.o.ready
+            m.d.comb += [fifo.r_en.eq(~full & ~fifo.r_rst), self.o.payload.eq(shown[:width])]
+            m.d[self.r_domain] += [shown.eq(item), self.o.valid.eq(full & ~take & ~fifo.r_rst)]
+            with m.If(read):
+                m.d[self.r_domain] += item.eq(Cat(item[piece:], fifo.r_data))
+            with m.If(read & r_last):
+                m.d[self.r_domain] += full.eq(1)
+            with m.If(take | fifo.r_rst):
+                m.d[self.r_domain] += full.eq(0)
+        else:
+            r_side = self.o
+            if self.read_register:
+                # emptied with the FIFO's read side (whose reset follows the write side's); no
+                # read in the last cycle of that reset (r_rst, a register, is then still high),
+                # so that no item leaves the FIFO for a register being reset
+                m.submodules.r_register = r_register = ResetInserter({self.r_domain: fifo.r_rst})(
+                    DomainRenamer(self.r_domain)(StreamRegister(self.shape)))
+                wiring.connect(m, r_register.o, wiring.flipped(self.o))
+                r_side = r_register.i
+                m.d.comb += fifo.r_en.eq(Mux(r_last, r_side.ready, 1) & ~fifo.r_rst)
+            else:
+                m.d.comb += fifo.r_en.eq(Mux(r_last, self.o.ready, 1))
+            m.d.comb += r_side.valid.eq(fifo.r_rdy & r_last)
+            if pieces == 1:
+                m.d.comb += r_side.payload.eq(fifo.r_data)
+            else:
+                # the earlier pieces shift into a register; the last one joins them from the FIFO
+                earlier = Signal(piece * (pieces - 1), reset_less=True)     # (qualified by r_piece)
+                with m.If(read & ~r_last):
+                    m.d[self.r_domain] += earlier.eq(Cat(earlier[piece:], fifo.r_data))
+                m.d.comb += r_side.payload.eq(Cat(earlier, fifo.r_data)[:width])
         with m.If(self.i.valid & self.i.ready):
             m.d[self.w_domain] += self.sent.eq(self.sent + 1)
         # items taken, counted in the read domain and sent back as a Gray code. The count

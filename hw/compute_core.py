@@ -66,7 +66,7 @@ class ComputeCore(wiring.Component):
         m.submodules.spad = spad = Scratchpad(cfg)
         m.submodules.acc = acc = Accumulator(cfg, read_queue=self.acc_read_queue,
                                              forwarding=accumulator_forwards(cfg))
-        m.submodules.array = array = SystolicArray(cfg)
+        m.submodules.array = array = SystolicArray(cfg, backpressure=False)
         connect_compute_datapath(m, cfg, compute, spad, acc, array)
         wiring.connect(m, wiring.flipped(self.cmd), compute.cmd)
         wiring.connect(m, wiring.flipped(self.spad_write), spad.write)

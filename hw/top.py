@@ -211,7 +211,7 @@ class Accelerator(wiring.Component):
                                                     forwarding=accumulator_forwards(cfg))
         core.submodules.table = table = RequantTable(cfg)
         if not dual:
-            core.submodules.array = array = SystolicArray(cfg)
+            core.submodules.array = array = SystolicArray(cfg, backpressure=False)
         # fetch and the GatherReader (LOADs and residual reads), with every burst both may have
         # in flight
         core.submodules.reads = reads = ReadArbiter(
@@ -365,7 +365,7 @@ class Accelerator(wiring.Component):
         core.submodules.spad = spad = Scratchpad(cfg)
         # the core reads one accumulator element at a time: one response queue entry
         core.submodules.acc = acc = Accumulator(cfg, read_queue=1, forwarding=accumulator_forwards(cfg))
-        core.submodules.array = array = SystolicArray(cfg)
+        core.submodules.array = array = SystolicArray(cfg, backpressure=False)
         core.d.comb += [
             fw.start.eq(start), fw.prog_addr.eq(csr.prog_addr), fw.prog_len.eq(csr.prog_len),
             fw.dram_base.eq(csr.dram_base),

@@ -374,8 +374,10 @@ class ComputeUnit(wiring.Component):
             "read_a": Out(read_port_signature(spad_addr, spad_row_layout(config))),
             "read_b": Out(read_port_signature(spad_addr, spad_row_layout(config))),
             "inputs": Out(stream.Signature(input_layout(config))),
-            "outputs": In(stream.Signature(output_layout(config))),
-            "acc_write": Out(stream.Signature(acc_array_write_layout(config))),
+            # the accumulator takes a row in every cycle, so the unit takes every result row as it
+            # comes and the array runs without back-pressure (SystolicArray(backpressure=False))
+            "outputs": In(stream.Signature(output_layout(config), always_ready=True)),
+            "acc_write": Out(stream.Signature(acc_array_write_layout(config), always_ready=True)),
         }
         if config.dataflow == "ws":
             members["weights"] = Out(stream.Signature(weight_layout(config)))
@@ -677,16 +679,18 @@ class ComputeUnit(wiring.Component):
         # m - 1 here came out of yosys as a chain of 16 LUTs on iCE40, the UP5K's critical path)
         out_row = Signal(range(max(2, cfg.acc_rows, R)))
         out = self.acc_write.payload
-        # with the memory registers, the array's result rows pass a StreamRegister: the array's
-        # output handshake (from its output-stall register) and this writer's row counter and
-        # descriptor queue are then a cycle apart (the 16x16 compute core's critical path on the
-        # ULX3S-85F at 934e02c, mostly routing across the core). The writer below is always
-        # ready, so the register's spare entry is never used (yosys removes it)
+        # with the memory registers, the array's result rows pass a register: the array's
+        # output and this writer's row counter and descriptor queue are then a cycle apart (the
+        # 16x16 compute core's critical path on the ULX3S-85F at 934e02c, mostly routing across
+        # the core). Nothing here waits (the accumulator is always ready), so the register is a
+        # valid flag and the row, no handshake.
         results = self.outputs
         if registered:
-            m.submodules.results_register = results_register = StreamRegister(output_layout(cfg))
-            wiring.connect(m, wiring.flipped(self.outputs), results_register.i)
-            results = results_register.o
+            results = stream.Signature(output_layout(cfg), always_ready=True).create(path=("results",))
+            m.d.sync += results.valid.eq(self.outputs.valid)
+            row = Signal(output_layout(cfg), name="results_row", reset_less=True)
+            m.d.sync += row.eq(self.outputs.payload)
+            m.d.comb += results.payload.eq(row)
         next_row = Signal(len(out_row) + 1)
         m.d.comb += [
             out.addr.eq(head.acc_addr + out_row),
@@ -706,20 +710,14 @@ class ComputeUnit(wiring.Component):
         # comparisons would show.
         if ws:
             # the array returns exactly the m rows (m >= 1): no comparison with m but the last
-            m.d.comb += [
-                self.acc_write.valid.eq(results.valid),
-                results.ready.eq(self.acc_write.ready),
-            ]
+            m.d.comb += self.acc_write.valid.eq(results.valid)
             last_row = out_row == head.m_last
         else:
             # OS tiles drain all R rows; rows >= m are dropped
-            m.d.comb += [
-                self.acc_write.valid.eq(results.valid & (out_row < head.m)),
-                results.ready.eq((out_row >= head.m) | self.acc_write.ready),
-            ]
+            m.d.comb += self.acc_write.valid.eq(results.valid & (out_row < head.m))
             last_row = out_row == R - 1
         completing = Signal()
-        with m.If(results.valid & results.ready):
+        with m.If(results.valid):
             with m.If(last_row):
                 m.d.sync += out_row.eq(0)
                 m.d.comb += [writes.r_en.eq(1), completing.eq(1)]

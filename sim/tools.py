@@ -214,6 +214,27 @@ def _yosys_command() -> list[str]:
 
 # -- Verilog --------------------------------------------------------------------------------------
 
+def component_ports(component: Any) -> list[Any]:
+    """The signals of ``component``'s signature (an Amaranth ``wiring.Component``), in its order,
+    without the members that are constants (an ``always_ready`` stream's ``ready``, an
+    ``always_valid`` one's ``valid``): Amaranth's ``convert()`` takes the signature's members as
+    the ports and refuses a constant, so a component with such a stream needs this list as its
+    ``ports=``."""
+    from amaranth.hdl import Const, Value
+    from amaranth.lib import wiring
+
+    if not isinstance(component, wiring.Component):
+        raise TypeError(f"component must be an amaranth wiring.Component, not {component!r}")
+    ports = [Value.cast(value) for _, _, value in component.signature.flatten(component)]
+    return [value for value in ports if not isinstance(value, Const)]
+
+
+def _has_constant_ports(component: Any) -> bool:
+    from amaranth.hdl import Const, Value
+
+    return any(isinstance(Value.cast(value), Const) for _, _, value in component.signature.flatten(component))
+
+
 def to_verilog(component: Any, name: str, *, platform: Any = None) -> str:
     """Verilog text of an Amaranth ``wiring.Component``, its ports taken from its signature,
     the top module called ``name``, elaborated for ``platform`` (None: generic logic only,
@@ -227,7 +248,9 @@ def to_verilog(component: Any, name: str, *, platform: Any = None) -> str:
         raise TypeError(f"component must be an amaranth wiring.Component, not {component!r}")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise ValueError(f"name must be a Verilog identifier, not {name!r}")
-    return verilog.convert(component, name=name, platform=platform, emit_src=False)
+    # a component with constant members (always_ready streams) gets the rest as its ports
+    ports = component_ports(component) if _has_constant_ports(component) else None
+    return verilog.convert(component, name=name, platform=platform, emit_src=False, ports=ports)
 
 
 def design_hash(verilog: str, *extra: str) -> str:

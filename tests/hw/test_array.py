@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from amaranth import Module, Signal, signed, unsigned
+from amaranth import Const, Module, Signal, signed, unsigned
 from amaranth.back import rtlil
 from amaranth.hdl import EnableInserter
 from amaranth.sim import Simulator
@@ -128,10 +128,13 @@ class Run:
 
 def simulate(config: AcceleratorConfig, tiles: list, *, seed: int = 0, gap: float = 0.0,
              ready: float = 1.0, weight_delay: int = 0, stall_stages: int | None = None,
-             lutram_delays: bool | None = None) -> Run:
+             lutram_delays: bool | None = None, backpressure: bool = True) -> Run:
     """Stream ``tiles`` through a SystolicArray: producers idle before a beat with probability
-    ``gap``, the consumer is ready with probability ``ready`` each cycle."""
-    dut = SystolicArray(config, stall_stages=stall_stages, lutram_delays=lutram_delays)
+    ``gap``, the consumer is ready with probability ``ready`` each cycle (without
+    ``backpressure`` it takes every row: ``ready`` must be 1)."""
+    assert backpressure or ready == 1.0
+    dut = SystolicArray(config, stall_stages=stall_stages, lutram_delays=lutram_delays,
+                        backpressure=backpressure)
     rng = np.random.default_rng(seed)
     run = Run(fires={"weights": [], "inputs": [], "outputs": []})
     ws = config.dataflow == "ws"
@@ -173,7 +176,8 @@ def simulate(config: AcceleratorConfig, tiles: list, *, seed: int = 0, gap: floa
             if len(run.rows) == expected_rows:
                 break
             take = bool(rng.random() < ready)
-            ctx.set(dut.outputs.ready, take)
+            if backpressure:
+                ctx.set(dut.outputs.ready, take)
             _, _, valid, payload = await ctx.tick().sample(dut.outputs.valid, dut.outputs.payload)
             if take and valid:
                 run.rows.append(list(payload.data))
@@ -428,6 +432,52 @@ def test_stall_stages_keep_the_cycle_formulas(dataflow: str, stall_stages: int) 
     assert fires == list(range(fires[0], fires[0] + len(fires))), "bubble in the input stream"
 
 
+@pytest.mark.parametrize("dataflow", ["ws", "os"])
+@pytest.mark.parametrize("rows, cols", [(4, 4), (4, 8), (8, 4)])
+def test_without_backpressure_results_and_cycles(dataflow: str, rows: int, cols: int) -> None:
+    """``backpressure=False`` (the compute unit's array, whose consumer takes every row): no
+    enables, every register advancing in every cycle. Random tiles with idle input cycles give
+    the numpy results (the idle cycles' rows in the pipeline are not valid and never come out);
+    back to back, the cycle formulas hold with no bubble in the input stream."""
+    config = config_for(dataflow, rows, cols)
+    rng = np.random.default_rng(rows * 10 + cols)
+    make = random_ws_tiles if dataflow == "ws" else random_os_tiles
+    for gap in (0.3, 0.6):
+        tiles = make(config, rng, 5)
+        check(config, tiles, simulate(config, tiles, seed=rows, gap=gap, backpressure=False))
+    if dataflow == "ws":
+        # m >= k and K >= R: no wait for a preload or a drain between the tiles
+        sequence = [WsTile(_values(rng, config.input_range, (rows + 3, rows)),
+                           _values(rng, config.weight_range, (rows, cols))) for _ in range(3)]
+    else:
+        sequence = [OsTile(_values(rng, config.input_range, (rows, rows + 2)),
+                           _values(rng, config.weight_range, (rows + 2, cols))) for _ in range(3)]
+    run = simulate(config, sequence, backpressure=False)
+    check(config, sequence, run)
+    first = run.fires["weights"][0] if dataflow == "ws" else run.fires["inputs"][0]
+    expected = (ws_cycles(config, m=rows + 3, k=rows, tiles=3) if dataflow == "ws"
+                else os_cycles(config, k=rows + 2, tiles=3))
+    assert run.fires["outputs"][-1] - first + 1 == expected
+    fires = run.fires["inputs"]
+    assert fires == list(range(fires[0], fires[0] + len(fires))), "bubble in the input stream"
+
+
+def test_without_backpressure_extreme_sums() -> None:
+    """The 16-row extreme tiles (every product -128 * -128 or its opposite corner) without
+    back-pressure, idle input cycles between the rows."""
+    config = config_for("ws", 16, 4)
+    tiles = _extreme_ws_tiles(config)
+    check(config, tiles, simulate(config, tiles, gap=0.4, backpressure=False))
+
+
+def test_without_backpressure_outputs_are_always_ready() -> None:
+    array = SystolicArray(config_for("ws", 4, 4), backpressure=False)
+    assert array.outputs.signature.always_ready
+    assert isinstance(array.outputs.ready, Const) and array.outputs.ready.value == 1
+    assert (array.stall_stages, array.skid_depth) == (0, 0)
+    assert not SystolicArray(config_for("ws", 4, 4)).outputs.signature.always_ready
+
+
 @pytest.mark.parametrize("stall_stages", [1, 2])
 def test_registered_stall_ready_does_not_depend_on_output_ready(stall_stages: int) -> None:
     """With stall stages, the input and weight streams' ready comes from registers: changing
@@ -635,6 +685,16 @@ def test_ports_follow_the_config() -> None:
 def test_array_rejects_bad_stall_stages(value: object, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
         SystolicArray(config_for("ws", 2, 2), stall_stages=value)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"backpressure": 0}, TypeError, r"^backpressure must be a bool, not 0$"),
+    ({"backpressure": False, "stall_stages": 3}, ValueError,
+     r"^stall_stages must be 0 \(or left out\) without backpressure: nothing stalls, not 3$"),
+])
+def test_array_rejects_bad_backpressure(kwargs: dict, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        SystolicArray(config_for("ws", 2, 2), **kwargs)
 
 
 def test_array_rejects_a_non_config() -> None:

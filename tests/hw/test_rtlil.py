@@ -20,7 +20,7 @@ from systolic.hw.config import AcceleratorConfig
 from systolic.hw.requant_table import RequantTable
 from systolic.hw.rtlil import UNDEFINED_COLLISION, undefined_read_collisions
 from systolic.hw.scratchpad import Scratchpad
-from systolic.sim.tools import tool_env
+from systolic.sim.tools import component_ports, tool_env
 
 
 class _Memories(Elaboratable):
@@ -91,7 +91,9 @@ def test_every_scratchpad_accumulator_and_table_memory_is_marked(banks: int, wor
     config = AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=8192, scratchpad_banks=banks,
                                requant_row_words=words, sfu_engine="serial" if words > 1 else "pipelined")
     assert undefined_read_collisions(rtlil.convert(Scratchpad(config)))[1] == banks
-    assert undefined_read_collisions(rtlil.convert(Accumulator(config)))[1] == ACC_BANKS
+    accumulator = Accumulator(config)
+    text = rtlil.convert(accumulator, ports=component_ports(accumulator))   # always_ready array_write
+    assert undefined_read_collisions(text)[1] == ACC_BANKS
     assert undefined_read_collisions(rtlil.convert(RequantTable(config)))[1] == 1
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import cocotb
 import pytest
 from amaranth import Module
-from amaranth.lib import wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge
@@ -97,6 +97,34 @@ def test_to_verilog_names_the_top_and_its_ports() -> None:
     for port in ("clk", "rst", "enable", "count"):
         assert re.search(rf"\b(input|output) .*\b{port};", text), port
     assert "src =" not in text                          # no source locations: stable hashes
+
+
+class _AlwaysReady(wiring.Component):
+    """A register behind a stream whose ``ready`` is the constant 1 (``always_ready``)."""
+
+    def __init__(self) -> None:
+        super().__init__({"i": In(stream.Signature(8, always_ready=True)), "q": Out(8)})
+
+    def elaborate(self, platform: Any) -> Module:
+        m = Module()
+        with m.If(self.i.valid):
+            m.d.sync += self.q.eq(self.i.payload)
+        return m
+
+
+def test_to_verilog_leaves_constant_members_out_of_the_ports() -> None:
+    """An always_ready stream's ``ready`` is ``Const(1)``, which Amaranth's convert() refuses as
+    a port: the module has the other members as ports, and ``component_ports`` lists them."""
+    dut = _AlwaysReady()
+    names = [value.name for value in tools.component_ports(dut)]
+    assert names == ["i__payload", "i__valid", "q"]
+    text = tools.to_verilog(dut, "always_ready")
+    for port in ("i__payload", "i__valid", "q"):
+        assert re.search(rf"\b(input|output) .*\b{port};", text), port
+    assert "i__ready" not in text
+    tools.verilator_lint(text, "always_ready")
+    with pytest.raises(TypeError, match=r"^component must be an amaranth wiring\.Component, not 3$"):
+        tools.component_ports(3)
 
 
 def test_to_verilog_errors() -> None:
