@@ -33,14 +33,19 @@ from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.fifo import AsyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
+from .dsp import fabric_register
 from .fifo import BlockRamAsyncFIFO
 from .interconnect import HalfRateRegister, StreamRegister
 
-__all__ = ["StreamCrossing", "DrainedGate", "EventCrossing", "CountCrossing", "ResetCrossing", "COUNT_BITS"]
+__all__ = ["StreamCrossing", "DrainedGate", "EventCrossing", "CountCrossing", "ResetCrossing", "COUNT_BITS",
+           "SHIFT_ENABLE_BITS"]
 
 #: Width of the counters that carry events and drained items across: a difference between two
 #: counts (events in flight, items sent and not yet reported) must stay below 2**(COUNT_BITS - 1).
 COUNT_BITS = 8
+#: Bits of a crossing's item register (``pieces`` > 1, ``read_register``) under one copy of its
+#: shift enable: each copy, a register of its own, drives this many flip-flops.
+SHIFT_ENABLE_BITS = 64
 
 
 def _gray(value):
@@ -82,11 +87,12 @@ class StreamCrossing(wiring.Component):
     read address (the pointer advanced by a read) is in a combinational path with the consumer's
     logic: ``o`` comes from registers, and the FIFO is read whenever the register has room, not
     when the consumer is ready. ``drained`` counts the items the consumer took from the register.
-    With ``pieces`` > 1 every piece shifts into a register beside the FIFO, and ``o.payload`` is a
-    copy of it a cycle later with no enable (no multiplexer per bit, and no load enable from the
-    FIFO's logic to the consumer's side): an item leaves two cycles after its last piece is read,
-    and the next item's pieces are read once the consumer has taken it, which costs nothing where
-    items come at most every ``pieces`` cycles.
+    With ``pieces`` > 1 every piece shifts into a register, a cycle after its read and under
+    copies of a register of the read (one per :data:`SHIFT_ENABLE_BITS` bits), and ``o.payload``
+    is a copy of that register a cycle later with no enable (no multiplexer per bit, and no load
+    enable made by logic, nor one net to every bit): an item leaves three cycles after its last
+    piece is read, and the next item's pieces are read once the consumer has taken it, which
+    costs little where items come at most every ``pieces`` cycles.
     ``write_register``: the items enter through a ``StreamRegister`` in ``w_domain``, so that the
     producer's ``valid`` and payload reach the FIFO's write port (and the block RAM's data inputs)
     only from registers, and ``i.ready`` is a register; ``write_register="half"`` makes that
@@ -168,27 +174,43 @@ class StreamCrossing(wiring.Component):
             m.d[self.r_domain] += r_piece.eq(Mux(fifo.r_rst, 0, r_piece) + read)
 
         if self.read_register and pieces > 1:
-            # Every piece, the last one too, shifts into `item` beside the FIFO (its enable is the
-            # FIFO's read, logic of the FIFO's side); `shown`, the output register, copies `item`
-            # in every cycle, with no enable, so nothing but the data crosses to where the
-            # consumer sits (a 530-bit register loaded by the FIFO's read logic across the die
-            # was the 16x16 SoC's critical path, docs/boards.md). `full`: `item` holds a whole
-            # item not yet taken, and the FIFO is not read; `o.valid` (a register) rises a cycle
-            # after `full`, once `shown` has the item, and both fall as the consumer takes it.
-            # The read side's reset (which follows the write side's) empties them, and there is
+            # Every piece, the last one too, shifts into `item`, and `shown`, the output register,
+            # copies `item` in every cycle with no enable: nothing but the data crosses to where
+            # the consumer sits. A piece read from the FIFO waits a cycle in `piece_d` (no
+            # enable), and `item` shifts it in under copies of a register of the read
+            # (`shift_N`, one per SHIFT_ENABLE_BITS bits of `item`): no logic lies between a
+            # register and `item`'s enables, and no enable net reaches all of its 530 bits (on
+            # the 16x16 SoC the FIFO's read logic into such enables, 9.6 ns of routing across the
+            # die, was the compute clock's critical path, docs/boards.md). `full`: an item's last
+            # piece has been read and the item not yet taken, so the FIFO is not read;
+            # `complete`: `item` holds that item; `o.valid` (a register) rises a cycle after
+            # `complete`, once `shown` has the item, and all three fall as the consumer takes it.
+            # The read side's reset (which follows the write side's) clears them, and there is
             # no read in its last cycle (r_rst, a register, is then still high).
             item = Signal(piece * pieces, reset_less=True)
             shown = Signal(piece * pieces, reset_less=True)
+            piece_d = Signal(piece, reset_less=True)
+            last_d = Signal()
             full = Signal()
+            complete = Signal()
             take = self.o.valid & self.o.ready
             m.d.comb += [fifo.r_en.eq(~full & ~fifo.r_rst), self.o.payload.eq(shown[:width])]
-            m.d[self.r_domain] += [shown.eq(item), self.o.valid.eq(full & ~take & ~fifo.r_rst)]
-            with m.If(read):
-                m.d[self.r_domain] += item.eq(Cat(item[piece:], fifo.r_data))
+            m.d[self.r_domain] += [piece_d.eq(fifo.r_data), last_d.eq(read & r_last), shown.eq(item),
+                                   self.o.valid.eq(complete & ~take & ~fifo.r_rst)]
+            copies = Module()
+            shifted = Cat(item[piece:], piece_d)
+            for n, low in enumerate(range(0, len(item), SHIFT_ENABLE_BITS)):
+                high = min(low + SHIFT_ENABLE_BITS, len(item))
+                shift = fabric_register(copies, f"shift_{n}", read, init=0, platform=platform)
+                with m.If(shift):
+                    m.d[self.r_domain] += item[low:high].eq(shifted[low:high])
+            m.submodules.shift_enables = DomainRenamer({"sync": self.r_domain})(copies)
             with m.If(read & r_last):
                 m.d[self.r_domain] += full.eq(1)
+            with m.If(last_d):
+                m.d[self.r_domain] += complete.eq(1)
             with m.If(take | fifo.r_rst):
-                m.d[self.r_domain] += full.eq(0)
+                m.d[self.r_domain] += [full.eq(0), complete.eq(0)]
         else:
             r_side = self.o
             if self.read_register:

@@ -9,12 +9,16 @@ from amaranth import ClockDomain, Module
 from amaranth.sim import Simulator
 from systolic.hw.cdc import (
     COUNT_BITS,
+    SHIFT_ENABLE_BITS,
     CountCrossing,
     DrainedGate,
     EventCrossing,
     ResetCrossing,
     StreamCrossing,
 )
+from systolic.sim.tools import to_verilog
+
+from tests.hw.ecp5_stand import Ecp5Stand
 
 #: (write / source period, read / destination period), ns
 PERIODS = [(10, 7), (7, 10), (10, 23), (23, 10), (10, 10)]
@@ -101,6 +105,19 @@ def test_stream_crossing_in_order_under_random_traffic(periods, registers, width
     # FIFO's depth (and each register's two entries) bound what is in flight besides the
     # synchronizers' lag
     assert max(checks) <= 4 + 2 + _read_held(registers[0], pieces) + _held(registers[1])
+
+
+@pytest.mark.parametrize("width, pieces, copies", [(530, 4, 9), (13, 2, 1), (200, 8, 4)])
+def test_stream_crossing_in_pieces_shifts_under_register_copies(width, pieces, copies):
+    """With ``read_register`` and ``pieces`` > 1 the item register's enables on ECP5 are
+    TRELLIS_FF copies of one register of the read, one per SHIFT_ENABLE_BITS bits of the item
+    (pieces x ceil(width / pieces) bits), so that no logic and no single net drives them all."""
+    dut = StreamCrossing(width, depth=4, r_domain="fast", read_register=True, pieces=pieces)
+    verilog = to_verilog(dut, "crossing", platform=Ecp5Stand())
+    assert verilog.count("TRELLIS_FF ") == copies
+    assert copies == -(-(pieces * -(-width // pieces)) // SHIFT_ENABLE_BITS)
+    plain = StreamCrossing(width, depth=4, r_domain="fast", read_register=True, pieces=1)
+    assert "TRELLIS_FF " not in to_verilog(plain, "crossing", platform=Ecp5Stand())
 
 
 @pytest.mark.parametrize("pieces", [1, 4])
