@@ -376,21 +376,23 @@ class Accumulator(wiring.Component):
             grant_dma.eq(self.dma_write.valid & ~busy.bit_select(dma_bank, 1)),
             self.dma_write.ready.eq(grant_dma),
         ]
+        # A bank's write request: the write-back if it is for this bank (it never waits), else the
+        # DMA's write if granted. Its enable bits are the only part that the DMA's grant reaches:
+        # the address and the row are taken in every cycle (a bank ignores them without an enable),
+        # selected by registers of the write-back's bank (one per row element, so that each
+        # drives only its element's bits), made a cycle ahead from the add stage. So no logic of
+        # the grant (the busy banks, the DMA's request) reaches the load enables of the write
+        # data's registers beside the bank (on the 16x16 ULX3S SoC it did, across the die).
         for k, bank in enumerate(banks):
+            back_here = back_valid & (back_bank == k)
+            here_next = add_valid & (add_addr[index_bits:] == k)     # back_here a cycle ahead
+            takes_back = [fabric_register(m, f"bank{k}_write_back_{c}", here_next, init=0, platform=platform)
+                          for c in range(cols)]
             enable = Signal.like(bank.write_en, name=f"bank{k}_write_en")
             m.d.comb += bank.write_en.eq(enable)
-            with m.If(back_valid & (back_bank == k)):
-                to_bank += [
-                    bank.write_addr.eq(back_addr[:index_bits]),
-                    bank.write_data.eq(back_row),
-                    enable.eq((1 << cols) - 1),
-                ]
-            with m.Elif(grant_dma & (dma_bank == k)):
-                to_bank += [
-                    bank.write_addr.eq(dma.addr[:index_bits]),
-                    bank.write_data.eq(dma.data),
-                    enable.eq(dma.mask),
-                ]
-            with m.Else():
-                to_bank += enable.eq(0)
+            to_bank += [
+                enable.eq(Mux(back_here, (1 << cols) - 1, Mux(grant_dma & (dma_bank == k), dma.mask, 0))),
+                bank.write_addr.eq(Mux(back_here, back_addr[:index_bits], dma.addr[:index_bits])),
+                *(bank.write_data[c].eq(Mux(takes_back[c], back_row[c], dma.data[c])) for c in range(cols)),
+            ]
         return m

@@ -30,9 +30,11 @@ rules forbid such an unordered pair anyway.
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Sequence
 
-from amaranth import Const, Module, Mux, Signal, unsigned
+from amaranth import Cat, Module, Mux, Signal, unsigned
 from amaranth.hdl import ShapeLike, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -95,13 +97,18 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
     :func:`select_bank_row` makes such a ``row``). ``latency`` is the port's read latency
     (:func:`read_latency`), at least 2.
 
-    The rows go into a queue of ``depth`` (default ``latency``) registers whose head is the
-    response (``resp.payload`` comes from a register only): a row arriving when the queue, after
-    this cycle's take, has k entries goes into entry k. At most ``depth`` responses are owed (in
-    flight or queued), so with ``depth = latency`` a port reads one row per cycle while its
-    consumer takes one per cycle, and a response comes ``latency`` cycles after its request when
-    the ones before it have been taken. A smaller ``depth`` (at least 1) saves its registers for a
-    consumer that reads one row at a time.
+    The rows go into a ring of ``depth`` (default ``latency``) registers: an arriving row is
+    written into the entry after the last one written (a one-hot ``tail`` register), the response
+    is the entry a one-hot ``head`` register names (an AND-OR of the entries' registers), and a
+    take moves only ``head`` and the entries' valid bits: no entry register is loaded by the
+    consumer's handshake (a shifting queue's entries were, all of them, through the take: that
+    enable, a net to every bit of the queue made from the consumer's ``ready``, was the critical
+    path of the 16x16 ULX3S SoC, docs/boards.md). Every entry's load enable is the AND of two
+    registers (the arriving row, ``tail``). At most ``depth`` responses are owed (in flight or
+    queued), so with ``depth = latency`` a port reads one row per cycle while its consumer takes
+    one per cycle, and a response comes ``latency`` cycles after its request when the ones before
+    it have been taken. A smaller ``depth`` (at least 1) saves its registers for a consumer that
+    reads one row at a time. ``resp.valid`` is a register.
 
     With ``decoupled``, ``free`` is a register: it does not count this cycle's take, so
     ``resp.ready`` has no combinational path to the grant (the consumer's handshake and the
@@ -122,7 +129,9 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
     m.d.sync += [in_flight[0].eq(granted), *(in_flight[k].eq(in_flight[k - 1]) for k in range(1, delay))]
     arrives = in_flight[-1]
     rows = [Signal.like(row, name=f"{name}_queue{k}") for k in range(depth)]
-    valid = [resp.valid, *(Signal(name=f"{name}_queue{k}_valid") for k in range(1, depth))]
+    head = Signal(depth, init=1, name=f"{name}_head")      # one-hot: the entry that is the response
+    tail = Signal(depth, init=1, name=f"{name}_tail")      # one-hot: the entry the next row goes into
+    entries = Signal(depth, name=f"{name}_entries")        # bit k: entry k holds a row not yet taken
     taken = resp.valid & resp.ready
     owed = Signal(range(2 * depth + 1), name=f"{name}_owed")
     if decoupled:
@@ -134,22 +143,27 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
     else:
         free = Signal(name=f"{name}_free")
         m.d.comb += [
-            owed.eq(sum(in_flight) + sum(valid)),
+            owed.eq(sum(in_flight) + sum(entries[k] for k in range(depth))),
             free.eq((owed < depth) | taken),
         ]
-    m.d.comb += resp.payload.eq(rows[0])
-    # after this cycle's take the queue moves up one entry; the arriving row goes behind the last
-    # valid entry (entries are valid from the head on, without gaps)
-    moved = [Mux(taken, valid[k + 1], valid[k]) if k + 1 < depth else ~taken & valid[k] for k in range(depth)]
+
+    def after(one_hot: Value) -> Value:   # the next entry round the ring
+        return Cat(one_hot[-1], one_hot[:-1])
+
+    # an arriving row always finds its entry free: at most `depth` rows are owed
     for k in range(depth):
-        behind = moved[k - 1] if k else Const(1)
-        with m.If(arrives & behind & ~moved[k]):
-            m.d.sync += [rows[k].eq(row), valid[k].eq(1)]
-        with m.Else():
-            m.d.sync += valid[k].eq(moved[k])
-            if k + 1 < depth:
-                with m.If(taken):
-                    m.d.sync += rows[k].eq(rows[k + 1])
+        with m.If(arrives & tail[k]):
+            m.d.sync += rows[k].eq(row)
+    head_next = Mux(taken, after(head), head)
+    entries_next = (entries & ~Mux(taken, head, 0)) | Mux(arrives, tail, 0)
+    m.d.sync += [
+        head.eq(head_next),
+        tail.eq(Mux(arrives, after(tail), tail)),
+        entries.eq(entries_next),
+        resp.valid.eq(entries_next.any()),     # the entries in use run on from head
+    ]
+    m.d.comb += resp.payload.eq(functools.reduce(operator.or_, (
+        Mux(head[k], Value.cast(rows[k]), 0) for k in range(depth))) if depth > 1 else rows[0])
     return free
 
 

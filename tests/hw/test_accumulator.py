@@ -28,6 +28,9 @@ from systolic.hw.accumulator import (
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.scratchpad import read_latency
 from systolic.sim.arith import wrap
+from systolic.sim.tools import to_verilog
+
+from tests.hw.ecp5_stand import Ecp5Stand
 
 from .test_scratchpad import collect, construct_rejected, drive, simulate
 
@@ -379,6 +382,17 @@ def test_a_one_entry_read_queue_owes_one_response_at_a_time() -> None:
     edges = [e for e, _ in result["resp"]]
     for k in range(1, len(reads)):
         assert result["req"][k] >= edges[k - 1], (k, result["req"][k], edges[k - 1])
+
+
+@pytest.mark.parametrize("forwarding", [True, False])
+def test_bank_write_data_is_selected_by_register_copies_on_ecp5(forwarding: bool) -> None:
+    """On ECP5 a bank's write data is the write-back's row or the DMA's, chosen by TRELLIS_FF
+    copies of one register per bank and row element (whether a write-back for the bank is next),
+    not by the DMA's grant: no logic of the grant before the write data registers' enables."""
+    config = SMALL
+    verilog = to_verilog(Accumulator(config, forwarding=forwarding), "accumulator", platform=Ecp5Stand())
+    copies = {f"bank{k}_write_back_{c}_ff" for k in range(ACC_BANKS) for c in range(config.acc_row_elems)}
+    assert {name for name in copies if f" {name} (" in verilog} == copies
 
 
 def test_config_must_be_an_accelerator_config() -> None:
