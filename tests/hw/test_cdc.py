@@ -38,6 +38,21 @@ def _simulate(dut, periods, *testbenches):
     sim.run()          # until the foreground testbenches are done
 
 
+#: Cycles a writer waits for ``ready`` before the test fails: a crossing that stops taking items
+#: (one whose reader sees items that are not there, say) fails rather than hangs.
+READY_BUDGET = 1000
+
+
+async def _until_ready(ctx, stream):
+    """Tick the ``sync`` clock until ``stream.ready`` is high at an edge (the item is taken), at
+    most READY_BUDGET cycles."""
+    for _ in range(READY_BUDGET):
+        _, _, ready = await ctx.tick("sync").sample(stream.ready)
+        if ready:
+            return
+    raise AssertionError(f"the crossing took no item for {READY_BUDGET} cycles")
+
+
 #: (read_register, write_register)
 REGISTERS = [(False, False), (True, False), (False, True), (True, True), (False, "half"), (True, "half")]
 
@@ -77,7 +92,7 @@ def test_stream_crossing_in_order_under_random_traffic(periods, registers, width
                 await ctx.tick("sync")
             ctx.set(dut.i.valid, 1)
             ctx.set(dut.i.payload, item)
-            await ctx.tick("sync").until(dut.i.ready)
+            await _until_ready(ctx, dut.i)
             sent += 1
             # the write side's counts: every item sent, never more drained than sent
             assert ctx.get(dut.sent) == sent % (1 << COUNT_BITS)
@@ -352,7 +367,7 @@ def test_drained_gate_waits_for_the_items_sent_before_each_event(periods):
             for value in range(count):
                 ctx.set(port.i.valid, 1)
                 ctx.set(port.i.payload, value)
-                await ctx.tick("sync").until(port.i.ready)
+                await _until_ready(ctx, port.i)
             ctx.set(port.i.valid, 0)
 
         async def event():
