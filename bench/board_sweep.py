@@ -104,6 +104,16 @@ def _row(kind: str, board: str, config: AcceleratorConfig, mhz: float, report: d
     return row
 
 
+def _stopped(row: dict[str, Any], stage: str, placed_mhz: dict[str, float],
+             router2: dict[str, int] | None) -> dict[str, Any]:
+    """``row`` of a flow stopped in ``stage`` (nextpnr's time limit, or router2 no longer
+    converging), with how far it got: the placer's estimates (the array's clock, then the
+    control clock's) and router2's progress."""
+    row.update(stopped_in=stage, placed_mhz=placed_mhz.get("compute", placed_mhz.get("sync")),
+               control_placed_mhz=placed_mhz.get("sync"), router2=router2)
+    return row
+
+
 def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: int,
             clock_mhz: float | None = None, placer: str = "heap", router: str = "router1",
             time_limit: float | None = None, stop_after: str | None = None) -> dict[str, Any]:
@@ -125,19 +135,13 @@ def run_one(kind: str, board: str, config: AcceleratorConfig, work: Path, seed: 
                            time_limit=time_limit, stop_after=stop_after)
             return _row(kind, board, config, mhz, report, None, time.monotonic() - started)
         except PlaceRouteTimeout as exc:     # not an Fmax: how far nextpnr got, also in fields
-            row = _row(kind, board, config, mhz, None, str(exc), time.monotonic() - started)
-            row.update(stopped_in=exc.stage,
-                       placed_mhz=exc.placed_mhz.get("compute", exc.placed_mhz.get("sync")),
-                       control_placed_mhz=exc.placed_mhz.get("sync"),
-                       arcs_total=exc.arcs_total, arcs_left=exc.arcs_left, router2=exc.router2,
-                       heap_stalled=exc.heap_stalled)
+            row = _stopped(_row(kind, board, config, mhz, None, str(exc), time.monotonic() - started),
+                           exc.stage, exc.placed_mhz, exc.router2)
+            row.update(arcs_total=exc.arcs_total, arcs_left=exc.arcs_left, heap_stalled=exc.heap_stalled)
             return row
         except RouteStalled as exc:         # router2 stopped converging (synth's route_patience)
-            row = _row(kind, board, config, mhz, None, str(exc), time.monotonic() - started)
-            row.update(stopped_in="routing",
-                       placed_mhz=exc.placed_mhz.get("compute", exc.placed_mhz.get("sync")),
-                       control_placed_mhz=exc.placed_mhz.get("sync"), router2=exc.router2)
-            return row
+            return _stopped(_row(kind, board, config, mhz, None, str(exc), time.monotonic() - started),
+                            "routing", exc.placed_mhz, exc.router2)
         except FitError as exc:
             pes = config.rows * config.cols
             if set(exc.over) != {"dsp"} or config.array_lut_multipliers == pes:

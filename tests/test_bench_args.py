@@ -224,3 +224,31 @@ def test_board_sweep_row_of_a_router2_that_stopped_converging(monkeypatch: pytes
     assert row["error"] == message                      # the whole message, not cut
     assert (row["stopped_in"], row["router2"], row["placed_mhz"], row["control_placed_mhz"]) == (
         "routing", router2, 59.17, 51.83)
+
+
+@pytest.mark.parametrize("placed_mhz, expected", [({"compute": 61.5, "sync": 52.25}, (61.5, 52.25)),
+                                                   ({"sync": 48.0}, (48.0, 48.0)), ({}, (None, None))])
+def test_board_sweep_row_of_a_flow_stopped_at_its_time_limit(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                           placed_mhz: dict, expected: tuple) -> None:
+    """A run that nextpnr's time limit stopped (PlaceRouteTimeout) is a row with the message, the
+    stage, the placer's estimates (the compute clock's, else the one clock's; none before
+    placement ended) and the router's progress, not an Fmax."""
+    from systolic.boards.synth import PlaceRouteTimeout
+    from systolic.hw.config import AcceleratorConfig
+
+    sweep = _board_sweep()
+    router2 = {"iteration": 40, "overused": 300, "fewest": 250, "fewest_iteration": 35}
+
+    def stopped(*args, **kwargs):
+        raise PlaceRouteTimeout("nextpnr-ecp5 was stopped after 60 minutes", stage="routing",
+                                placed_mhz=placed_mhz, arcs_total=1000, arcs_left=12, seconds=3600.0,
+                                router2=router2)
+
+    monkeypatch.setattr(sweep, "synth", stopped)
+    config = AcceleratorConfig.from_dict({"rows": 4, "cols": 4})
+    row = sweep.run_one("sweep", "ulx3s-85f", config, tmp_path, 1, router="router2", time_limit=3600)
+    assert row["error"] == "nextpnr-ecp5 was stopped after 60 minutes"
+    assert "fmax_mhz" not in row
+    assert (row["stopped_in"], row["placed_mhz"], row["control_placed_mhz"], row["router2"]) == (
+        "routing", *expected, router2)
+    assert (row["arcs_total"], row["arcs_left"], row["heap_stalled"]) == (1000, 12, False)
