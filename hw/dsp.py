@@ -16,8 +16,8 @@ from amaranth.hdl import Value
 
 from .config import int_range
 
-__all__ = ["MULT18X18D_INPUT_BITS", "and_pair_sum", "and_pair_sum_shape", "fabric_register",
-           "global_buffer", "is_ecp5", "mult18x18d", "select_add"]
+__all__ = ["MULT18X18D_INPUT_BITS", "and_pair_sum", "and_pair_sum_shape", "fabric_copy",
+           "fabric_register", "global_buffer", "is_ecp5", "mult18x18d", "select_add"]
 
 #: Width of a MULT18X18D operand: 18 bits signed (so 17 bits unsigned).
 MULT18X18D_INPUT_BITS = 18
@@ -267,4 +267,25 @@ def fabric_register(m: Module, name: str, value: Value, *, init: int, platform: 
             i_CLK=ClockSignal("sync"), i_LSR=ResetSignal("sync"), i_DI=value, o_Q=reg)
     else:
         m.d.sync += reg.eq(value)
+    return reg
+
+
+def fabric_copy(m: Module, name: str, value: Value, *, enable: Value, platform: Any) -> Signal:
+    """A register of ``value`` (any width, no reset) on the ``sync`` clock, loaded while ``enable``
+    is high: a copy of another register of the same value for loads far from it. On ECP5 a
+    ``TRELLIS_FF`` instance per bit (submodules ``name_ff<bit>``, their clock enable ``enable``),
+    so that yosys does not merge the copy back into the register it copies, which would then
+    drive both sets of loads (and the placer would put it near one of them). Elsewhere a plain
+    register (yosys may merge it)."""
+    value = Value.cast(value)
+    reg = Signal(len(value), name=name)
+    if is_ecp5(platform):
+        for bit in range(len(value)):
+            m.submodules[f"{name}_ff{bit}"] = Instance(
+                "TRELLIS_FF", p_GSR="DISABLED", p_CEMUX="CE", p_CLKMUX="CLK", p_LSRMUX="LSR",
+                p_REGSET="RESET", p_SRMODE="LSR_OVER_CE",
+                i_CLK=ClockSignal("sync"), i_LSR=Const(0, 1), i_CE=enable, i_DI=value[bit], o_Q=reg[bit])
+    else:
+        with m.If(enable):
+            m.d.sync += reg.eq(value)
     return reg

@@ -6,8 +6,8 @@ a grid, skews the operands on the way in and stalls every register with one glob
 the output stalls (the PE's ``enable`` port). The multiplier is a :class:`PipelinedMultiplier`
 (operand, product and routing registers: :data:`MULTIPLIER_LATENCY` = 3 cycles), so that a PE
 maps onto one DSP block plus an adder and nothing slow shares a cycle with the DSP. A multiplier
-in logic takes its operands a cycle late instead, from the registers that pass them on (``a_out``,
-and ``b_out`` or a copy of the active weight), in two stages: the same 3 cycles from ``a_in``.
+in logic takes its operands a cycle late instead, from copies of the registers that pass them on
+(``a_out``, and ``b_out`` or the active weight), in two stages: the same 3 cycles from ``a_in``.
 
 Weight-stationary (``dataflow = "ws"``), PE at row i (reduction index k) and column j (output
 channel n)::
@@ -55,7 +55,7 @@ from amaranth.lib.wiring import In, Out
 
 from .bankram import DP16KDPort, dp16kd
 from .config import BRAM_TABLE_ENTRIES, AcceleratorConfig, int_range, quarter_square_span
-from .dsp import MULT18X18D_INPUT_BITS, and_pair_sum, is_ecp5, mult18x18d
+from .dsp import MULT18X18D_INPUT_BITS, and_pair_sum, fabric_copy, is_ecp5, mult18x18d
 
 __all__ = ["ProcessingElement", "PipelinedMultiplier", "element_shapes", "logic_latency_fits",
            "MAC_LATENCY", "MULTIPLIER_KINDS", "MULTIPLIER_LATENCY"]
@@ -140,8 +140,8 @@ class PipelinedMultiplier(wiring.Component):
 
     ``latency`` (``"logic"`` only; default :data:`MULTIPLIER_LATENCY`): 2 makes the tree two
     stages (for 8-bit ``b``: two levels, then one, into the product register), for a caller
-    whose operands are a cycle late already, from registers it has anyway (a PE's ``a_out`` and
-    ``b_out``): 16 flip-flops fewer for int8 (41 instead of 57). It needs a tree of at most four
+    whose operands are a cycle late already (a PE's copies of ``a_out`` and ``b_out``): 16
+    flip-flops fewer for int8 (41 instead of 57). It needs a tree of at most four
     levels (``b`` at most 16 bits wide, :func:`logic_latency_fits`).
 
     ``a``: ``In(a_shape)``; ``b``: ``In(b_shape)``; ``product``: ``Out`` of the exact product
@@ -258,8 +258,8 @@ class PipelinedMultiplier(wiring.Component):
         # bits each for int8) per stage stay far below 10 ns, and each level folded into the one
         # before saves its register (81 -> 57 flip-flops for int8, against one level per stage;
         # 41 in two stages). The operands come straight from registers of the PE (``a_in`` and
-        # the active weight; with two stages the PE's ``a_out`` and a copy of the active weight,
-        # or ``b_out``), so there is no operand register stage. Each node is (value, weight
+        # the active weight; with two stages the PE's copies of ``a_out`` and of the active
+        # weight, or of ``b_out``), so there is no operand register stage. Each node is (value, weight
         # shift, sign); sums are kept unshifted relative to their lowest term, so the pipeline
         # registers stay narrow. Data registers have no reset: a value matters only with a valid
         # operand, and the control that marks valid operands is reset (fewer reset and routing
@@ -407,8 +407,8 @@ class ProcessingElement(wiring.Component):
     def elaborate(self, platform) -> Any:
         input_shape, weight_shape, _ = element_shapes(self.config)
         m = Module()
-        # A logic multiplier takes its operands a cycle late, from the registers that pass them
-        # on (a_out, and b_out or a copy of the active weight), in a tree of one stage fewer.
+        # A logic multiplier takes its operands a cycle late, from copies of the registers that
+        # pass them on (a_out, and b_out or the active weight), in a tree of one stage fewer.
         late = self.multiplier == "logic" and logic_latency_fits(weight_shape, MULTIPLIER_LATENCY - 1)
         m.submodules.multiplier = multiplier = PipelinedMultiplier(
             input_shape, weight_shape, kind=self.multiplier,
@@ -419,7 +419,7 @@ class ProcessingElement(wiring.Component):
         if self.config.dataflow == "ws":
             self._elaborate_ws(m, multiplier, late, platform)
         else:
-            self._elaborate_os(m, multiplier, late)
+            self._elaborate_os(m, multiplier, late, platform)
         # One enable for every register of the cell (the multiplier takes it as a port, since
         # a vendor primitive's clock enable is not rewritten by EnableInserter).
         return EnableInserter(self.enable)(m)
@@ -449,9 +449,12 @@ class ProcessingElement(wiring.Component):
             # register: the active one may change in the very next cycle, a one-row tile). No
             # reset: it equals `active` from the first cycle after a reset, and an element
             # reaches the PE two cycles after its handshake at the earliest.
+            # The element is a copy of a_out of its own (a_out's loads are the next PE, which may
+            # be a DSP PE across the die from this one's carry chains).
             active_late = Signal(weight_shape, reset_less=True)
             m.d.sync += active_late.eq(active)
-            m.d.comb += [multiplier.a.eq(a_out), multiplier.b.eq(active_late)]
+            a_late = fabric_copy(m, "a_late", self.a_in, enable=self.enable, platform=platform)
+            m.d.comb += [multiplier.a.eq(a_late), multiplier.b.eq(active_late)]
         else:
             m.d.comb += [multiplier.a.eq(self.a_in), multiplier.b.eq(active)]
         m.d.comb += [self.a_out.eq(a_out), self.w_out.eq(w_out), self.psum_out.eq(psum_out)]
@@ -471,18 +474,22 @@ class ProcessingElement(wiring.Component):
             self.w_zero_out.eq(self.w_zero_in),
         ]
 
-    def _elaborate_os(self, m: Module, multiplier: PipelinedMultiplier, late: bool) -> None:
+    def _elaborate_os(self, m: Module, multiplier: PipelinedMultiplier, late: bool, platform: Any) -> None:
         _, _, acc_shape = element_shapes(self.config)
         last = Signal(MULTIPLIER_LATENCY)       # `last` beside the multiplier's stages
         acc = Signal(acc_shape)
         total = Signal(acc_shape)
 
-        # the operand pair a cycle late is the pair passed on, a_out and b_out
-        m.d.comb += [
-            multiplier.a.eq(self.a_out if late else self.a_in),
-            multiplier.b.eq(self.b_out if late else self.b_in),
-            total.eq(acc + multiplier.product),                 # wraps to acc_bits
-        ]
+        # the operand pair a cycle late is a copy of the pair passed on, a_out and b_out, of its
+        # own (those go to the next PEs, which may be DSP PEs across the die from this one)
+        if late:
+            m.d.comb += [
+                multiplier.a.eq(fabric_copy(m, "a_late", self.a_in, enable=self.enable, platform=platform)),
+                multiplier.b.eq(fabric_copy(m, "b_late", self.b_in, enable=self.enable, platform=platform)),
+            ]
+        else:
+            m.d.comb += [multiplier.a.eq(self.a_in), multiplier.b.eq(self.b_in)]
+        m.d.comb += total.eq(acc + multiplier.product)                 # wraps to acc_bits
         m.d.sync += last.eq(Cat(self.last_in, last[:-1]))
         with m.If(last[-1]):
             m.d.sync += acc.eq(0)

@@ -57,9 +57,9 @@ def mult18x18d_model() -> str:
 
 
 def trellis_ff_model() -> str:
-    """A behavioural model of the Lattice TRELLIS_FF in the one mode hw/array.py's stall tree
-    uses (clock on CLK, always enabled, LSR a synchronous set with priority); any other mode
-    stops the simulation."""
+    """A behavioural model of the Lattice TRELLIS_FF in the modes hw/dsp.py uses (clock on CLK,
+    GSR off, LSR a synchronous set or reset with priority over CE; CE used or always enabled);
+    any other mode stops the simulation."""
     return """\
 /* verilator lint_off UNUSEDSIGNAL */
 module TRELLIS_FF #(
@@ -67,11 +67,13 @@ module TRELLIS_FF #(
   parameter LSRMUX = "LSR", parameter REGSET = "RESET", parameter SRMODE = "LSR_OVER_CE"
 ) (input CLK, input LSR, input CE, input DI, input M, output reg Q);
   initial begin
-    if (GSR != "DISABLED" || CEMUX != "1" || CLKMUX != "CLK" || LSRMUX != "LSR" || REGSET != "SET" ||
-        SRMODE != "LSR_OVER_CE")
+    if (GSR != "DISABLED" || (CEMUX != "1" && CEMUX != "CE") || CLKMUX != "CLK" || LSRMUX != "LSR" ||
+        (REGSET != "SET" && REGSET != "RESET") || SRMODE != "LSR_OVER_CE")
       $fatal(1, "TRELLIS_FF model: unsupported mode");
-    Q = 1'b1;
+    Q = REGSET == "SET";
   end
-  always @(posedge CLK) Q <= LSR ? 1'b1 : DI;
+  always @(posedge CLK)
+    if (LSR) Q <= REGSET == "SET";
+    else if (CEMUX == "1" || CE) Q <= DI;
 endmodule
 """

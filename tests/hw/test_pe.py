@@ -18,6 +18,9 @@ from systolic.hw.pe import (
     element_shapes,
 )
 from systolic.sim.arith import wrap
+from systolic.sim.tools import to_verilog
+
+from tests.hw.ecp5_stand import Ecp5Stand
 
 
 def _range(shape: Shape) -> tuple[int, int]:
@@ -433,3 +436,20 @@ def test_pe_rejects_a_non_config() -> None:
     with pytest.raises(TypeError, match=r"^config must be an AcceleratorConfig, not \{'rows': 4\}$"):
         ProcessingElement({"rows": 4})
 
+
+
+@pytest.mark.parametrize("dataflow, copies", [("ws", ("a_late",)), ("os", ("a_late", "b_late"))])
+def test_logic_pe_operands_are_copies_of_the_passed_on_registers_on_ecp5(
+        dataflow: str, copies: tuple[str, ...]) -> None:
+    """On ECP5 a logic multiplier's operands, a cycle late, are TRELLIS_FF copies (under the PE's
+    enable) of the registers that pass them on to the next PE, one per bit: not those registers,
+    which the placer puts by the next PE (a DSP PE may sit across the die). A DSP PE has none."""
+    config = AcceleratorConfig(rows=2, cols=2, dataflow=dataflow)
+    verilog = to_verilog(ProcessingElement(config, multiplier="logic"), "pe", platform=Ecp5Stand())
+    for name in copies:
+        assert [bit for bit in range(config.input_bits) if f" {name}_ff{bit} (" in verilog] == list(
+            range(config.input_bits))
+    assert verilog.count("TRELLIS_FF ") == config.input_bits * len(copies)
+    assert ".CEMUX(\"CE\")" in verilog
+    dsp = to_verilog(ProcessingElement(config, multiplier="dsp"), "pe", platform=Ecp5Stand())
+    assert "TRELLIS_FF " not in dsp
