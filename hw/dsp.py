@@ -246,6 +246,18 @@ def select_add(m: Module, name: str, select: Value, when_set: Value, when_clear:
     return total
 
 
+def _trellis_ff(m: Module, name: str, value: Value, reg: Value, *, enable: Value | None,
+                init: int | None) -> None:
+    """Submodule ``name``: a TRELLIS_FF on the ``sync`` clock from ``value`` to ``reg`` (one bit),
+    its clock enable ``enable`` (None: always enabled), its LSR the ``sync`` reset, setting it to
+    ``init`` with priority over the enable (None: no reset)."""
+    m.submodules[name] = Instance(
+        "TRELLIS_FF", p_GSR="DISABLED", p_CEMUX="1" if enable is None else "CE", p_CLKMUX="CLK",
+        p_LSRMUX="LSR", p_REGSET="SET" if init else "RESET", p_SRMODE="LSR_OVER_CE",
+        i_CLK=ClockSignal("sync"), i_LSR=Const(0, 1) if init is None else ResetSignal("sync"),
+        **({} if enable is None else {"i_CE": enable}), i_DI=value, o_Q=reg)
+
+
 def fabric_register(m: Module, name: str, value: Value, *, init: int, platform: Any) -> Signal:
     """A one-bit register of ``value`` on the ``sync`` clock, reset to ``init`` (0 or 1). On
     ECP5 a ``TRELLIS_FF`` instance (submodule ``name_ff``), so that yosys does not merge
@@ -261,30 +273,26 @@ def fabric_register(m: Module, name: str, value: Value, *, init: int, platform: 
         raise ValueError(f"init must be 0 or 1, not {init!r}")
     reg = Signal(name=name, init=init)
     if is_ecp5(platform):
-        m.submodules[f"{name}_ff"] = Instance(
-            "TRELLIS_FF", p_GSR="DISABLED", p_CEMUX="1", p_CLKMUX="CLK", p_LSRMUX="LSR",
-            p_REGSET="SET" if init else "RESET", p_SRMODE="LSR_OVER_CE",
-            i_CLK=ClockSignal("sync"), i_LSR=ResetSignal("sync"), i_DI=value, o_Q=reg)
+        _trellis_ff(m, f"{name}_ff", value, reg, enable=None, init=init)
     else:
         m.d.sync += reg.eq(value)
     return reg
 
 
-def fabric_copy(m: Module, name: str, value: Value, *, enable: Value, platform: Any) -> Signal:
-    """A register of ``value`` (any width, no reset) on the ``sync`` clock, loaded while ``enable``
-    is high: a copy of another register of the same value for loads far from it. On ECP5 a
-    ``TRELLIS_FF`` instance per bit (submodules ``name_ff<bit>``, their clock enable ``enable``),
-    so that yosys does not merge the copy back into the register it copies, which would then
-    drive both sets of loads (and the placer would put it near one of them). Elsewhere a plain
-    register (yosys may merge it)."""
+def fabric_copy(m: Module, name: str, value: Value, *, enable: Value, platform: Any,
+                reset: bool = False) -> Signal:
+    """A register of ``value`` (any width) on the ``sync`` clock, loaded while ``enable`` is high,
+    reset to 0 with ``reset`` (else no reset): a register that yosys must not merge with another
+    of the same value (a copy for loads far from the register it copies, or a register that
+    equals others by construction, as a signal passed along a skewed grid does), since the one
+    left would drive both sets of loads, and the placer would put it near one of them. On ECP5
+    a ``TRELLIS_FF`` instance per bit (submodules ``name_ff<bit>``, their clock enable
+    ``enable``). Elsewhere a plain register (yosys may merge it)."""
     value = Value.cast(value)
-    reg = Signal(len(value), name=name)
+    reg = Signal(len(value), name=name, reset_less=not reset)
     if is_ecp5(platform):
         for bit in range(len(value)):
-            m.submodules[f"{name}_ff{bit}"] = Instance(
-                "TRELLIS_FF", p_GSR="DISABLED", p_CEMUX="CE", p_CLKMUX="CLK", p_LSRMUX="LSR",
-                p_REGSET="RESET", p_SRMODE="LSR_OVER_CE",
-                i_CLK=ClockSignal("sync"), i_LSR=Const(0, 1), i_CE=enable, i_DI=value[bit], o_Q=reg[bit])
+            _trellis_ff(m, f"{name}_ff{bit}", value[bit], reg[bit], enable=enable, init=0 if reset else None)
     else:
         with m.If(enable):
             m.d.sync += reg.eq(value)

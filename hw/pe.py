@@ -466,13 +466,8 @@ class ProcessingElement(wiring.Component):
         with m.Elif(self.w_zero_in):
             m.d.sync += shadow.eq(0)
 
-        m.d.sync += [
-            a_out.eq(self.a_in),
-            self.new_weights_out.eq(self.new_weights_in),
-            w_out.eq(self.w_in),
-            self.w_capture_out.eq(self.w_capture_in),
-            self.w_zero_out.eq(self.w_zero_in),
-        ]
+        m.d.sync += [a_out.eq(self.a_in), w_out.eq(self.w_in)]
+        self._pass_on(m, platform, "new_weights", "w_capture", "w_zero")
 
     def _elaborate_os(self, m: Module, multiplier: PipelinedMultiplier, late: bool, platform: Any) -> None:
         _, _, acc_shape = element_shapes(self.config)
@@ -502,9 +497,17 @@ class ProcessingElement(wiring.Component):
         with m.Elif(self.drain_in):
             m.d.sync += self.result_out.eq(self.result_in)
 
-        m.d.sync += [
-            self.a_out.eq(self.a_in),
-            self.b_out.eq(self.b_in),
-            self.last_out.eq(self.last_in),
-            self.drain_out.eq(self.drain_in),
-        ]
+        m.d.sync += [self.a_out.eq(self.a_in), self.b_out.eq(self.b_in)]
+        self._pass_on(m, platform, "last", "drain")
+
+    def _pass_on(self, m: Module, platform: Any, *names: str) -> None:
+        """The control bits ``<name>_in`` passed on to ``<name>_out`` through a register each
+        (reset, under the PE's enable) that yosys does not merge (:func:`~systolic.hw.dsp.
+        fabric_copy`): the array skews one signal along the grid, so the registers of all the PEs
+        on one anti-diagonal hold the same value, and merged into one they would drive PEs far
+        apart (on the lean 16x16 SoC one register drove the weight swap of PEs 15 cycles of
+        routing apart: 14.8 ns, docs/boards.md)."""
+        for name in names:
+            passed = fabric_copy(m, f"{name}_passed", getattr(self, f"{name}_in"), enable=self.enable,
+                                 platform=platform, reset=True)
+            m.d.comb += getattr(self, f"{name}_out").eq(passed)

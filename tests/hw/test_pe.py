@@ -438,6 +438,10 @@ def test_pe_rejects_a_non_config() -> None:
 
 
 
+#: The control bits a PE passes on, per dataflow.
+_PASSED = {"ws": ("new_weights", "w_capture", "w_zero"), "os": ("last", "drain")}
+
+
 @pytest.mark.parametrize("dataflow, copies", [("ws", ("a_late",)), ("os", ("a_late", "b_late"))])
 def test_logic_pe_operands_are_copies_of_the_passed_on_registers_on_ecp5(
         dataflow: str, copies: tuple[str, ...]) -> None:
@@ -449,7 +453,22 @@ def test_logic_pe_operands_are_copies_of_the_passed_on_registers_on_ecp5(
     for name in copies:
         assert [bit for bit in range(config.input_bits) if f" {name}_ff{bit} (" in verilog] == list(
             range(config.input_bits))
-    assert verilog.count("TRELLIS_FF ") == config.input_bits * len(copies)
-    assert ".CEMUX(\"CE\")" in verilog
+    assert verilog.count("TRELLIS_FF ") == config.input_bits * len(copies) + len(_PASSED[dataflow])
     dsp = to_verilog(ProcessingElement(config, multiplier="dsp"), "pe", platform=Ecp5Stand())
-    assert "TRELLIS_FF " not in dsp
+    assert "_late_ff" not in dsp
+
+
+@pytest.mark.parametrize("dataflow", ["ws", "os"])
+@pytest.mark.parametrize("multiplier", ["dsp", "logic"])
+def test_pe_control_bits_pass_through_unmerged_registers_on_ecp5(dataflow: str, multiplier: str) -> None:
+    """On ECP5 each control bit a PE passes on is a TRELLIS_FF of its own, reset by the sync reset
+    and under the PE's enable: the array skews those bits along the grid, so registers of PEs
+    far apart hold equal values and yosys would otherwise merge them into one."""
+    config = AcceleratorConfig(rows=2, cols=2, dataflow=dataflow)
+    verilog = to_verilog(ProcessingElement(config, multiplier=multiplier), "pe", platform=Ecp5Stand())
+    for name in _PASSED[dataflow]:
+        instance = re.search(rf"TRELLIS_FF #\((?P<params>[^;]*?)\) {name}_passed_ff0 \((?P<ports>[^;]*?)\);",
+                             verilog, re.S)
+        assert instance, name
+        assert '.CEMUX("CE")' in instance["params"] and '.REGSET("RESET")' in instance["params"]
+        assert ".LSR(rst)" in instance["ports"] and ".CE(enable)" in instance["ports"], instance["ports"]
