@@ -505,8 +505,8 @@ class ProcessingElement(wiring.Component):
         (reset, under the PE's enable) that yosys does not merge (:func:`~systolic.hw.dsp.
         fabric_copy`): the array skews one signal along the grid, so the registers of all the PEs
         on one anti-diagonal hold the same value, and merged into one they would drive PEs far
-        apart (on the lean 16x16 SoC one register drove the weight swap of PEs 15 cycles of
-        routing apart: 14.8 ns, docs/boards.md)."""
+        apart (on the lean 16x16 SoC one register drove the weight swaps of PEs across the die:
+        14.8 ns of routing, docs/boards.md)."""
         for name in names:
             passed = fabric_copy(m, f"{name}_passed", getattr(self, f"{name}_in"), enable=self.enable,
                                  platform=platform, reset=True)
