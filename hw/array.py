@@ -25,7 +25,7 @@ Both give R * C multiply-accumulates every cycle in steady state (m >= k, K >= R
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from amaranth import Cat, Const, Module, Mux, Shape, Signal, Value
 from amaranth.hdl import EnableInserter
@@ -40,6 +40,7 @@ from .pe import MAC_LATENCY, ProcessingElement, element_shapes
 __all__ = [
     "LUTRAM_DELAY_DEPTH", "LUTRAM_DELAY_MIN", "SystolicArray", "weight_layout", "input_layout",
     "output_layout", "array_latency", "ws_cycles", "os_cycles", "column_sum_shape", "default_stall_stages",
+    "Handshake", "ws_handshake", "os_handshake",
 ]
 
 
@@ -225,6 +226,70 @@ def _stall_register(m: Module, platform: Any, value: Value, name: str) -> Signal
     """A register of the stall tree, 1 at reset; on ECP5 one that yosys does not merge with the
     tree's identical registers (hw/dsp.py ``fabric_register``)."""
     return fabric_register(m, name, value, init=1, platform=platform)
+
+
+class Handshake(NamedTuple):
+    """The array's input handshake and the signals made with it (:func:`ws_handshake`,
+    :func:`os_handshake`); the fields of the other dataflow are ``None``."""
+    inputs_ready: Value
+    in_fire: Value
+    weights_ready: Value | None = None
+    w_fire: Value | None = None
+    swap: Value | None = None
+    weight_row: Value | None = None
+    fire_last: Value | None = None
+
+
+def ws_handshake(m: Module, rows: int, *, enable: Value, inputs_valid: Value, new_weights: Value,
+                 weights_valid: Value, weights_last: Value, name: str = "") -> Handshake:
+    """The weight-stationary array's readiness rule and the registers behind it, added to ``m``
+    (its sync domain; signal names start with ``name``): an input beat with ``new_weights`` is
+    ready once a preload has completed (``pending``), a weight row while none waits or in the
+    cycle the waiting one is taken (the shadow registers are read by the swap before the new row
+    reaches them); a preload completes with ``last`` or its ``rows``-th row. ``enable`` gates
+    both. The array builds its handshake with it, and the compute unit builds a copy next to its
+    output registers (hw/units.py), so that the array's ``ready`` needs no route back."""
+    pending = Signal(name=f"{name}pending")            # a completed preload waits in the shadows
+    weight_row = Signal(range(rows), name=f"{name}weight_row")     # the next preload row's index
+    hs = Handshake(inputs_ready=Signal(name=f"{name}inputs_ready"), in_fire=Signal(name=f"{name}in_fire"),
+                   weights_ready=Signal(name=f"{name}weights_ready"), w_fire=Signal(name=f"{name}w_fire"),
+                   swap=Signal(name=f"{name}swap"), weight_row=weight_row)
+    w_done = Signal(name=f"{name}w_done")
+    m.d.comb += [
+        hs.inputs_ready.eq(enable & (~new_weights | pending)),
+        hs.weights_ready.eq(enable & (~pending | (inputs_valid & new_weights))),
+        hs.in_fire.eq(inputs_valid & hs.inputs_ready),
+        hs.w_fire.eq(weights_valid & hs.weights_ready),
+        w_done.eq(hs.w_fire & (weights_last | (weight_row == rows - 1))),
+        hs.swap.eq(hs.in_fire & new_weights),
+    ]
+    with m.If(hs.w_fire):
+        m.d.sync += weight_row.eq(Mux(w_done, 0, weight_row + 1))
+    with m.If(hs.swap):
+        m.d.sync += pending.eq(0)
+    with m.If(w_done):
+        m.d.sync += pending.eq(1)
+    return hs
+
+
+def os_handshake(m: Module, rows: int, *, enable: Value, inputs_valid: Value, last: Value,
+                 name: str = "") -> Handshake:
+    """The output-stationary array's readiness rule and its register, added to ``m`` as
+    :func:`ws_handshake`: a ``last`` beat is ready ``rows`` cycles after the previous one at the
+    earliest (the previous tile's results must have left the PEs); ``enable`` gates it."""
+    cooldown = Signal(range(rows), name=f"{name}cooldown")
+    hs = Handshake(inputs_ready=Signal(name=f"{name}inputs_ready"), in_fire=Signal(name=f"{name}in_fire"),
+                   fire_last=Signal(name=f"{name}fire_last"))
+    m.d.comb += [
+        hs.inputs_ready.eq(enable & (~last | (cooldown == 0))),
+        hs.in_fire.eq(inputs_valid & hs.inputs_ready),
+        hs.fire_last.eq(hs.in_fire & last),
+    ]
+    with m.If(hs.fire_last):
+        m.d.sync += cooldown.eq(rows - 1)
+    with m.Elif(cooldown != 0):
+        m.d.sync += cooldown.eq(cooldown - 1)
+    return hs
 
 
 class SystolicArray(wiring.Component):
@@ -473,28 +538,11 @@ class SystolicArray(wiring.Component):
         m = groups["inputs"]
 
         # -- handshakes and preload bookkeeping ----------------------------------------------
-        pending = Signal()                  # a completed preload waits in the shadow registers
-        weight_row = Signal(range(rows))    # index of the next preload row
-        in_fire = Signal()
-        w_fire = Signal()
-        w_done = Signal()
-        swap = Signal()
-        m.d.comb += [
-            inputs.ready.eq(enable & (~inputs.payload.new_weights | pending)),
-            # The next preload may start in the cycle its predecessor is consumed: the shadow
-            # register is read by the swap before the new row reaches it.
-            weights.ready.eq(enable & (~pending | (inputs.valid & inputs.payload.new_weights))),
-            in_fire.eq(inputs.valid & inputs.ready),
-            w_fire.eq(weights.valid & weights.ready),
-            w_done.eq(w_fire & (weights.payload.last | (weight_row == rows - 1))),
-            swap.eq(in_fire & inputs.payload.new_weights),
-        ]
-        with m.If(w_fire):
-            m.d.sync += weight_row.eq(Mux(w_done, 0, weight_row + 1))
-        with m.If(swap):
-            m.d.sync += pending.eq(0)
-        with m.If(w_done):
-            m.d.sync += pending.eq(1)
+        hs = ws_handshake(m, rows, enable=enable, inputs_valid=inputs.valid,
+                          new_weights=inputs.payload.new_weights, weights_valid=weights.valid,
+                          weights_last=weights.payload.last)
+        m.d.comb += [inputs.ready.eq(hs.inputs_ready), weights.ready.eq(hs.weights_ready)]
+        in_fire, w_fire, swap, weight_row = hs.in_fire, hs.w_fire, hs.swap, hs.weight_row
 
         # -- weight preload: data down the columns, row selection along the rows -------------
         # A preload row reaches PE (i, j) i + j + 1 cycles after its handshake. The row control
@@ -566,18 +614,9 @@ class SystolicArray(wiring.Component):
 
         # -- handshake: a tile's results must have left the result registers (R cycles of
         # drain) before the next tile finishes in them, so `last` beats are >= R cycles apart.
-        cooldown = Signal(range(rows))
-        in_fire = Signal()
-        fire_last = Signal()
-        m.d.comb += [
-            inputs.ready.eq(enable & (~inputs.payload.last | (cooldown == 0))),
-            in_fire.eq(inputs.valid & inputs.ready),
-            fire_last.eq(in_fire & inputs.payload.last),
-        ]
-        with m.If(fire_last):
-            m.d.sync += cooldown.eq(rows - 1)
-        with m.Elif(cooldown != 0):
-            m.d.sync += cooldown.eq(cooldown - 1)
+        hs = os_handshake(m, rows, enable=enable, inputs_valid=inputs.valid, last=inputs.payload.last)
+        m.d.comb += inputs.ready.eq(hs.inputs_ready)
+        in_fire, fire_last = hs.in_fire, hs.fire_last
 
         # -- operand skew --------------------------------------------------------------------
         # Output row r lives in PE row R-1-r: tiles finish top row first, and the drain shifts

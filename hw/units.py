@@ -36,7 +36,7 @@ from .accumulator import (
     array_write_spacing,
     write_latency,
 )
-from .array import input_layout, output_layout, weight_layout
+from .array import input_layout, os_handshake, output_layout, weight_layout, ws_handshake
 from .axi import AddressLayout, ReadDataLayout, ResponseLayout, WriteDataLayout
 from .config import AcceleratorConfig
 from .controller import ERR_ILLEGAL, InstructionLayout, used_bits
@@ -382,6 +382,10 @@ class ComputeUnit(wiring.Component):
         if config.dataflow == "ws":
             members["weights"] = Out(stream.Signature(weight_layout(config)))
         super().__init__(members)
+        # the readiness of the array's streams as the unit's copy of its handshake makes it
+        # (elaborate), for the RTL tests to compare with the array's `ready` (WS only: weights)
+        self.array_inputs_ready = Signal()
+        self.array_weights_ready = Signal()
 
     def elaborate(self, platform):
         m = Module()
@@ -472,6 +476,25 @@ class ComputeUnit(wiring.Component):
                          source.ready.eq(port.req.ready)]
             return local
 
+        # The array's readiness, made here from a copy of its handshake registers (hw/array.py
+        # ws_handshake, os_handshake): the consumer is a SystolicArray without back-pressure, whose
+        # `ready` is that rule of its own registers and of the beats offered. The copy sits by
+        # the registers below, so their load enables do not wait for a route to the array and
+        # back (the 16x16 compute core's critical paths on the ULX3S-85F at 3925bf3: the output
+        # registers' enables from the array's `pending`, 56 columns away). The array's own
+        # `ready` is left unread; the RTL tests check that it equals the copy in every cycle.
+        if ws:
+            copy = ws_handshake(m, R, enable=Const(1), inputs_valid=self.inputs.valid,
+                                new_weights=self.inputs.payload.new_weights,
+                                weights_valid=self.weights.valid, weights_last=self.weights.payload.last,
+                                name="array_")
+            m.d.comb += self.array_weights_ready.eq(copy.weights_ready)
+        else:
+            copy = os_handshake(m, R, enable=Const(1), inputs_valid=self.inputs.valid,
+                                last=self.inputs.payload.last, name="array_")
+        m.d.comb += self.array_inputs_ready.eq(copy.inputs_ready)
+        array_ready = {"inputs": self.array_inputs_ready, "weights": self.array_weights_ready}
+
         def to_array(name, port, layout, spacing=None):
             """The stream the unit drives for ``port`` (to the array), with ``layout`` (the
             port's payload in ``beat`` and what travels with it); returns it and the payload
@@ -480,10 +503,11 @@ class ComputeUnit(wiring.Component):
             ``acc_row``: with the memory registers a SpacedStreamRegister (the wait a register
             of its own, decided a cycle ahead), without them the same wait compared in the
             cycle (small arrays)."""
+            ready = array_ready[name]
             if spacing is None:
                 local, source = staged(name, layout)
                 m.d.comb += [port.valid.eq(source.valid), port.payload.eq(source.payload.beat),
-                             source.ready.eq(port.ready)]
+                             source.ready.eq(ready)]
                 return local, source.payload
             local = stream.Signature(layout).create(path=(name,))
             if registered:
@@ -491,14 +515,14 @@ class ComputeUnit(wiring.Component):
                 m.submodules[f"{name}_register"] = stage
                 wiring.connect(m, local, stage.i)
                 m.d.comb += [port.valid.eq(stage.o.valid), port.payload.eq(stage.o.payload.beat),
-                             stage.o.ready.eq(port.ready)]
+                             stage.o.ready.eq(ready)]
                 return local, stage.o.payload
-            entered = recent_keys(m, port.valid & port.ready, local.payload.acc_row, spacing - 1,
+            entered = recent_keys(m, port.valid & ready, local.payload.acc_row, spacing - 1,
                                   f"{name}_entered")
             same = [valid & (row == local.payload.acc_row) for valid, row in entered]
             hold = local.payload.accumulate & (Cat(*same).any() if same else Const(0))
             m.d.comb += [port.valid.eq(local.valid & ~hold), port.payload.eq(local.payload.beat),
-                         local.ready.eq(port.ready & ~hold)]
+                         local.ready.eq(ready & ~hold)]
             return local, local.payload
 
         def reader(name, port, fifo_, layout, last_of, addr_of, meta_layout, meta_of):
@@ -667,7 +691,7 @@ class ComputeUnit(wiring.Component):
             ]
 
         # MACs counted as a row enters the array
-        m.d.comb += self.array_active.eq(self.inputs.valid & self.inputs.ready)
+        m.d.comb += self.array_active.eq(copy.in_fire)
         m.d.comb += self.macs.eq(Mux(self.array_active, arriving.row_macs, 0))
 
         # -- results -> accumulator -------------------------------------------------------------

@@ -7,14 +7,14 @@ handshakes with the scratchpad and the array (its results are tests/hw/test_top.
 import random
 
 import pytest
-from amaranth import Const
+from amaranth import Const, Module
 from amaranth.sim import Simulator
 from systolic.hw.accumulator import Accumulator, acc_dma_write_layout, acc_row_layout
 from systolic.hw.array import SystolicArray
-from systolic.hw.compute_core import ComputeCore
+from systolic.hw.compute_core import ComputeCore, connect_compute_datapath
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.isa import Instruction, Opcode, encode
-from systolic.hw.scratchpad import spad_write_layout
+from systolic.hw.scratchpad import Scratchpad, spad_write_layout
 from systolic.hw.units import ComputeUnit
 
 
@@ -36,9 +36,12 @@ def test_config_type_error():
 def _handshakes(dataflow: str, memory_registers: bool) -> tuple[dict[str, int], int]:
     """Run COMPUTEs through a lone ComputeUnit with random readiness and result rows for 200
     cycles. In each cycle flip one input at a time and count the cycles where an output changes
-    with it: the array's readiness -> the ``ready`` to the scratchpad's responses ("spad"), the
-    array's result ``valid`` -> the write to the accumulator ("acc"). Returns the counts and the cycle of
-    the first request to the scratchpad (the command is offered from cycle 0)."""
+    with it: the array's ``ready`` -> anything the unit drives ("array": the unit reads its own
+    copy of the array's handshake instead); an input row offered by the scratchpad -> the
+    ``ready`` to the weight rows' responses ("spad", WS: the array's readiness for weights
+    depends on an input row with ``new_weights`` being offered); the array's result ``valid`` ->
+    the write to the accumulator ("acc"). Returns the counts and the cycle of the first request
+    to the scratchpad (the command is offered from cycle 0)."""
     config = AcceleratorConfig(rows=4, cols=4, dataflow=dataflow, scratchpad_bytes=4096,
                                accumulator_bytes=2048, memory_registers=memory_registers)
     dut = ComputeUnit(config)
@@ -46,14 +49,22 @@ def _handshakes(dataflow: str, memory_registers: bool) -> tuple[dict[str, int], 
     compute = Instruction(Opcode.COMPUTE, m=6 if ws else 4, k=4, n=4, preload=int(ws), a_addr=3, b_addr=40)
     word = int.from_bytes(encode(compute), "little")
     rng = random.Random(5)
-    dependent = {"spad": 0, "acc": 0}
     first_request = None
     array_ready = [dut.inputs.ready] + ([dut.weights.ready] if ws else [])
     ports = (dut.read_a, dut.read_b)
+    streams = [dut.inputs] + ([dut.weights] if ws else [])
+
+    def driven(ctx):
+        return (tuple(ctx.get(s.valid) for s in streams) + tuple(ctx.get(p.resp.ready) for p in ports)
+                + tuple(ctx.get(p.req.valid) for p in ports) + (ctx.get(dut.acc_write.valid),))
+
     flips = {
-        "spad": (array_ready, lambda ctx: tuple(ctx.get(port.resp.ready) for port in ports)),
+        "array": (array_ready, driven),
         "acc": ([dut.outputs.valid], lambda ctx: ctx.get(dut.acc_write.valid)),
     }
+    if ws:
+        flips["spad"] = ([dut.read_a.resp.valid], lambda ctx: ctx.get(dut.read_b.resp.ready))
+    dependent = dict.fromkeys(flips, 0)
 
     async def bench(ctx):
         nonlocal first_request
@@ -71,6 +82,7 @@ def _handshakes(dataflow: str, memory_registers: bool) -> tuple[dict[str, int], 
                         ctx.set(signal, value)
                     seen.add(output(ctx))
                 dependent[name] += len(seen) > 1
+            ctx.set(dut.read_a.resp.valid, 1)
             for signal in array_ready + [dut.outputs.valid]:
                 ctx.set(signal, rng.random() < 0.7)
             for port in ports:
@@ -107,10 +119,67 @@ def test_the_compute_units_registers_cut_its_handshakes(dataflow: str) -> None:
     it) before the scratchpad's arbitration, and the array's results pass a register before the
     write to the accumulator (no path from the array's result valid to the accumulator's): the
     16x16 compute core's critical paths (docs/boards.md). Without them each of these paths is
-    there, in some cycles."""
+    there, in some cycles. With or without them, nothing the unit drives depends on the array's
+    ``ready``: the unit makes the array's readiness from its own copy of the array's handshake
+    (test_the_units_copy_of_the_arrays_handshake_is_the_arrays, below)."""
     dependent, first = _handshakes(dataflow, memory_registers=True)
     direct_dependent, direct_first = _handshakes(dataflow, memory_registers=False)
-    assert dependent == {"spad": 0, "acc": 0}
+    assert set(dependent.values()) == {0}, dependent
+    assert direct_dependent.pop("array") == 0
     assert all(count > 0 for count in direct_dependent.values()), direct_dependent
     assert first is not None and direct_first is not None
     assert first == direct_first + 1, (first, direct_first)
+
+
+@pytest.mark.parametrize("dataflow,memory_registers", [("ws", True), ("ws", False), ("os", True)])
+def test_the_units_copy_of_the_arrays_handshake_is_the_arrays(dataflow: str, memory_registers: bool) -> None:
+    """The compute unit drives the array's streams by its own copy of the array's handshake
+    (hw/array.py ``ws_handshake``/``os_handshake``), not by the array's ``ready``: in every
+    cycle of random COMPUTEs (preloading or not, of random sizes) with the scratchpad's write
+    port taking random rows (bank conflicts stall the unit's reads), the copy's readiness is the
+    array's, and rows do enter the array (and, WS, weights) in the cycles it is ready."""
+    config = AcceleratorConfig(rows=4, cols=4, dataflow=dataflow, scratchpad_bytes=4096,
+                               accumulator_bytes=2048, memory_registers=memory_registers)
+    ws = dataflow == "ws"
+    m = Module()
+    m.submodules.compute = unit = ComputeUnit(config)
+    m.submodules.spad = spad = Scratchpad(config)
+    m.submodules.acc = acc = Accumulator(config)
+    m.submodules.array = array = SystolicArray(config, backpressure=False)
+    connect_compute_datapath(m, config, unit, spad, acc, array)
+    rng = random.Random(11)
+    compared = {"inputs": [], "weights": []}
+
+    def command() -> int:
+        k, n = rng.randint(1, 4), rng.randint(1, 4)
+        fields = dict(k=k, n=n, m=rng.randint(1, 6) if ws else rng.randint(1, 4), a_addr=rng.randrange(200),
+                      b_addr=rng.randrange(200), acc_addr=rng.randrange(32), accumulate=rng.randint(0, 1))
+        if ws:
+            fields["preload"] = int(rng.random() < 0.6)
+        return int.from_bytes(encode(Instruction(Opcode.COMPUTE, **fields)), "little")
+
+    async def bench(ctx):
+        ctx.set(unit.cmd.payload.word, command())
+        for _ in range(1500):
+            ctx.set(unit.cmd.valid, rng.random() < 0.5)
+            ctx.set(spad.write.valid, rng.random() < 0.3)
+            ctx.set(spad.write.payload.addr, rng.randrange(256))
+            for name, copy, port in (("inputs", unit.array_inputs_ready, array.inputs),
+                                     ("weights", unit.array_weights_ready, array.weights if ws else None)):
+                if port is None:
+                    continue
+                assert ctx.get(copy) == ctx.get(port.ready), name
+                compared[name].append(ctx.get(port.valid) and ctx.get(port.ready))
+            fired = ctx.get(unit.cmd.valid) and ctx.get(unit.cmd.ready)
+            await ctx.tick()
+            if fired:
+                ctx.set(unit.cmd.payload.word, command())
+
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    # the traffic did move: rows entered the array (and weights) in many cycles, and not always
+    assert 100 < sum(compared["inputs"]) < 1500
+    if ws:
+        assert 100 < sum(compared["weights"]) < 1500
