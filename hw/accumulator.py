@@ -250,7 +250,8 @@ class Accumulator(wiring.Component):
         req_bank = req.addr[index_bits:]
         grant_read = Signal()
         resp_row = Signal(row_layout)
-        free = drive_read_response(m, self.read.resp, grant_read, resp_row, latency, self.read_queue)
+        free = drive_read_response(m, self.read.resp, grant_read, resp_row, latency, self.read_queue,
+                                   platform=platform)
         m.d.comb += grant_read.eq(self.read.req.valid & free & ~(beat_reads & (beat_bank == req_bank)))
         m.d.comb += self.read.req.ready.eq(grant_read)
         for k, bank in enumerate(banks):

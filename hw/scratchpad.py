@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Sequence
+from typing import Any
 
 from amaranth import Cat, Module, Mux, Signal, unsigned
 from amaranth.hdl import ShapeLike, Value
@@ -42,10 +43,11 @@ from amaranth.utils import exact_log2
 
 from .bankram import BankRAM
 from .config import AcceleratorConfig
+from .dsp import fabric_register
 
 __all__ = [
-    "READ_LATENCY", "DIRECT_READ_LATENCY", "read_latency", "Scratchpad", "read_port_signature",
-    "drive_read_response", "bank_data_registers", "select_bank_row", "spad_row_layout",
+    "READ_LATENCY", "DIRECT_READ_LATENCY", "LOAD_GROUP_BITS", "read_latency", "Scratchpad",
+    "read_port_signature", "drive_read_response", "bank_data_registers", "select_bank_row", "spad_row_layout",
     "spad_write_layout",
 ]
 
@@ -61,6 +63,9 @@ READ_LATENCY = 5
 #: goes straight to the bank, whose block RAM reads at the end of the grant's cycle, and its read
 #: data goes through the bank select into the response register.
 DIRECT_READ_LATENCY = 2
+#: Bits of a read-response entry loaded under one copy of the arriving row's register
+#: (:func:`drive_read_response`).
+LOAD_GROUP_BITS = 64
 
 
 def read_latency(config: AcceleratorConfig) -> int:
@@ -90,7 +95,7 @@ def read_port_signature(addr_layout: ShapeLike, data_layout: ShapeLike) -> wirin
 
 def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: Value,
                         latency: int = READ_LATENCY, depth: int | None = None, *,
-                        decoupled: bool = False) -> Value:
+                        decoupled: bool = False, platform: Any = None) -> Value:
     """Drive the response stream of a read port whose memory was read for it in the cycles where
     ``granted`` is high; ``row`` is the data of that read ``latency`` - 1 cycles later (the
     memory and the registers after it are not held: they may serve someone else after that;
@@ -116,6 +121,12 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
     (the count of rows owed is a register too, kept from each cycle's grant and take); the queue
     then has one register more (default ``depth`` ``latency`` + 1), which keeps one request per
     cycle.
+
+    An entry wider than :data:`LOAD_GROUP_BITS` loads in groups of that many bits, each group
+    under a copy of its own of the arriving row's register (``fabric_register``: on ECP5
+    ``platform`` a ``TRELLIS_FF`` that yosys does not merge back), so that no net reaches every
+    bit of a row: the one from that register to the 530 load enables of the 16x16 accumulator's
+    response took 10.8 ns on the ULX3S-85F (docs/boards.md).
 
     Returns ``free``: high in a cycle where a request may be granted; the caller's ``granted``
     must imply it.
@@ -150,10 +161,20 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
     def after(one_hot: Value) -> Value:   # the next entry round the ring
         return Cat(one_hot[-1], one_hot[:-1])
 
-    # an arriving row always finds its entry free: at most `depth` rows are owed
+    # an arriving row always finds its entry free: at most `depth` rows are owed; each group of
+    # an entry's bits loads under its own copy of `arrives` (the docstring)
+    width = len(Value.cast(row))
+    groups = -(-width // LOAD_GROUP_BITS)
+    arriving = [arrives]
+    if groups > 1:
+        before = in_flight[-2] if delay >= 2 else granted
+        arriving = [fabric_register(m, f"{name}_arrives{g}", before, init=0, platform=platform)
+                    for g in range(groups)]
     for k in range(depth):
-        with m.If(arrives & tail[k]):
-            m.d.sync += rows[k].eq(row)
+        for g, copy in enumerate(arriving):
+            bits = slice(g * LOAD_GROUP_BITS, min(width, (g + 1) * LOAD_GROUP_BITS))
+            with m.If(copy & tail[k]):
+                m.d.sync += Value.cast(rows[k])[bits].eq(Value.cast(row)[bits])
     head_next = Mux(taken, after(head), head)
     entries_next = (entries & ~Mux(taken, head, 0)) | Mux(arrives, tail, 0)
     m.d.sync += [
@@ -296,8 +317,8 @@ class Scratchpad(wiring.Component):
         row_b = Signal(spad_row_layout(cfg))
         # decoupled: the array's handshake (resp.ready) does not reach the A/B arbitration and
         # the compute unit's request counters in the same cycle (timing)
-        free_a = drive_read_response(m, a.resp, grant_a, row_a, latency, decoupled=True)
-        free_b = drive_read_response(m, b.resp, grant_b, row_b, latency, decoupled=True)
+        free_a = drive_read_response(m, a.resp, grant_a, row_a, latency, decoupled=True, platform=platform)
+        free_b = drive_read_response(m, b.resp, grant_b, row_b, latency, decoupled=True, platform=platform)
         want_a = a.req.valid & free_a
         want_b = b.req.valid & free_b
         conflict = want_a & want_b & (a_bank == b_bank)

@@ -19,7 +19,10 @@ import pytest
 from amaranth.hdl import UnusedElaboratable
 from amaranth.sim import Simulator
 from systolic.hw.config import AcceleratorConfig
-from systolic.hw.scratchpad import Scratchpad, read_latency
+from systolic.hw.scratchpad import LOAD_GROUP_BITS, Scratchpad, read_latency
+from systolic.sim.tools import to_verilog
+
+from tests.hw.ecp5_stand import Ecp5Stand
 
 SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
 #: A testbench gives up after this many clock edges, so a broken handshake fails instead of hanging.
@@ -357,6 +360,22 @@ def test_a_port_owes_read_latency_plus_one_responses_at_most_and_otherwise_runs_
                         if owed(e) <= read_latency(config) + 1)
         assert requests[k] == expected, f"request {k}"
     assert max(k + 1 - sum(t < e for t in taken) for k, e in enumerate(requests)) == read_latency(config) + 1
+
+
+def test_response_entries_load_in_groups_under_copies_on_ecp5() -> None:
+    """On ECP5 each 64-bit group of a read response entry loads under a TRELLIS_FF copy of its
+    own of the arriving row's register (no net from one register to every bit of a row); a row
+    of one group keeps the one register."""
+    config = AcceleratorConfig(rows=16, cols=16, scratchpad_bytes=4096, scratchpad_banks=2)
+    assert config.spad_row_elems * config.input_bits == 128
+    verilog = to_verilog(Scratchpad(config), "scratchpad", platform=Ecp5Stand())
+    groups = 128 // LOAD_GROUP_BITS
+    for port in ("read_a", "read_b"):
+        copies = {f"{port}__resp__valid_arrives{g}_ff" for g in range(groups)}
+        assert {name for name in copies if f" {name} (" in verilog} == copies
+        assert f" {port}__resp__valid_arrives{groups}_ff (" not in verilog
+    narrow = to_verilog(Scratchpad(SMALL), "scratchpad", platform=Ecp5Stand())
+    assert "_arrives" not in narrow
 
 
 def test_config_must_be_an_accelerator_config() -> None:
