@@ -87,10 +87,10 @@ class StreamCrossing(wiring.Component):
     read address (the pointer advanced by a read) is in a combinational path with the consumer's
     logic: ``o`` comes from registers, and the FIFO is read whenever the register has room, not
     when the consumer is ready. ``drained`` counts the items the consumer took from the register.
-    With ``pieces`` > 1 every piece shifts into a register, a cycle after its read and under
+    With ``pieces`` > 1 every piece shifts into a register, two cycles after its read and under
     copies of a register of the read (one per :data:`SHIFT_ENABLE_BITS` bits), and ``o.payload``
     is a copy of that register a cycle later with no enable (no multiplexer per bit, and no load
-    enable made by logic, nor one net to every bit): an item leaves three cycles after its last
+    enable made by logic, nor one net to every bit): an item leaves four cycles after its last
     piece is read, and the next item's pieces are read once the consumer has taken it, which
     costs little where items come at most every ``pieces`` cycles.
     ``write_register``: the items enter through a ``StreamRegister`` in ``w_domain``, so that the
@@ -176,38 +176,46 @@ class StreamCrossing(wiring.Component):
         if self.read_register and pieces > 1:
             # Every piece, the last one too, shifts into `item`, and `shown`, the output register,
             # copies `item` in every cycle with no enable: nothing but the data crosses to where
-            # the consumer sits. A piece read from the FIFO waits a cycle in `piece_d` (no
-            # enable), and `item` shifts it in under copies of a register of the read
-            # (`shift_N`, one per SHIFT_ENABLE_BITS bits of `item`): no logic lies between a
-            # register and `item`'s enables, and no enable net reaches all of its 530 bits (on
-            # the 16x16 SoC the FIFO's read logic into such enables, 9.6 ns of routing across the
-            # die, was the compute clock's critical path, docs/boards.md). `full`: an item's last
-            # piece has been read and the item not yet taken, so the FIFO is not read;
-            # `complete`: `item` holds that item; `o.valid` (a register) rises a cycle after
-            # `complete`, once `shown` has the item, and all three fall as the consumer takes it.
-            # The read side's reset (which follows the write side's) clears them, and there is
-            # no read in its last cycle (r_rst, a register, is then still high).
+            # the consumer sits. A piece read from the FIFO waits two cycles, in `piece_d` and
+            # `piece_dd` (no enables): the first can sit by the block RAM, so that its
+            # clock-to-output (5.6 ns on ECP5) and the route to `item` are in different cycles
+            # (on the 16x16 SoC at 3925bf3 that path took 11.8 ns). `item` shifts it in under
+            # copies of a register of the read a cycle late (`shift_N`, one per
+            # SHIFT_ENABLE_BITS bits of `item`): no logic lies between a register and `item`'s
+            # enables, and no enable net reaches all of its 530 bits (on the 16x16 SoC the
+            # FIFO's read logic into such enables, 9.6 ns of routing across the die, was the
+            # compute clock's critical path, docs/boards.md). `full`: an item's last piece has
+            # been read and the item not yet taken, so the FIFO is not read; `complete`: `item`
+            # holds that item; `o.valid` (a register) rises a cycle after `complete`, once
+            # `shown` has the item, and all three fall as the consumer takes it. The read side's
+            # reset (which follows the write side's) clears them and the last piece's flags on
+            # their way, and there is no read in its last cycle (r_rst, a register, is then
+            # still high).
             item = Signal(piece * pieces, reset_less=True)
             shown = Signal(piece * pieces, reset_less=True)
             piece_d = Signal(piece, reset_less=True)
+            piece_dd = Signal(piece, reset_less=True)
+            read_d = Signal()
             last_d = Signal()
+            last_dd = Signal()
             full = Signal()
             complete = Signal()
             take = self.o.valid & self.o.ready
             m.d.comb += [fifo.r_en.eq(~full & ~fifo.r_rst), self.o.payload.eq(shown[:width])]
-            m.d[self.r_domain] += [piece_d.eq(fifo.r_data), last_d.eq(read & r_last), shown.eq(item),
-                                   self.o.valid.eq(complete & ~take & ~fifo.r_rst)]
+            m.d[self.r_domain] += [piece_d.eq(fifo.r_data), piece_dd.eq(piece_d), read_d.eq(read),
+                                   last_d.eq(read & r_last), last_dd.eq(last_d & ~fifo.r_rst),
+                                   shown.eq(item), self.o.valid.eq(complete & ~take & ~fifo.r_rst)]
             copies = Module()
-            shifted = Cat(item[piece:], piece_d)
+            shifted = Cat(item[piece:], piece_dd)
             for n, low in enumerate(range(0, len(item), SHIFT_ENABLE_BITS)):
                 high = min(low + SHIFT_ENABLE_BITS, len(item))
-                shift = fabric_register(copies, f"shift_{n}", read, init=0, platform=platform)
+                shift = fabric_register(copies, f"shift_{n}", read_d, init=0, platform=platform)
                 with m.If(shift):
                     m.d[self.r_domain] += item[low:high].eq(shifted[low:high])
             m.submodules.shift_enables = DomainRenamer({"sync": self.r_domain})(copies)
             with m.If(read & r_last):
                 m.d[self.r_domain] += full.eq(1)
-            with m.If(last_d):
+            with m.If(last_dd):
                 m.d[self.r_domain] += complete.eq(1)
             with m.If(take | fifo.r_rst):
                 m.d[self.r_domain] += [full.eq(0), complete.eq(0)]
