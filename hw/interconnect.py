@@ -101,7 +101,10 @@ class StreamRegister(_StreamStage):
 
     Only the two valid flags are reset: the payload registers, qualified by them, are not (a
     reset reaches a few flip-flops rather than two payloads' worth, which on a wide stream such
-    as an accumulator row is over a thousand)."""
+    as an accumulator row is over a thousand). The spare entry takes the input in every cycle it
+    is empty, so its load enable is its own valid flag, a register: only the output register's
+    enable depends on the consumer's ``ready`` (on the 16x16 ULX3S SoC the spare's enables, made
+    from a far consumer's ``ready``, were many of the slowest endpoints, docs/boards.md)."""
 
     def elaborate(self, platform):
         m = Module()
@@ -109,6 +112,10 @@ class StreamRegister(_StreamStage):
         spare_valid = Signal()
         payload = Signal.like(self.i.payload, reset_less=True)
         m.d.comb += [self.i.ready.eq(~spare_valid), self.o.payload.eq(payload)]
+        # the spare takes the input in every cycle it is empty, needed or not (its valid flag says
+        # whether it holds an item): its load enable is a register, not the consumer's `ready`
+        with m.If(~spare_valid):
+            m.d.sync += spare.eq(self.i.payload)
         with m.If(~self.o.valid | self.o.ready):        # the output register is free this cycle
             m.d.sync += [
                 self.o.valid.eq(spare_valid | self.i.valid),
@@ -116,7 +123,7 @@ class StreamRegister(_StreamStage):
                 spare_valid.eq(0),
             ]
         with m.Elif(self.i.valid & ~spare_valid):       # the output waits: the item into the spare
-            m.d.sync += [spare_valid.eq(1), spare.eq(self.i.payload)]
+            m.d.sync += spare_valid.eq(1)
         return m
 
 
@@ -205,7 +212,10 @@ class SpacedStreamRegister(_StreamStage):
         with m.Else():                          # the item stays (none leaves this cycle)
             m.d.sync += hold.eq(waits(out, False))
             with m.If(self.i.valid & ~spare_valid):
-                m.d.sync += [spare_valid.eq(1), spare.eq(self.i.payload)]
+                m.d.sync += spare_valid.eq(1)
+        # as StreamRegister's: the spare's load enable is a register
+        with m.If(~spare_valid):
+            m.d.sync += spare.eq(self.i.payload)
         return m
 
 
