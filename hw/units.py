@@ -369,8 +369,8 @@ class ComputeUnit(wiring.Component):
             "cmd": In(stream.Signature(InstructionLayout())),
             "completed": Out(1),
             "busy": Out(1),
-            "macs": Out(_row_macs_bits(config)),   # MACs of the input row entering the array now
-            "array_active": Out(1),      # an input row entered the array this cycle
+            "macs": Out(_row_macs_bits(config)),   # MACs of the input row that entered the array
+            "array_active": Out(1),      # an input row entered the array (both a cycle late)
             "read_a": Out(read_port_signature(spad_addr, spad_row_layout(config))),
             "read_b": Out(read_port_signature(spad_addr, spad_row_layout(config))),
             "inputs": Out(stream.Signature(input_layout(config))),
@@ -690,9 +690,14 @@ class ComputeUnit(wiring.Component):
                 ameta.r_en.eq(beat & inputs.ready),
             ]
 
-        # MACs counted as a row enters the array
-        m.d.comb += self.array_active.eq(copy.in_fire)
-        m.d.comb += self.macs.eq(Mux(self.array_active, arriving.row_macs, 0))
+        # MACs counted as a row enters the array, in registers here: the counters' registers may
+        # sit far away (a CountCrossing's by the other clock's side), and the route to them then
+        # starts at a register, not at the handshake (the 16x16 SoC's critical path at 9120dd7:
+        # the input register's fire -> a CountCrossing increment's reset, 9.9 ns of routing)
+        active = Signal()
+        macs = Signal.like(self.macs)
+        m.d.sync += [active.eq(copy.in_fire), macs.eq(Mux(copy.in_fire, arriving.row_macs, 0))]
+        m.d.comb += [self.array_active.eq(active), self.macs.eq(macs)]
 
         # -- results -> accumulator -------------------------------------------------------------
         head = Signal(write_layout)
