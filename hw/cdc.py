@@ -33,7 +33,7 @@ from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.fifo import AsyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-from .dsp import fabric_register
+from .dsp import COPY_GROUP_BITS, group_enables
 from .fifo import BlockRamAsyncFIFO
 from .interconnect import HalfRateRegister, StreamRegister
 
@@ -45,7 +45,7 @@ __all__ = ["StreamCrossing", "DrainedGate", "EventCrossing", "CountCrossing", "R
 COUNT_BITS = 8
 #: Bits of a crossing's item register (``pieces`` > 1, ``read_register``) under one copy of its
 #: shift enable: each copy, a register of its own, drives this many flip-flops.
-SHIFT_ENABLE_BITS = 64
+SHIFT_ENABLE_BITS = COPY_GROUP_BITS
 
 
 def _gray(value):
@@ -207,11 +207,9 @@ class StreamCrossing(wiring.Component):
                                    shown.eq(item), self.o.valid.eq(complete & ~take & ~fifo.r_rst)]
             copies = Module()
             shifted = Cat(item[piece:], piece_dd)
-            for n, low in enumerate(range(0, len(item), SHIFT_ENABLE_BITS)):
-                high = min(low + SHIFT_ENABLE_BITS, len(item))
-                shift = fabric_register(copies, f"shift_{n}", read_d, init=0, platform=platform)
+            for bits, shift in group_enables(copies, "shift_", read_d, len(item), platform=platform):
                 with m.If(shift):
-                    m.d[self.r_domain] += item[low:high].eq(shifted[low:high])
+                    m.d[self.r_domain] += item[bits].eq(shifted[bits])
             m.submodules.shift_enables = DomainRenamer({"sync": self.r_domain})(copies)
             with m.If(read & r_last):
                 m.d[self.r_domain] += full.eq(1)

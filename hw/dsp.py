@@ -16,8 +16,8 @@ from amaranth.hdl import Value
 
 from .config import int_range
 
-__all__ = ["MULT18X18D_INPUT_BITS", "and_pair_sum", "and_pair_sum_shape", "fabric_copy",
-           "fabric_register", "global_buffer", "is_ecp5", "mult18x18d", "select_add"]
+__all__ = ["COPY_GROUP_BITS", "MULT18X18D_INPUT_BITS", "and_pair_sum", "and_pair_sum_shape", "fabric_copy",
+           "fabric_register", "global_buffer", "group_enables", "is_ecp5", "mult18x18d", "select_add"]
 
 #: Width of a MULT18X18D operand: 18 bits signed (so 17 bits unsigned).
 MULT18X18D_INPUT_BITS = 18
@@ -297,3 +297,18 @@ def fabric_copy(m: Module, name: str, value: Value, *, enable: Value, platform: 
         with m.If(enable):
             m.d.sync += reg.eq(value)
     return reg
+
+
+#: Bits of a wide register loaded under one copy of its load enable (:func:`group_enables`).
+COPY_GROUP_BITS = 64
+
+
+def group_enables(m: Module, name: str, value: Value, width: int, *,
+                  platform: Any) -> list[tuple[slice, Signal]]:
+    """Load enables for a ``width``-bit register, one per :data:`COPY_GROUP_BITS` bits: each a
+    :func:`fabric_register` of ``value`` (reset to 0, submodules ``name<n>_ff`` on ECP5), paired
+    with the slice of bits it is to load. No net then reaches every bit of a wide register, and
+    no logic lies between the copies and the register's enables unless the caller adds some."""
+    return [(slice(low, min(low + COPY_GROUP_BITS, width)),
+             fabric_register(m, f"{name}{n}", value, init=0, platform=platform))
+            for n, low in enumerate(range(0, width, COPY_GROUP_BITS))]

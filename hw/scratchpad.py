@@ -43,7 +43,7 @@ from amaranth.utils import exact_log2
 
 from .bankram import BankRAM
 from .config import AcceleratorConfig
-from .dsp import fabric_register
+from .dsp import COPY_GROUP_BITS, group_enables
 
 __all__ = [
     "READ_LATENCY", "DIRECT_READ_LATENCY", "LOAD_GROUP_BITS", "read_latency", "Scratchpad",
@@ -65,7 +65,7 @@ READ_LATENCY = 5
 DIRECT_READ_LATENCY = 2
 #: Bits of a read-response entry loaded under one copy of the arriving row's register
 #: (:func:`drive_read_response`).
-LOAD_GROUP_BITS = 64
+LOAD_GROUP_BITS = COPY_GROUP_BITS
 
 
 def read_latency(config: AcceleratorConfig) -> int:
@@ -164,15 +164,12 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
     # an arriving row always finds its entry free: at most `depth` rows are owed; each group of
     # an entry's bits loads under its own copy of `arrives` (the docstring)
     width = len(Value.cast(row))
-    groups = -(-width // LOAD_GROUP_BITS)
-    arriving = [arrives]
-    if groups > 1:
+    arriving = [(slice(0, width), arrives)]
+    if width > LOAD_GROUP_BITS:
         before = in_flight[-2] if delay >= 2 else granted
-        arriving = [fabric_register(m, f"{name}_arrives{g}", before, init=0, platform=platform)
-                    for g in range(groups)]
+        arriving = group_enables(m, f"{name}_arrives", before, width, platform=platform)
     for k in range(depth):
-        for g, copy in enumerate(arriving):
-            bits = slice(g * LOAD_GROUP_BITS, min(width, (g + 1) * LOAD_GROUP_BITS))
+        for bits, copy in arriving:
             with m.If(copy & tail[k]):
                 m.d.sync += Value.cast(rows[k])[bits].eq(Value.cast(row)[bits])
     head_next = Mux(taken, after(head), head)
