@@ -27,8 +27,9 @@ Ports (see docs/arch-memory-sfu.md):
   cycles before); ``ready`` is a function of registers only.
 * ``read`` — store-path read port (:func:`~systolic.hw.scratchpad.read_port_signature`): the row
   arrives :data:`~systolic.hw.scratchpad.READ_LATENCY` cycles after the request is accepted (one
-  row per cycle while the consumer takes them). A request waits only in a cycle where an
-  accumulating array beat reads the same bank, or while READ_LATENCY responses are owed.
+  more with a compute clock of its own, :func:`acc_response_register`; one row per cycle while
+  the consumer takes them). A request waits only in a cycle where an accumulating array beat
+  reads the same bank, or while that many responses are owed (``read_queue``).
 
 All writes take effect in accept order. A ``read`` accepted in cycle n sees the DMA writes
 accepted up to cycle n - 1 and the array beats accepted up to cycle n - 7 (:data:`WRITE_LATENCY`).
@@ -68,8 +69,8 @@ from .scratchpad import (
 )
 
 __all__ = [
-    "ACC_BANKS", "WRITE_LATENCY", "write_latency", "array_write_spacing", "store_read_queue", "Accumulator",
-    "acc_elem_shape",
+    "ACC_BANKS", "WRITE_LATENCY", "write_latency", "array_write_spacing", "store_read_queue",
+    "acc_response_register", "acc_read_latency", "Accumulator", "acc_elem_shape",
     "acc_row_layout", "acc_array_write_layout", "acc_dma_write_layout",
 ]
 
@@ -106,20 +107,39 @@ def array_write_spacing(config: AcceleratorConfig) -> int:
     return read_latency(config) + 1
 
 
+def acc_response_register(config: AcceleratorConfig) -> bool:
+    """Whether a row read for the accumulator's ``read`` port passes one more register after
+    its bank's row is chosen (the port's read latency a cycle longer): with the memory registers
+    in a config with a compute clock of its own (``compute_clock_mhz``), where the port's
+    responses cross to the control clock. That register lets the response queue sit by the
+    crossing: on the 16x16 ULX3S SoC at badc2c0 the route from the banks' data registers through
+    the choice of the bank into the queue took 11 ns, 50 of the compute clock's slowest endpoints
+    (docs/boards.md). The store path reads a row every ``sfu_row_cycles`` control cycles or more
+    (:func:`store_read_queue`), so the extra cycle costs it no rows."""
+    return bool(config.compute_clock_mhz) and config.memory_registers
+
+
+def acc_read_latency(config: AcceleratorConfig) -> int:
+    """Cycles from an accepted request on the accumulator's ``read`` port to its response: the
+    scratchpad's :func:`~systolic.hw.scratchpad.read_latency`, a cycle more with
+    :func:`acc_response_register`."""
+    return read_latency(config) + acc_response_register(config)
+
+
 def store_read_queue(config: AcceleratorConfig) -> int:
     """The ``read_queue`` of the accumulator that the hardware control's store path reads: the
     fewest responses the ``read`` port may owe at once and still keep up with it. Every row the
     store unit reads is one beat of the SFU, which takes one every ``sfu_row_cycles`` or more cycles
     of the control clock (``clock_mhz``), so every ``sfu_row_cycles * compute_clock_mhz /
     clock_mhz`` cycles of the accumulator's with a compute clock of its own. A port that may owe q
-    responses reads q rows per read latency (:func:`~systolic.hw.scratchpad.read_latency`), so q
+    responses reads q rows per read latency (:func:`acc_read_latency`), so q
     is that latency over the SFU's interval, rounded up, between 1 and the latency (the default, a
     row per cycle, with ``sfu_row_cycles = 1`` on one clock). The lean 16x16 ULX3S config (16
     cycles a row, compute at twice the control clock): 1, four 512-bit rows of registers fewer."""
     interval = config.sfu_row_cycles
     if config.compute_clock_mhz:
         interval *= config.compute_clock_mhz / config.clock_mhz
-    latency = read_latency(config)
+    latency = acc_read_latency(config)
     return max(1, min(latency, math.ceil(latency / interval)))
 
 
@@ -166,8 +186,9 @@ class Accumulator(wiring.Component):
         Uses ``acc_rows``, ``cols``, ``acc_bits``, ``acc_signed`` and ``acc_addr_bits``.
     read_queue : int, optional
         Responses the ``read`` port may owe at once (its response queue's registers): by default
-        its read latency, for one row per cycle; 1 for a consumer that reads one row at a time
-        (the firmware control's core), which saves a row of registers per entry.
+        its read latency (:attr:`read_latency`), for one row per cycle; 1 for a consumer that
+        reads one row at a time (the firmware control's core), which saves a row of registers
+        per entry.
     forwarding : bool
         Whether the read-modify-write forwards the results of the beats ahead (the default), so
         that beats to one row may come in any cycles. Without, an accumulating beat must come
@@ -180,12 +201,12 @@ class Accumulator(wiring.Component):
                  forwarding: bool = True) -> None:
         if not isinstance(config, AcceleratorConfig):
             raise TypeError(f"config must be an AcceleratorConfig, not {config!r}")
-        latency = read_latency(config)
+        self._config = config
+        latency = self.read_latency
         if read_queue is not None and (isinstance(read_queue, bool) or not isinstance(read_queue, int)
                                        or not 1 <= read_queue <= latency):
             raise ValueError(f"read_queue must be an integer between 1 and the read latency ({latency}), "
                              f"not {read_queue!r}")
-        self._config = config
         if not isinstance(forwarding, bool):
             raise TypeError(f"forwarding must be a bool, not {forwarding!r}")
         self.read_queue = latency if read_queue is None else read_queue
@@ -203,8 +224,8 @@ class Accumulator(wiring.Component):
 
     @property
     def read_latency(self) -> int:
-        """Cycles from an accepted ``read`` request to its response."""
-        return read_latency(self._config)
+        """Cycles from an accepted ``read`` request to its response (:func:`acc_read_latency`)."""
+        return acc_read_latency(self._config)
 
     @property
     def write_latency(self) -> int:
@@ -250,8 +271,12 @@ class Accumulator(wiring.Component):
         req_bank = req.addr[index_bits:]
         grant_read = Signal()
         resp_row = Signal(row_layout)
-        free = drive_read_response(m, self.read.resp, grant_read, resp_row, latency, self.read_queue,
-                                   platform=platform)
+        queued_row = resp_row
+        if acc_response_register(cfg):
+            queued_row = Signal(row_layout, name="resp_row_chosen")
+            m.d.sync += queued_row.eq(resp_row)
+        free = drive_read_response(m, self.read.resp, grant_read, queued_row, self.read_latency,
+                                   self.read_queue, platform=platform)
         m.d.comb += grant_read.eq(self.read.req.valid & free & ~(beat_reads & (beat_bank == req_bank)))
         m.d.comb += self.read.req.ready.eq(grant_read)
         for k, bank in enumerate(banks):

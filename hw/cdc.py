@@ -244,10 +244,17 @@ class StreamCrossing(wiring.Component):
         # items taken, counted in the read domain and sent back as a Gray code. The count
         # restarts from 0 with the FIFO's read-domain reset (which follows the write side's), as
         # the FIFO's own pointers do; r_rst is a register, still high in the first cycle the
-        # FIFO may be read again, so that cycle's read counts.
+        # FIFO may be read again, so that cycle's read counts. The count runs a cycle behind,
+        # from registers of the take and of r_rst (the same counts a cycle later): the
+        # consumer's `ready` reaches only a register here, not the count's adder and Gray code
+        # (on the 16x16 SoC at badc2c0 that path, from the scratchpad's write port, was among
+        # the compute clock's slowest, docs/boards.md).
+        took = Signal()
+        took_in_reset = Signal()
+        m.d[self.r_domain] += [took.eq(self.o.valid & self.o.ready), took_in_reset.eq(fifo.r_rst)]
         taken = Signal(COUNT_BITS)
         taken_gray = Signal(COUNT_BITS)
-        taken_next = Mux(fifo.r_rst, 0, taken) + (self.o.valid & self.o.ready)
+        taken_next = Mux(took_in_reset, 0, taken) + took
         m.d[self.r_domain] += [taken.eq(taken_next), taken_gray.eq(_gray(taken_next))]
         synced = Signal(COUNT_BITS)
         m.submodules.drained_cdc = FFSynchronizer(taken_gray, synced, o_domain=self.w_domain)

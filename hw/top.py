@@ -511,7 +511,15 @@ class Accelerator(wiring.Component):
         # read latency (2 or more) cycles
         acc_read_resp = crossing("acc_read_resp", core.acc_read.resp.payload.shape(), into_core=False,
                                  half_rate=store_read_queue(cfg) == 1, pieces=cfg.acc_crossing_pieces)
-        wiring.connect(m, cmd=cmd.o, core=core.cmd)
+        # one more register for the COMPUTEs, in the core's clock: the crossing's read register
+        # sits by the FIFO (its read data) and the compute unit's accept (its descriptor queues'
+        # levels, `cmd.ready`) reached it in the same cycle, 30 columns away (the compute clock's
+        # critical path of the 16x16 SoC at badc2c0, docs/boards.md); this one's `i.ready` is a
+        # register, and it can sit by the compute unit
+        cmd_register = DomainRenamer(_COMPUTE)(StreamRegister(InstructionLayout()))
+        m.submodules.cmd_register = cmd_register
+        wiring.connect(m, cmd=cmd.o, register=cmd_register.i)
+        wiring.connect(m, register=cmd_register.o, core=core.cmd)
         wiring.connect(m, spad_write=spad_write.o, core=core.spad_write)
         wiring.connect(m, acc_write=acc_write.o, core=core.acc_write)
         wiring.connect(m, acc_read_req=acc_read_req.o, core=core.acc_read.req)

@@ -382,10 +382,13 @@ class ComputeUnit(wiring.Component):
         if config.dataflow == "ws":
             members["weights"] = Out(stream.Signature(weight_layout(config)))
         super().__init__(members)
-        # the readiness of the array's streams as the unit's copy of its handshake makes it
-        # (elaborate), for the RTL tests to compare with the array's `ready` (WS only: weights)
+        # the readiness of the array's streams as the unit's copy of its handshake makes it, and
+        # whether it took a beat offered (elaborate), for the RTL tests to compare with the
+        # array's handshake (WS only: weights)
         self.array_inputs_ready = Signal()
         self.array_weights_ready = Signal()
+        self.array_inputs_taken = Signal()
+        self.array_weights_taken = Signal()
 
     def elaborate(self, platform):
         m = Module()
@@ -482,23 +485,53 @@ class ComputeUnit(wiring.Component):
         # the registers below, so their load enables do not wait for a route to the array and
         # back (the 16x16 compute core's critical paths on the ULX3S-85F at 3925bf3: the output
         # registers' enables from the array's `pending`, 56 columns away). The array's own
-        # `ready` is left unread; the RTL tests check that it equals the copy in every cycle.
+        # `ready` is left unread. The copy decides on the beats `offered` (the output registers
+        # below); without the memory registers those are the array's ports, and the RTL tests
+        # check that the copy equals the array's `ready` in every cycle. With them, every beat
+        # the copy takes passes one more register, with no enable, on its way to the array (a
+        # launch register): the array sees exactly the beats the copy took, a cycle later, and
+        # its handshake, the same rule of the same beats, is then ready for each (the tests
+        # check that too). So the output registers, whose load enables come from the copy, need
+        # not sit along the array's edges: the launch registers do (on the 16x16 SoC at badc2c0
+        # the weights register's 130 enables, one net from the copy along the array's top edge,
+        # arrived at 11.2 ns, docs/boards.md).
+        offered = {"inputs": (Signal(name="array_inputs_offered"),
+                              Signal(input_layout(cfg), name="array_inputs_offered_beat"))}
         if ws:
-            copy = ws_handshake(m, R, enable=Const(1), inputs_valid=self.inputs.valid,
-                                new_weights=self.inputs.payload.new_weights,
-                                weights_valid=self.weights.valid, weights_last=self.weights.payload.last,
-                                name="array_")
+            offered["weights"] = (Signal(name="array_weights_offered"),
+                                  Signal(weight_layout(cfg), name="array_weights_offered_beat"))
+            inputs_valid, inputs_beat = offered["inputs"]
+            weights_valid, weights_beat = offered["weights"]
+            copy = ws_handshake(m, R, enable=Const(1), inputs_valid=inputs_valid,
+                                new_weights=inputs_beat.new_weights, weights_valid=weights_valid,
+                                weights_last=weights_beat.last, name="array_")
             m.d.comb += self.array_weights_ready.eq(copy.weights_ready)
         else:
-            copy = os_handshake(m, R, enable=Const(1), inputs_valid=self.inputs.valid,
-                                last=self.inputs.payload.last, name="array_")
+            inputs_valid, inputs_beat = offered["inputs"]
+            copy = os_handshake(m, R, enable=Const(1), inputs_valid=inputs_valid, last=inputs_beat.last,
+                                name="array_")
         m.d.comb += self.array_inputs_ready.eq(copy.inputs_ready)
         array_ready = {"inputs": self.array_inputs_ready, "weights": self.array_weights_ready}
+
+        def offer(name, port, valid, beat):
+            """Offer the array's ``port`` a beat (``valid``, ``beat``), taken by the copy's
+            readiness: the port shows it, or (with the memory registers) shows in the next cycle,
+            from the launch registers, the beat taken."""
+            offered_valid, offered_beat = offered[name]
+            taken = self.array_inputs_taken if name == "inputs" else self.array_weights_taken
+            m.d.comb += [offered_valid.eq(valid), offered_beat.eq(beat),
+                         taken.eq(offered_valid & array_ready[name])]
+            if not registered:
+                m.d.comb += [port.valid.eq(offered_valid), port.payload.eq(offered_beat)]
+                return
+            launch = Signal.like(offered_beat, name=f"{name}_launch", reset_less=True)
+            m.d.sync += [port.valid.eq(taken), launch.eq(offered_beat)]
+            m.d.comb += port.payload.eq(launch)
 
         def to_array(name, port, layout, spacing=None):
             """The stream the unit drives for ``port`` (to the array), with ``layout`` (the
             port's payload in ``beat`` and what travels with it); returns it and the payload
-            the array sees. With ``spacing``, an item whose ``accumulate`` is set waits while
+            of the beat offered. With ``spacing``, an item whose ``accumulate`` is set waits while
             one of the items that entered the array in the last ``spacing - 1`` cycles had its
             ``acc_row``: with the memory registers a SpacedStreamRegister (the wait a register
             of its own, decided a cycle ahead), without them the same wait compared in the
@@ -506,23 +539,22 @@ class ComputeUnit(wiring.Component):
             ready = array_ready[name]
             if spacing is None:
                 local, source = staged(name, layout)
-                m.d.comb += [port.valid.eq(source.valid), port.payload.eq(source.payload.beat),
-                             source.ready.eq(ready)]
+                offer(name, port, source.valid, source.payload.beat)
+                m.d.comb += source.ready.eq(ready)
                 return local, source.payload
             local = stream.Signature(layout).create(path=(name,))
             if registered:
                 stage = SpacedStreamRegister(layout, key="acc_row", flag="accumulate", spacing=spacing)
                 m.submodules[f"{name}_register"] = stage
                 wiring.connect(m, local, stage.i)
-                m.d.comb += [port.valid.eq(stage.o.valid), port.payload.eq(stage.o.payload.beat),
-                             stage.o.ready.eq(ready)]
+                offer(name, port, stage.o.valid, stage.o.payload.beat)
+                m.d.comb += stage.o.ready.eq(ready)
                 return local, stage.o.payload
-            entered = recent_keys(m, port.valid & ready, local.payload.acc_row, spacing - 1,
-                                  f"{name}_entered")
+            entered = recent_keys(m, copy.in_fire, local.payload.acc_row, spacing - 1, f"{name}_entered")
             same = [valid & (row == local.payload.acc_row) for valid, row in entered]
             hold = local.payload.accumulate & (Cat(*same).any() if same else Const(0))
-            m.d.comb += [port.valid.eq(local.valid & ~hold), port.payload.eq(local.payload.beat),
-                         local.ready.eq(ready & ~hold)]
+            offer(name, port, local.valid & ~hold, local.payload.beat)
+            m.d.comb += local.ready.eq(ready & ~hold)
             return local, local.payload
 
         def reader(name, port, fifo_, layout, last_of, addr_of, meta_layout, meta_of):

@@ -21,6 +21,8 @@ import pytest
 from systolic.hw.accumulator import (
     ACC_BANKS,
     Accumulator,
+    acc_read_latency,
+    acc_response_register,
     array_write_spacing,
     store_read_queue,
     write_latency,
@@ -44,6 +46,9 @@ NARROW = AcceleratorConfig(rows=2, cols=2, input_signed=False, weight_signed=Fal
 #: SMALL without the memory registers
 DIRECT = SMALL.replace(memory_registers=False)
 BOTH = pytest.mark.parametrize("config", [SMALL, DIRECT], ids=["registered", "direct"])
+#: SMALL in a config whose compute core has a clock of its own: the read port's responses cross
+#: to the control clock, through one more register (acc_response_register)
+TWO_CLOCKS = SMALL.replace(clock_mhz=50.0, compute_clock_mhz=100.0)
 
 
 class AccumulatorModel:
@@ -129,9 +134,9 @@ def _readback(config: AcceleratorConfig) -> list[int]:
 
 @pytest.mark.parametrize("config, read_queue", [(SMALL, None), (NARROW, None), (DIRECT, None),
                                                 (NARROW.replace(memory_registers=False), None),
-                                                (SMALL, 1), (DIRECT, 1)],
+                                                (SMALL, 1), (DIRECT, 1), (TWO_CLOCKS, None), (TWO_CLOCKS, 1)],
                          ids=["int32", "uint16", "int32-direct", "uint16-direct", "int32-queue1",
-                              "int32-direct-queue1"])
+                              "int32-direct-queue1", "int32-two-clocks", "int32-two-clocks-queue1"])
 def test_random_concurrent_traffic_matches_model(config: AcceleratorConfig, read_queue: int | None) -> None:
     rng = random.Random(SEED)
     hot = [rng.randrange(config.acc_rows) for _ in range(3)]
@@ -304,6 +309,21 @@ def test_store_read_waits_only_for_accumulating_reads_of_its_bank(config: Accele
     check_against_model(config, array, [], reads_other, result)
 
 
+def test_with_a_compute_clock_a_response_comes_a_cycle_later() -> None:
+    """With a compute clock of its own (and the memory registers) a read's row passes one more
+    register: its response comes read_latency + 1 cycles after the request, one per cycle still
+    (the default queue has one entry more); the rows are the model's."""
+    assert [acc_response_register(c) for c in (SMALL, DIRECT, TWO_CLOCKS)] == [False, False, True]
+    assert acc_read_latency(TWO_CLOCKS) == read_latency(TWO_CLOCKS) + 1 == 6
+    assert Accumulator(TWO_CLOCKS).read_latency == Accumulator(TWO_CLOCKS).read_queue == 6
+    dma = [{"addr": k, "data": [k + 1, -k, 7, 1 << 30], "mask": 0xF} for k in range(4)]
+    reads = [0, 1, 2, 3, 1]
+    result = run_traffic(TWO_CLOCKS, [], dma, reads, seed=SEED, gap=0.0, stall=0.0, starts=(0, 0, 8))
+    assert [e for e, _ in result["resp"]] == [edge + 6 for edge in result["req"]]
+    assert result["req"] == list(range(result["req"][0], result["req"][0] + len(reads)))
+    check_against_model(TWO_CLOCKS, [], dma, reads, result)
+
+
 @BOTH
 def test_read_sees_an_array_beat_write_latency_after_it(config: AcceleratorConfig) -> None:
     array = [{"addr": 2, "data": [10 * (k + 1)] * 4, "accumulate": 0} for k in range(3)]  # edges 1..3
@@ -347,7 +367,8 @@ def _paced_reads(config: AcceleratorConfig, read_queue: int, interval: int, coun
     (DIRECT, 2), (DIRECT.replace(sfu_row_cycles=2), 1),
     # the store path on a control clock of half (twice) the compute clock: 2 x 2 (2 / 2) cycles
     (SMALL.replace(sfu_row_cycles=2, clock_mhz=50.0, compute_clock_mhz=100.0), 2),
-    (SMALL.replace(sfu_row_cycles=2, clock_mhz=100.0, compute_clock_mhz=50.0), 5),
+    # (a compute clock of its own: the read latency is 6, acc_response_register)
+    (SMALL.replace(sfu_row_cycles=2, clock_mhz=100.0, compute_clock_mhz=50.0), 6),
     (SMALL.replace(sfu_row_cycles=4, clock_mhz=50.0, compute_clock_mhz=200.0), 1),
 ], ids=["1", "2", "4", "direct-1", "direct-2", "2-fast-core", "2-slow-core", "4-fast-core"])
 def test_store_read_queue_keeps_up_with_the_sfu(config: AcceleratorConfig, expected: int) -> None:

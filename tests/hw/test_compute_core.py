@@ -136,8 +136,11 @@ def test_the_units_copy_of_the_arrays_handshake_is_the_arrays(dataflow: str, mem
     """The compute unit drives the array's streams by its own copy of the array's handshake
     (hw/array.py ``ws_handshake``/``os_handshake``), not by the array's ``ready``: in every
     cycle of random COMPUTEs (preloading or not, of random sizes) with the scratchpad's write
-    port taking random rows (bank conflicts stall the unit's reads), the copy's readiness is the
-    array's, and rows do enter the array (and, WS, weights) in the cycles it is ready."""
+    port taking random rows (bank conflicts stall the unit's reads), the array takes exactly the
+    beats the copy takes, and rows do enter the array (and, WS, weights). Without the memory
+    registers the array is offered the beats the copy decides on, and the copy's readiness is
+    the array's in every cycle; with them it is shown each beat the copy took a cycle later,
+    from the launch registers, and is ready for each (none is lost)."""
     config = AcceleratorConfig(rows=4, cols=4, dataflow=dataflow, scratchpad_bytes=4096,
                                accumulator_bytes=2048, memory_registers=memory_registers)
     ws = dataflow == "ws"
@@ -149,6 +152,7 @@ def test_the_units_copy_of_the_arrays_handshake_is_the_arrays(dataflow: str, mem
     connect_compute_datapath(m, config, unit, spad, acc, array)
     rng = random.Random(11)
     compared = {"inputs": [], "weights": []}
+    taken = {"inputs": 0, "weights": 0}
 
     def command() -> int:
         k, n = rng.randint(1, 4), rng.randint(1, 4)
@@ -164,12 +168,20 @@ def test_the_units_copy_of_the_arrays_handshake_is_the_arrays(dataflow: str, mem
             ctx.set(unit.cmd.valid, rng.random() < 0.5)
             ctx.set(spad.write.valid, rng.random() < 0.3)
             ctx.set(spad.write.payload.addr, rng.randrange(256))
-            for name, copy, port in (("inputs", unit.array_inputs_ready, array.inputs),
-                                     ("weights", unit.array_weights_ready, array.weights if ws else None)):
-                if port is None:
-                    continue
-                assert ctx.get(copy) == ctx.get(port.ready), name
-                compared[name].append(ctx.get(port.valid) and ctx.get(port.ready))
+            ports = [("inputs", unit.array_inputs_ready, unit.array_inputs_taken, array.inputs)]
+            if ws:
+                ports.append(("weights", unit.array_weights_ready, unit.array_weights_taken, array.weights))
+            for name, copy, took, port in ports:
+                fire = ctx.get(port.valid) and ctx.get(port.ready)
+                if memory_registers:
+                    # shown only the beats the copy took, a cycle ago, and ready for each
+                    assert ctx.get(port.valid) == taken[name], name
+                    assert fire == taken[name], name
+                    taken[name] = ctx.get(took)
+                else:
+                    assert ctx.get(copy) == ctx.get(port.ready), name
+                    assert fire == ctx.get(took), name
+                compared[name].append(fire)
             fired = ctx.get(unit.cmd.valid) and ctx.get(unit.cmd.ready)
             await ctx.tick()
             if fired:
