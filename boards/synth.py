@@ -70,7 +70,8 @@ from .clocking import ClockReset, Ecp5Pll, Ice40Pll, PllError, ecp5_pll, ice40_p
 
 __all__ = ["CORES", "PLACERS", "ROUTERS", "ArrayCore", "make_core", "BoardTop", "ClockPlan", "plan_clock",
            "check_fit", "tool_path", "synth", "summary_table", "resolve_config", "PlaceRouteTimeout",
-           "RouteStalled", "ROUTE_PATIENCE", "nextpnr_progress", "clock_name", "netlist_units", "STOP_AFTER"]
+           "RouteStalled", "ROUTE_PATIENCE", "nextpnr_progress", "clock_name", "netlist_units", "STOP_AFTER",
+           "slowest_endpoints"]
 
 #: Cores :func:`synth` can put on a board.
 CORES = ("soc", "array")
@@ -636,18 +637,20 @@ def _placed_estimate(placed_mhz: Mapping[str, float]) -> str:
 def _nextpnr(board: Board, build: Path, seed: int, placer: str, router: str, env: Mapping[str, str],
              what: str, time_limit: float | None = None, target_mhz: float | None = None,
              compute_mhz: float | None = None, route: bool = True,
-             route_patience: int | None = None) -> dict[str, Any]:
+             route_patience: int | None = None, detailed: bool = False) -> dict[str, Any]:
     """nextpnr's report (``nextpnr-report.json``); without ``route`` it only places
     (``--no-route``: the report has the utilization but no Fmax, and there is no placed
     output). With ``route_patience`` (router2 only), nextpnr is stopped and
     :class:`RouteStalled` raised when router2's fewest overused wires is ``route_patience``
-    iterations old."""
+    iterations old. With ``detailed``, the report has nextpnr's arrival time at every timed
+    endpoint (``--detailed-timing-report``)."""
     family = board.family
     placed_output = ["--asc" if family == "ice40" else "--textcfg", _PLACED[family]]
     output_args = placed_output if route else ["--no-route"]
     command = [*_nextpnr_command(board, env), *output_args,
                "--report", "nextpnr-report.json", "--log", "nextpnr.log",
-               "--seed", str(seed), "--placer", placer, "--router", router, "--timing-allow-fail", "--quiet"]
+               "--seed", str(seed), "--placer", placer, "--router", router, "--timing-allow-fail", "--quiet",
+               *(["--detailed-timing-report"] if detailed else [])]
     report = build / "nextpnr-report.json"
     report.unlink(missing_ok=True)
     (build / "nextpnr.log").unlink(missing_ok=True)
@@ -805,6 +808,41 @@ def _critical_path(paths: list[Mapping[str, Any]], clocks: Mapping[str, Mapping[
             "ns": round(delay(worst), 3)}
 
 
+def slowest_endpoints(data: Mapping[str, Any], clocks: Mapping[str, Mapping[str, Any]], count: int
+                      ) -> dict[str, dict[str, Any]]:
+    """From nextpnr's detailed timing report (``detailed_net_timings``), per timed clock (named as
+    in ``clocks``): its period (``period_ns``, at the target), how many endpoints (a flip-flop's,
+    block RAM's or DSP block's input, by cell and port) a path from the same clock reaches later
+    than that (``over_period``), and the ``count`` latest (``endpoints``: ``cell``, ``port``,
+    ``ns``), latest first. Arrival times are nextpnr's: from the launching clock edge, with the
+    clock's delay to the launching register and without the endpoint's setup time (so
+    ``over_period`` is about, not exactly, the endpoints that fail). Paths between two clocks
+    (the crossings' synchronizers) are left out."""
+    events = {f"posedge {clock['net']}": name for name, clock in clocks.items()}
+    arrivals: dict[str, dict[tuple[str, str], float]] = {name: {} for name in clocks}
+    for net in data.get("detailed_net_timings", []):
+        name = events.get(net.get("event"))
+        if name is None:
+            continue
+        latest = arrivals[name]
+        for endpoint in net.get("endpoints", []):
+            if endpoint.get("event") != net["event"]:
+                continue
+            key = (endpoint["cell"], endpoint["port"])
+            latest[key] = max(latest.get(key, 0.0), float(endpoint["delay"][-1]))
+    result = {}
+    for name, clock in clocks.items():
+        period = 1000.0 / clock["target_mhz"]
+        ordered = sorted(arrivals[name].items(), key=lambda item: -item[1])
+        result[name] = {
+            "period_ns": round(period, 3),
+            "over_period": sum(ns > period for _, ns in ordered),
+            "endpoints": [{"cell": cell, "port": port, "ns": round(ns, 3)}
+                          for (cell, port), ns in ordered[:count]],
+        }
+    return result
+
+
 def _resources(board: Board, usage: Mapping[str, Mapping[str, int]], placed: Mapping[str, Any]
                ) -> dict[str, dict[str, Any]]:
     """Used/available per resource kind: nextpnr's utilization where it counts the resource,
@@ -871,7 +909,8 @@ def resolve_config(board: str | Board, config: AcceleratorConfig | str | Path | 
 def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out_dir: str | Path, *,
           clock_mhz: float | None = None, seed: int = 1, core: str = "soc", baud: int | None = None,
           placer: str = "heap", router: str = "router1", time_limit: float | None = None,
-          route_patience: int | None = ROUTE_PATIENCE, stop_after: str | None = None) -> dict[str, Any]:
+          route_patience: int | None = ROUTE_PATIENCE, stop_after: str | None = None,
+          slowest: int = 0) -> dict[str, Any]:
     """Synthesize, place and route ``config`` (an :class:`AcceleratorConfig`, a TOML file, or
     None for the board's preset) on ``board`` into ``out_dir`` (created); returns the report,
     also written to ``out_dir/report.json``.
@@ -890,7 +929,10 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     which it is stopped and :class:`RouteStalled` raised (router1 has no iterations: it does not
     apply); ``stop_after``: None (the whole flow), or one of :data:`STOP_AFTER`: "yosys"
     (the netlist and the fit check) or "place" (nextpnr places, ``--no-route``), with no
-    bitstream and the report's ``stage`` saying so.
+    bitstream and the report's ``stage`` saying so; ``slowest``: with a routed design, the report's
+    ``slowest_endpoints`` gives per clock the ``slowest`` latest endpoints and how many miss the
+    clock's period (:func:`slowest_endpoints`; nextpnr then writes its detailed timing report,
+    tens of MB on a large design); 0 (default): no such list.
 
     Raises :class:`~systolic.boards.boards.BoardError` for an unknown board, a clock the PLL
     cannot make, a memory the board cannot hold or a design that does not fit the device, and
@@ -915,6 +957,8 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
                                        or route_patience < 1):
         raise ValueError(f"route_patience must be a positive number of router2 iterations or None, "
                          f"not {route_patience!r}")
+    if isinstance(slowest, bool) or not isinstance(slowest, int) or slowest < 0:
+        raise ValueError(f"slowest must be a non-negative integer (endpoints per clock), not {slowest!r}")
     if stop_after is not None and stop_after not in STOP_AFTER:
         raise ValueError(f"stop_after must be None or one of {', '.join(repr(s) for s in STOP_AFTER)}, "
                          f"not {stop_after!r}")
@@ -977,12 +1021,14 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     bitstream = None
     clocks: dict[str, dict[str, Any]] = {}
     critical = None
+    slow = None
 
     if stop_after != "yosys":
         step = time.monotonic()
         route = stop_after != "place"
         placed = _nextpnr(board, out, seed, placer, router, env, what, time_limit, clock.hz / 1e6,
-                          compute_target, route=route, route_patience=route_patience)
+                          compute_target, route=route, route_patience=route_patience,
+                          detailed=route and slowest > 0)
         seconds["nextpnr"] = time.monotonic() - step
         placed_mhz = nextpnr_progress((out / "nextpnr.log").read_text(errors="replace"), clock.hz / 1e6,
                                       compute_target)["placed_mhz"]
@@ -993,6 +1039,8 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
             bitstream = _pack(board, out, env)
             seconds["pack"] = time.monotonic() - step
             clocks, critical = _timing(placed, clock.hz / 1e6, compute_target)
+            if slowest:
+                slow = slowest_endpoints(placed, clocks, slowest)
     seconds["total"] = time.monotonic() - started
 
     files = {"yosys_log": "yosys.log", "netlist": "top.json", "constraints": _CONSTRAINTS[board.family],
@@ -1021,6 +1069,8 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
         # judged on the routed design only
         "timing_met": bool(clocks) and all(c["met"] for c in clocks.values()) if stage == "route" else None,
         "critical_path": critical,
+        # with slowest > 0 and a routed design: per clock, the latest endpoints
+        "slowest_endpoints": slow,
         # nextpnr's estimate after placement, before routing (its log)
         "placed_mhz": placed_mhz,
         "resources": _resources(board, usage, placed.get("utilization", {})),
@@ -1058,6 +1108,13 @@ def summary_table(report: Mapping[str, Any]) -> str:
     if path is not None:
         where = "" if path["clock"] is None else f" (clock {path['clock']}, slack {path['slack_ns']:.1f} ns)"
         lines.append(f"critical path {path['ns']:.1f} ns{where}: {path['start']} -> {path['end']}")
+    for name, slow in (report.get("slowest_endpoints") or {}).items():
+        line = (f"clock {name}: {slow['over_period']} endpoints later than its "
+                f"{slow['period_ns']:.2f} ns period")
+        if slow["endpoints"]:
+            latest = slow["endpoints"][0]
+            line += f"; latest {latest['ns']:.2f} ns at {latest['cell']}.{latest['port']}"
+        lines.append(line)
     if report["stage"] == "place":
         targets = {"sync": report["target_mhz"], "compute": report["compute_target_mhz"]}
         for name, mhz in report["placed_mhz"].items():

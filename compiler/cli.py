@@ -449,6 +449,10 @@ def _add_synth(sub: Any) -> None:
                    help="end the flow early, with no bitstream: yosys (the netlist, its cells by unit, "
                         "the fit check) or place (nextpnr places without routing: its Fmax estimate); "
                         "report.json's stage says where it stopped")
+    p.add_argument("--slowest", type=int, default=0, metavar="N",
+                   help="list in report.json (slowest_endpoints) and the summary, per clock, the N "
+                        "endpoints its paths reach latest and how many miss its period (nextpnr's "
+                        "detailed timing report, tens of MB on a large design); default 0: none")
     p.add_argument("--baud", type=int, metavar="N", help="host link baud rate (default: the board's)")
     p.add_argument("--core", choices=CORES, default=CORES[0],
                    help="soc (default) or array: the MAC array alone with registered ports")
@@ -468,6 +472,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     if args.route_patience is not None and args.route_patience < 1:
         raise UsageError(f"--route-patience must be a positive number of iterations, "
                          f"not {args.route_patience}")
+    if args.slowest < 0:
+        raise UsageError(f"--slowest must be a non-negative number of endpoints, not {args.slowest}")
     board = get_board(args.board)
     config = resolve_config(board, args.config)
     if args.overrides:
@@ -479,7 +485,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
                        core=args.core, baud=args.baud, placer=args.placer, router=args.router,
                        time_limit=None if args.time_limit is None else args.time_limit * 60,
                        route_patience=ROUTE_PATIENCE if args.route_patience is None else args.route_patience,
-                       stop_after=args.stop_after)
+                       stop_after=args.stop_after, slowest=args.slowest)
     except ToolError as exc:
         _report(exc)
         return 1

@@ -35,6 +35,7 @@ from systolic.boards.synth import (
     make_core,
     nextpnr_progress,
     plan_clock,
+    slowest_endpoints,
     synth,
     tool_path,
 )
@@ -400,6 +401,36 @@ def test_critical_path_is_the_least_slack_within_a_clock() -> None:
     assert _timing(report, 50.0, 100.0)[1] is None
 
 
+def test_slowest_endpoints_per_clock_from_the_detailed_report() -> None:
+    """Per timed clock: the endpoints its own paths reach latest (an endpoint on two nets counts
+    once, at its latest), how many are reached after the period, and none of the paths between
+    the clocks."""
+    sync, compute = "$glbnet$core.clk", "$glbnet$clock_reset.clk2"
+
+    def net(event: str, *endpoints: tuple[str, str, float], endpoint_event: str | None = None) -> dict:
+        return {"event": f"posedge {event}", "endpoints": [
+            {"cell": cell, "port": port, "delay": [0.5, ns], "event": f"posedge {endpoint_event or event}"}
+            for cell, port, ns in endpoints]}
+
+    report = {"fmax": {compute: {"achieved": 85.3, "constraint": 100.0},
+                       sync: {"achieved": 54.6, "constraint": 50.0}},
+              "detailed_net_timings": [
+                  net(compute, ("spare_valid", "LSR", 11.3), ("payload_ff", "CE", 11.25),
+                      ("head", "DI", 4.0)),
+                  net(compute, ("payload_ff", "CE", 10.5), ("level", "DI", 10.0)),
+                  net(compute, ("sync_ff", "DI", 30.0), endpoint_event=sync),      # between the clocks
+                  net(sync, ("el_addr", "CE", 18.3)),
+                  {"event": "posedge other", "endpoints": []}]}
+    clocks, _ = _timing(report, 50.0, 100.0)
+    assert slowest_endpoints(report, clocks, 2) == {
+        "compute": {"period_ns": 10.0, "over_period": 2,
+                    "endpoints": [{"cell": "spare_valid", "port": "LSR", "ns": 11.3},
+                                  {"cell": "payload_ff", "port": "CE", "ns": 11.25}]},
+        "sync": {"period_ns": 20.0, "over_period": 0,
+                 "endpoints": [{"cell": "el_addr", "port": "CE", "ns": 18.3}]}}
+    assert slowest_endpoints(report, clocks, 0)["compute"]["endpoints"] == []
+
+
 # -- reset generator -----------------------------------------------------------------------------------
 
 def test_reset_is_released_after_the_power_on_delay() -> None:
@@ -532,6 +563,10 @@ def test_synth_argument_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^stop_after must be None or one of 'yosys', 'place', "
                                          r"not 'route'$"):
         synth("icebreaker", SMALL, tmp_path, stop_after="route")
+    for slowest in (-1, True, 2.0):
+        with pytest.raises(ValueError, match=rf"^slowest must be a non-negative integer \(endpoints per "
+                                             rf"clock\), not {re.escape(repr(slowest))}$"):
+            synth("icebreaker", SMALL, tmp_path, slowest=slowest)
     assert not any(tmp_path.iterdir())          # nothing was built
 
 
@@ -981,7 +1016,7 @@ def test_cli_synth_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixtur
     config = tmp_path / "small.toml"
     SMALL.save(config)
     status = main(["synth", "--board", "icebreaker", "--config", str(config), "--clock-mhz", "18",
-                   "--core", "array", "--placer", "static", "--router", "router2",
+                   "--core", "array", "--placer", "static", "--router", "router2", "--slowest", "4",
                    "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert status == 0, out
@@ -992,6 +1027,18 @@ def test_cli_synth_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "Running Static placer" in log and "Router2" in log
     assert re.search(r"^SB_MAC16\s+4\s+8\s+50%$", out, re.M)
     assert re.search(r"^clock sync: Fmax [\d.]+ MHz, target 18\.0 MHz: met$", out, re.M)
+    # --slowest 4: the four latest endpoints of the clock, from nextpnr's detailed timing report
+    slow = report["slowest_endpoints"]["sync"]
+    assert slow["over_period"] == 0 and len(slow["endpoints"]) == 4
+    times = [endpoint["ns"] for endpoint in slow["endpoints"]]
+    assert times == sorted(times, reverse=True) and 0 < times[0] < 1000 / 18
+    # the latest arrival is about the critical path (nextpnr's arrival times count the clock's
+    # delay to the launching register; its Fmax, the skew and the endpoint's setup time)
+    fmax = report["clocks"]["sync"]["fmax_mhz"]
+    assert fmax * 0.8 < 1000 / times[0] < fmax * 1.5
+    latest = slow["endpoints"][0]
+    assert re.search(rf"^clock sync: 0 endpoints later than its 55\.56 ns period; latest {times[0]:.2f} ns "
+                     rf"at {re.escape(latest['cell'])}\.{latest['port']}$", out, re.M)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -1028,6 +1075,14 @@ def test_cli_synth_route_patience_errors(argv: list[str], message: str, tmp_path
     status = main(["synth", "--board", "ulx3s-85f", *argv, "--out", str(tmp_path)])
     assert status == 2
     assert capsys.readouterr().err == f"systolic: error: {message}\n"
+    assert not any(tmp_path.iterdir())          # nothing was built
+
+
+def test_cli_synth_slowest_must_not_be_negative(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    status = main(["synth", "--board", "ulx3s-85f", "--slowest", "-3", "--out", str(tmp_path)])
+    assert status == 2
+    assert capsys.readouterr().err == ("systolic: error: --slowest must be a non-negative number of "
+                                       "endpoints, not -3\n")
     assert not any(tmp_path.iterdir())          # nothing was built
 
 
