@@ -148,8 +148,11 @@ class StreamCrossing(wiring.Component):
         # the FIFO's two sides, each directly on a port or through a register of its domain
         w_side, r_side = self.i, self.o
         if self.write_register:
-            register = HalfRateRegister if self.write_register == "half" else StreamRegister
-            m.submodules.w_register = w_register = DomainRenamer(self.w_domain)(register(self.shape))
+            # (the half-rate register's wide payload loads under copies of its emptiness, whose
+            # reset is the write domain's own: the FIFO's write side needs a real reset anyway)
+            register = (HalfRateRegister(self.shape, enable_copies=True) if self.write_register == "half"
+                        else StreamRegister(self.shape))
+            m.submodules.w_register = w_register = DomainRenamer(self.w_domain)(register)
             wiring.connect(m, wiring.flipped(self.i), w_register.i)
             w_side = w_register.o
         # an item goes in as `pieces` FIFO entries, low bits first, one a cycle; it is taken from

@@ -304,11 +304,12 @@ COPY_GROUP_BITS = 64
 
 
 def group_enables(m: Module, name: str, value: Value, width: int, *,
-                  platform: Any) -> list[tuple[slice, Signal]]:
+                  platform: Any, init: int = 0) -> list[tuple[slice, Signal]]:
     """Load enables for a ``width``-bit register, one per :data:`COPY_GROUP_BITS` bits: each a
-    :func:`fabric_register` of ``value`` (reset to 0, submodules ``name<n>_ff`` on ECP5), paired
-    with the slice of bits it is to load. No net then reaches every bit of a wide register, and
-    no logic lies between the copies and the register's enables unless the caller adds some."""
+    :func:`fabric_register` of ``value`` (reset to ``init``, submodules ``name<n>_ff`` on ECP5),
+    paired with the slice of bits it is to load. No net then reaches every bit of a wide
+    register, and no logic lies between the copies and the register's enables unless the caller
+    adds some."""
     return [(slice(low, min(low + COPY_GROUP_BITS, width)),
-             fabric_register(m, f"{name}{n}", value, init=0, platform=platform))
+             fabric_register(m, f"{name}{n}", value, init=init, platform=platform))
             for n, low in enumerate(range(0, width, COPY_GROUP_BITS))]

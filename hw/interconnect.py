@@ -16,6 +16,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .axi import AddressLayout, ReadDataLayout
+from .dsp import COPY_GROUP_BITS, group_enables
 
 __all__ = ["ReadArbiter", "StreamRegister", "SpacedStreamRegister", "HalfRateRegister", "recent_keys"]
 
@@ -226,14 +227,35 @@ class HalfRateRegister(_StreamStage):
     (the payload register is loaded through its enable), at the price of one transfer every other
     cycle at most. One cycle of latency; items leave in order, none lost or repeated. Used for
     the instructions of the load and store units, each of which takes many cycles. Only the
-    valid flag is reset, not the payload register."""
+    valid flag is reset, not the payload register.
+
+    The payload register takes the input in every cycle it is empty, needed or not (the valid
+    flag says whether it holds an item), so its load enable is the emptiness, a register, not
+    the producer's ``valid``. With ``enable_copies`` a payload wider than
+    :data:`~systolic.hw.dsp.COPY_GROUP_BITS` loads in groups of that many bits, each under a copy
+    of its own of the emptiness (:func:`~systolic.hw.dsp.group_enables`: on ECP5 TRELLIS_FFs
+    that yosys does not merge), so that no net reaches every bit (on the 16x16 SoC at c9b81ec the
+    accumulator-row crossing's 512 enables, one net, arrived at 11.3 ns). The copies are reset by
+    the domain's own reset only (an instance's reset, which a ``ResetInserter`` does not reach):
+    for a register in a domain whose reset is a real one, as a clock-domain crossing's side."""
+
+    def __init__(self, payload_shape: ShapeLike, *, enable_copies: bool = False):
+        if not isinstance(enable_copies, bool):
+            raise TypeError(f"enable_copies must be a bool, not {enable_copies!r}")
+        self.enable_copies = enable_copies
+        super().__init__(payload_shape)
 
     def elaborate(self, platform):
         m = Module()
         payload = Signal.like(self.i.payload, reset_less=True)
         m.d.comb += [self.i.ready.eq(~self.o.valid), self.o.payload.eq(payload)]
-        with m.If(self.o.valid & self.o.ready):
-            m.d.sync += self.o.valid.eq(0)
-        with m.If(self.i.valid & self.i.ready):
-            m.d.sync += [self.o.valid.eq(1), payload.eq(self.i.payload)]
+        full_next = Mux(self.o.valid, ~self.o.ready, self.i.valid)
+        m.d.sync += self.o.valid.eq(full_next)
+        width = len(Value.cast(payload))
+        loads = [(slice(0, width), ~self.o.valid)]
+        if self.enable_copies and width > COPY_GROUP_BITS:
+            loads = group_enables(m, "empty", ~full_next, width, platform=platform, init=1)
+        for bits, empty in loads:
+            with m.If(empty):
+                m.d.sync += Value.cast(payload)[bits].eq(Value.cast(self.i.payload)[bits])
         return m

@@ -144,15 +144,27 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
     tail = Signal(depth, init=1, name=f"{name}_tail")      # one-hot: the entry the next row goes into
     entries = Signal(depth, name=f"{name}_entries")        # bit k: entry k holds a row not yet taken
     taken = resp.valid & resp.ready
-    owed = Signal(range(2 * depth + 1), name=f"{name}_owed")
     if decoupled:
-        # owed and free are registers, kept from this cycle's grant and take: the grant logic
-        # starts at a flip-flop (the same values as counting the in-flight and queued rows)
+        # the count of rows owed and free are registers, kept from this cycle's grant and take:
+        # the grant logic starts at a flip-flop (the same values as counting the in-flight and
+        # queued rows). Their next values are chosen by the grant and the take among values
+        # made from the count alone (one more, one fewer, the same): no adder or comparison
+        # after the grant (on the 16x16 SoC at c9b81ec the other port's grant into this count's
+        # carry chains and the comparison after them was the compute clock's critical path,
+        # 12.9 ns). The count is a thermometer code (bit k: more than k rows owed), so those
+        # values are shifts and bits, no arithmetic for yosys to share back into one adder.
         free = Signal(name=f"{name}_free", init=1)
-        owed_next = owed + granted - taken
-        m.d.sync += [owed.eq(owed_next), free.eq(owed_next < depth)]
+        owing = Signal(depth + 1, name=f"{name}_owing")        # at most depth rows are owed
+        more, fewer = granted & ~taken, taken & ~granted
+        # owed + 1 < depth: no more than depth - 2 owed; owed - 1 < depth: no more than depth
+        free_if_more = ~owing[depth - 2] if depth >= 2 else 0
+        m.d.sync += [
+            owing.eq(Mux(more, Cat(1, owing[:-1]), Mux(fewer, owing[1:], owing))),
+            free.eq(Mux(more, free_if_more, Mux(fewer, ~owing[depth], ~owing[depth - 1]))),
+        ]
     else:
         free = Signal(name=f"{name}_free")
+        owed = Signal(range(2 * depth + 1), name=f"{name}_owed")
         m.d.comb += [
             owed.eq(sum(in_flight) + sum(entries[k] for k in range(depth))),
             free.eq((owed < depth) | taken),

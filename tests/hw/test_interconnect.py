@@ -15,15 +15,18 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 from systolic.hw.interconnect import HalfRateRegister, SpacedStreamRegister, StreamRegister
+from systolic.sim.tools import to_verilog
+
+from tests.hw.ecp5_stand import Ecp5Stand
 
 from .test_scratchpad import collect, drive, simulate
 
 SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
 
 
-def _run(items: list[int], *, gap: float, stall: float, seed: int, kind=StreamRegister
+def _run(items: list[int], *, gap: float, stall: float, seed: int, kind=StreamRegister, width: int = 16
          ) -> tuple[list[int], list[tuple[int, int]]]:
-    dut = kind(16)
+    dut = kind(width)
     result: dict[str, object] = {}
 
     async def producer(ctx):
@@ -45,6 +48,39 @@ def test_random_traffic_keeps_order_and_every_item(kind) -> None:
         assert [value for _, value in taken] == items, (gap, stall)
         # an item leaves no earlier than the cycle after it entered
         assert all(out_edge > in_edge for in_edge, (out_edge, _) in zip(accepted, taken, strict=True))
+
+
+def _copied_half_rate(width: int) -> HalfRateRegister:
+    return HalfRateRegister(width, enable_copies=True)
+
+
+def test_half_rate_register_with_enable_copies_keeps_order_every_item_and_every_bit() -> None:
+    """With enable_copies a payload of several 64-bit groups (200 bits: four) loads each under
+    its own copy of the emptiness: random and extreme items keep order and every bit, at one
+    transfer every other cycle with back-to-back items, a cycle of latency."""
+    rng = random.Random(SEED)
+    full = (1 << 200) - 1
+    items = [rng.choice([0, full, 1 << 199, 1 << 64, (1 << 64) - 1, rng.randrange(full + 1)])
+             for _ in range(300)]
+    items[0] = full         # offered in the first cycle: the copies start empty, as the register
+    for gap, stall in ((0.0, 0.0), (0.3, 0.0), (0.0, 0.5), (0.4, 0.6), (0.0, 0.9)):
+        accepted, taken = _run(items, gap=gap, stall=stall, seed=SEED, kind=_copied_half_rate, width=200)
+        assert [value for _, value in taken] == items, (gap, stall)
+        assert all(out_edge > in_edge for in_edge, (out_edge, _) in zip(accepted, taken, strict=True))
+    accepted, taken = _run(items[:50], gap=0.0, stall=0.0, seed=SEED, kind=_copied_half_rate, width=200)
+    assert accepted == list(range(1, 100, 2))
+    assert [edge for edge, _ in taken] == [edge + 1 for edge in accepted]
+
+
+def test_half_rate_register_enable_copies_on_ecp5() -> None:
+    """On ECP5 a payload wider than 64 bits loads under TRELLIS_FF copies of the emptiness, one
+    per 64 bits (no net to every bit); without enable_copies, or 64 bits or fewer, none."""
+    verilog = to_verilog(HalfRateRegister(200, enable_copies=True), "half", platform=Ecp5Stand())
+    assert {n for n in range(5) if f" empty{n}_ff (" in verilog} == {0, 1, 2, 3}
+    for dut in (HalfRateRegister(200), HalfRateRegister(64, enable_copies=True)):
+        assert "empty0_ff" not in to_verilog(dut, "half", platform=Ecp5Stand())
+    with pytest.raises(TypeError, match=r"^enable_copies must be a bool, not 1$"):
+        HalfRateRegister(8, enable_copies=1)
 
 
 def test_full_rate_with_one_cycle_of_latency() -> None:
