@@ -511,18 +511,20 @@ class Accelerator(wiring.Component):
         # read latency (2 or more) cycles
         acc_read_resp = crossing("acc_read_resp", core.acc_read.resp.payload.shape(), into_core=False,
                                  half_rate=store_read_queue(cfg) == 1, pieces=cfg.acc_crossing_pieces)
-        # one more register for the COMPUTEs, in the core's clock: the crossing's read register
-        # sits by the FIFO (its read data) and the compute unit's accept (its descriptor queues'
-        # levels, `cmd.ready`) reached it in the same cycle, 30 columns away (the compute clock's
-        # critical path of the 16x16 SoC at badc2c0, docs/boards.md); this one's `i.ready` is a
-        # register, and it can sit by the compute unit
-        cmd_register = DomainRenamer(_COMPUTE)(StreamRegister(InstructionLayout()))
-        m.submodules.cmd_register = cmd_register
-        wiring.connect(m, cmd=cmd.o, register=cmd_register.i)
-        wiring.connect(m, register=cmd_register.o, core=core.cmd)
+        # one more register for the COMPUTEs and for the accumulator's read requests, in the
+        # core's clock: the crossing's read register sits by the FIFO (its read data), and the
+        # consumer's `ready` reached it in the same cycle from far away (the compute unit's
+        # accept, its descriptor queues' levels: the compute clock's critical path of the 16x16
+        # SoC at badc2c0, 30 columns; the accumulator's grant, its array beat's bank: at bd14ae3,
+        # docs/boards.md); this one's `i.ready` is a register, and it can sit by the consumer
+        for name, source, sink in (("cmd", cmd.o, core.cmd),
+                                   ("acc_read_req", acc_read_req.o, core.acc_read.req)):
+            register = DomainRenamer(_COMPUTE)(StreamRegister(source.payload.shape()))
+            m.submodules[f"{name}_register"] = register
+            wiring.connect(m, crossing=source, register=register.i)
+            wiring.connect(m, register=register.o, core=sink)
         wiring.connect(m, spad_write=spad_write.o, core=core.spad_write)
         wiring.connect(m, acc_write=acc_write.o, core=core.acc_write)
-        wiring.connect(m, acc_read_req=acc_read_req.o, core=core.acc_read.req)
         wiring.connect(m, core=core.acc_read.resp, acc_read_resp=acc_read_resp.i)
 
         # -- completions out of the core, and the COMPUTEs in flight as the sync side sees them
