@@ -27,6 +27,8 @@ clocks need not be related):
 Units: counts are items or events; ``depth`` in entries.
 """
 
+from itertools import pairwise
+
 from amaranth import Cat, Const, DomainRenamer, Module, Mux, ResetInserter, Shape, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.cdc import FFSynchronizer
@@ -87,6 +89,11 @@ class StreamCrossing(wiring.Component):
     read address (the pointer advanced by a read) is in a combinational path with the consumer's
     logic: ``o`` comes from registers, and the FIFO is read whenever the register has room, not
     when the consumer is ready. ``drained`` counts the items the consumer took from the register.
+    ``read_register=2`` (whole items only): two such registers in series, so that the first can
+    sit by the FIFO's block RAM (its clock-to-output and the multiplexer into the register in one
+    cycle) and the second by the consumer (the route between them in a cycle of its own); a cycle
+    more of latency and two items more of buffering; ``drained`` still counts what the consumer
+    took from the last one.
     With ``pieces`` > 1 every piece shifts into a register, two cycles after its read and under
     copies of a register of the read (one per :data:`SHIFT_ENABLE_BITS` bits), and ``o.payload``
     is a copy of that register a cycle later with no enable (no multiplexer per bit, and no load
@@ -118,6 +125,11 @@ class StreamCrossing(wiring.Component):
         if depth >= 2 ** (COUNT_BITS - 1):
             raise ValueError(f"depth must be below 2**(COUNT_BITS - 1) = {2 ** (COUNT_BITS - 1)}, "
                              f"not {depth}")
+        if not (isinstance(read_register, bool) or (isinstance(read_register, int) and read_register == 2)):
+            raise ValueError(f"read_register must be False, True or 2, not {read_register!r}")
+        if read_register == 2 and pieces > 1:
+            raise ValueError(f"read_register=2 needs whole items (pieces=1; items in pieces have their own "
+                             f"read registers), not pieces={pieces}")
         if not (isinstance(write_register, bool) or write_register == "half"):
             raise ValueError(f"write_register must be False, True or 'half', not {write_register!r}")
         if w_domain == r_domain:
@@ -128,6 +140,7 @@ class StreamCrossing(wiring.Component):
         self.r_domain = r_domain
         self.block_ram = bool(block_ram)
         self.read_register = bool(read_register)
+        self.read_registers = int(read_register)       # StreamRegisters in series (whole items)
         self.write_register = write_register
         self.pieces = pieces
         super().__init__({
@@ -226,10 +239,15 @@ class StreamCrossing(wiring.Component):
                 # emptied with the FIFO's read side (whose reset follows the write side's); no
                 # read in the last cycle of that reset (r_rst, a register, is then still high),
                 # so that no item leaves the FIFO for a register being reset
-                m.submodules.r_register = r_register = ResetInserter({self.r_domain: fifo.r_rst})(
+                registers = [ResetInserter({self.r_domain: fifo.r_rst})(
                     DomainRenamer(self.r_domain)(StreamRegister(self.shape)))
-                wiring.connect(m, r_register.o, wiring.flipped(self.o))
-                r_side = r_register.i
+                    for _ in range(self.read_registers)]
+                for k, register in enumerate(registers):
+                    m.submodules[f"r_register{k or ''}"] = register
+                for before, after in pairwise(registers):
+                    wiring.connect(m, before.o, after.i)
+                wiring.connect(m, registers[-1].o, wiring.flipped(self.o))
+                r_side = registers[0].i
                 m.d.comb += fifo.r_en.eq(Mux(r_last, r_side.ready, 1) & ~fifo.r_rst)
             else:
                 m.d.comb += fifo.r_en.eq(Mux(r_last, self.o.ready, 1))

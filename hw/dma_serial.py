@@ -364,19 +364,16 @@ class SerialScatterWriter(ScatterPorts):
 
         addr = Signal(_ADDR)
         m.d.comb += addr.eq(el_addr + byte)
-        # The byte to write: byte 0 of a pixel straight from the stream, the others from a copy of
-        # the pixel taken with byte 0 (`held`), so that the RB:1 byte select starts at registers
-        # beside the writer rather than at the stream's source (the SFU's output FIFO, a block RAM
-        # with most of a cycle of clock-to-output: that path missed the lean 16x16 ULX3S SoC's
-        # control clock, docs/boards.md). The pixel is the same one until its last byte is taken.
-        held = Signal.like(self.pixels.payload, reset_less=True)
+        # The byte to write: byte 0 of a pixel straight from the stream, the others from `held`,
+        # a shift register that takes the pixel's later bytes with byte 0 and moves down a byte
+        # with each byte written, so that the byte is always its lowest: no RB:1 byte select
+        # (its 6 levels of logic from `k` missed the lean 16x16 ULX3S SoC's control clock at
+        # bd14ae3, and before that, when it read the stream's source, the SFU's output FIFO, a
+        # block RAM with most of a cycle of clock-to-output, docs/boards.md). The pixel is the
+        # same one until its last byte is taken; bytes are taken in order (k counts them).
+        held = Signal(8 * (RB - 1), reset_less=True)
         value = Signal(8)
-        with m.Switch(k):
-            with m.Case(0):
-                m.d.comb += value.eq(self.pixels.payload[0])
-            for j in range(1, RB):
-                with m.Case(j):
-                    m.d.comb += value.eq(held[j])
+        m.d.comb += value.eq(Mux(k == 0, self.pixels.payload[0], held[:8]))
 
         # the one address adder: the next element, pixel or row from the current one
         level = Signal(2)                     # 0 element, 1 pixel, 2 row
@@ -432,7 +429,9 @@ class SerialScatterWriter(ScatterPorts):
                         m.d.sync += [open_valid.eq(1), open_beat.eq(addr[BBL:]),
                                      byte.eq(byte + 1), k.eq(k + 1)]
                         with m.If(k == 0):
-                            m.d.sync += held.eq(self.pixels.payload)
+                            m.d.sync += held.eq(self.pixels.payload.as_value()[8:])
+                        with m.Else():
+                            m.d.sync += held.eq(held[8:])
                         with m.If(byte == elem_bytes - 1):
                             m.d.sync += byte.eq(0)
                             with m.If(level == 0):

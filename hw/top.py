@@ -496,9 +496,17 @@ class Accelerator(wiring.Component):
             block_ram = wants_block_ram(cfg, Shape.cast(shape).width * depth)
             # registers on the compute core's side: its logic meets neither the FIFO's block
             # RAM nor its pointers in a cycle of the fast clock (hw/cdc.py); a half-rate one for
-            # a stream out of the core that never has an item in two cycles running
+            # a stream out of the core that never has an item in two cycles running. Into the
+            # core, whole items leave through two registers in series: the first sits by the
+            # FIFO (its block RAM's read data: into the scratchpad-write crossing's register,
+            # 10.7 ns on the 16x16 SoC at bd14ae3), the second by the consumer, whose `ready`
+            # reaches only that one (the compute unit's accept, its descriptor queues' levels,
+            # into the COMPUTE crossing's register 30 columns away: the compute clock's critical
+            # path at badc2c0; the accumulator's grant into the read-request crossing's at
+            # bd14ae3, docs/boards.md)
+            read_register = (2 if pieces == 1 else True) if into_core else False
             x.submodules[name] = block = StreamCrossing(
-                shape, depth=depth, w_domain=w, r_domain=r, block_ram=block_ram, read_register=into_core,
+                shape, depth=depth, w_domain=w, r_domain=r, block_ram=block_ram, read_register=read_register,
                 write_register=False if into_core else "half" if half_rate else True, pieces=pieces)
             return block
 
@@ -511,18 +519,8 @@ class Accelerator(wiring.Component):
         # read latency (2 or more) cycles
         acc_read_resp = crossing("acc_read_resp", core.acc_read.resp.payload.shape(), into_core=False,
                                  half_rate=store_read_queue(cfg) == 1, pieces=cfg.acc_crossing_pieces)
-        # one more register for the COMPUTEs and for the accumulator's read requests, in the
-        # core's clock: the crossing's read register sits by the FIFO (its read data), and the
-        # consumer's `ready` reached it in the same cycle from far away (the compute unit's
-        # accept, its descriptor queues' levels: the compute clock's critical path of the 16x16
-        # SoC at badc2c0, 30 columns; the accumulator's grant, its array beat's bank: at bd14ae3,
-        # docs/boards.md); this one's `i.ready` is a register, and it can sit by the consumer
-        for name, source, sink in (("cmd", cmd.o, core.cmd),
-                                   ("acc_read_req", acc_read_req.o, core.acc_read.req)):
-            register = DomainRenamer(_COMPUTE)(StreamRegister(source.payload.shape()))
-            m.submodules[f"{name}_register"] = register
-            wiring.connect(m, crossing=source, register=register.i)
-            wiring.connect(m, register=register.o, core=sink)
+        wiring.connect(m, cmd=cmd.o, core=core.cmd)
+        wiring.connect(m, acc_read_req=acc_read_req.o, core=core.acc_read.req)
         wiring.connect(m, spad_write=spad_write.o, core=core.spad_write)
         wiring.connect(m, acc_write=acc_write.o, core=core.acc_write)
         wiring.connect(m, core=core.acc_read.resp, acc_read_resp=acc_read_resp.i)

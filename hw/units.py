@@ -461,16 +461,20 @@ class ComputeUnit(wiring.Component):
         registered = cfg.memory_registers
         meta_depth = read_latency(cfg) + 1 + (2 if registered else 0)
 
-        def staged(name, layout):
+        def staged(name, layout, early=False):
             """A stream the unit drives and the one its consumer sees: the same stream, or (with
-            the memory registers) the two sides of a StreamRegister."""
+            the memory registers) the two sides of a StreamRegister; with ``early``, of two in
+            series (the first, ``{name}_early_register``, can sit by the producer)."""
             local = stream.Signature(layout).create(path=(name,))
             if not registered:
                 return local, local
-            stage = StreamRegister(layout)
-            m.submodules[f"{name}_register"] = stage
-            wiring.connect(m, local, stage.i)
-            return local, stage.o
+            source = local
+            for stage_name in (f"{name}_early_register",) * early + (f"{name}_register",):
+                stage = StreamRegister(layout)
+                m.submodules[stage_name] = stage
+                wiring.connect(m, source, stage.i)
+                source = stage.o
+            return local, source
 
         def request(name, port):
             """The stream the reader drives for ``port.req``."""
@@ -528,17 +532,18 @@ class ComputeUnit(wiring.Component):
             m.d.sync += [port.valid.eq(taken), launch.eq(offered_beat)]
             m.d.comb += port.payload.eq(launch)
 
-        def to_array(name, port, layout, spacing=None):
+        def to_array(name, port, layout, spacing=None, early=False):
             """The stream the unit drives for ``port`` (to the array), with ``layout`` (the
             port's payload in ``beat`` and what travels with it); returns it and the payload
             of the beat offered. With ``spacing``, an item whose ``accumulate`` is set waits while
             one of the items that entered the array in the last ``spacing - 1`` cycles had its
             ``acc_row``: with the memory registers a SpacedStreamRegister (the wait a register
             of its own, decided a cycle ahead), without them the same wait compared in the
-            cycle (small arrays)."""
+            cycle (small arrays). ``early``: (without ``spacing``) through two registers
+            (``staged``)."""
             ready = array_ready[name]
             if spacing is None:
-                local, source = staged(name, layout)
+                local, source = staged(name, layout, early)
                 offer(name, port, source.valid, source.payload.beat)
                 m.d.comb += source.ready.eq(ready)
                 return local, source.payload
@@ -614,8 +619,14 @@ class ComputeUnit(wiring.Component):
             wm = Signal(wmeta_layout)
             m.d.comb += wm.eq(wmeta.r_data)
             resp = self.read_b.resp.payload
+            # through two registers with the memory registers: the first by the scratchpad's
+            # response ring, whose entry select and the column mask it takes in its cycle (on the
+            # 16x16 SoC at bd14ae3 that path into the one register by the array's handshake copy
+            # took 10.6 ns, the slowest left after b28fe44's and the crossings' registers,
+            # docs/boards.md); a cycle more before the array's weights, which the next COMPUTE's
+            # weights, preloaded while the array computes, hide
             weights, _ = to_array("weights", self.weights,
-                                  data.StructLayout({"beat": weight_layout(cfg)}))
+                                  data.StructLayout({"beat": weight_layout(cfg)}), early=True)
             for j in range(C):
                 m.d.comb += weights.payload.beat.data[j].eq(
                     Mux(wm.columns[j], element(resp, j, weight_shape), 0))

@@ -57,15 +57,20 @@ async def _until_ready(ctx, stream):
 REGISTERS = [(False, False), (True, False), (False, True), (True, True), (False, "half"), (True, "half")]
 
 
-def _held(register: bool | str) -> int:
-    """Items a crossing's register holds: a StreamRegister two, a HalfRateRegister one."""
+def _held(register: bool | int | str) -> int:
+    """Items a crossing's registers hold: a StreamRegister two (``2``: two of them, four), a
+    HalfRateRegister one."""
     return 1 if register == "half" else 2 * register
 
 
-def _read_held(read_register: bool, pieces: int) -> int:
+def _read_held(read_register: bool | int, pieces: int) -> int:
     """Items a crossing's read register holds: a HalfRateRegister's one when items cross in
     pieces (they arrive every ``pieces`` cycles at most), else a StreamRegister's two."""
     return _held("half" if read_register and pieces > 1 else read_register)
+
+
+#: (read_register, write_register) with two read registers in series (whole items only)
+TWO_READ_REGISTERS = [(2, False), (2, "half")]
 
 
 #: (item width, pieces): whole items, and items crossing in pieces (13 bits: the last piece padded)
@@ -76,6 +81,16 @@ PIECES = [(16, 1), (16, 2), (13, 4)]
 @pytest.mark.parametrize("registers", REGISTERS)
 @pytest.mark.parametrize("periods", PERIODS)
 def test_stream_crossing_in_order_under_random_traffic(periods, registers, width, pieces):
+    _random_traffic(periods, registers, width, pieces)
+
+
+@pytest.mark.parametrize("registers", TWO_READ_REGISTERS)
+@pytest.mark.parametrize("periods", PERIODS)
+def test_stream_crossing_two_read_registers_in_order_under_random_traffic(periods, registers):
+    _random_traffic(periods, registers, 16, 1)
+
+
+def _random_traffic(periods, registers, width, pieces):
     rng = random.Random(sum(periods))
     dut = StreamCrossing(width, depth=4, w_domain="sync", r_domain="fast",
                          read_register=registers[0], write_register=registers[1], pieces=pieces)
@@ -139,8 +154,9 @@ def test_stream_crossing_in_pieces_shifts_under_register_copies(width, pieces, c
     assert "TRELLIS_FF " not in to_verilog(plain, "crossing", platform=Ecp5Stand())
 
 
-@pytest.mark.parametrize("pieces", [1, 4])
-@pytest.mark.parametrize("registers", REGISTERS[1:])
+@pytest.mark.parametrize("registers,pieces", [(registers, pieces) for registers in REGISTERS[1:]
+                                               for pieces in (1, 4)]
+                         + [(registers, 1) for registers in TWO_READ_REGISTERS])
 def test_stream_crossing_registers_buffer_and_drained_counts_the_consumer(registers, pieces):
     """Each register holds two items more while the consumer waits (a half-rate one one item,
     as the read register is when items cross in pieces), and ``drained`` counts
@@ -194,6 +210,12 @@ def test_stream_crossing_depth_rule():
         StreamCrossing(8, depth=128, r_domain="fast")
     with pytest.raises(ValueError, match=r"^w_domain and r_domain must differ, both are 'sync'$"):
         StreamCrossing(8, depth=4, r_domain="sync")
+    for wrong in (3, 1.0, "two"):
+        with pytest.raises(ValueError, match=rf"^read_register must be False, True or 2, not {wrong!r}$"):
+            StreamCrossing(8, depth=4, r_domain="fast", read_register=wrong)
+    with pytest.raises(ValueError, match=r"^read_register=2 needs whole items \(pieces=1; items in pieces "
+                                         r"have their own read registers\), not pieces=2$"):
+        StreamCrossing(8, depth=4, r_domain="fast", read_register=2, pieces=2)
     with pytest.raises(ValueError, match=r"^write_register must be False, True or 'half', not 'spare'$"):
         StreamCrossing(8, depth=4, r_domain="fast", write_register="spare")
     for pieces in (0, 3, 16, True):
