@@ -108,8 +108,8 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
     take moves only ``head`` and the entries' valid bits: no entry register is loaded by the
     consumer's handshake (a shifting queue's entries were, all of them, through the take: that
     enable, a net to every bit of the queue made from the consumer's ``ready``, was the critical
-    path of the 16x16 ULX3S SoC, docs/boards.md). Every entry's load enable is the AND of two
-    registers (the arriving row, ``tail``). At most ``depth`` responses are owed (in flight or
+    path of the 16x16 ULX3S SoC, docs/boards.md). Every entry's load enable is a register
+    (below). At most ``depth`` responses are owed (in flight or
     queued), so with ``depth = latency`` a port reads one row per cycle while its consumer takes
     one per cycle, and a response comes ``latency`` cycles after its request when the ones before
     it have been taken. A smaller ``depth`` (at least 1) saves its registers for a consumer that
@@ -122,11 +122,14 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
     then has one register more (default ``depth`` ``latency`` + 1), which keeps one request per
     cycle.
 
-    An entry wider than :data:`LOAD_GROUP_BITS` loads in groups of that many bits, each group
-    under a copy of its own of the arriving row's register (``fabric_register``: on ECP5
-    ``platform`` a ``TRELLIS_FF`` that yosys does not merge back), so that no net reaches every
-    bit of a row: the one from that register to the 530 load enables of the 16x16 accumulator's
-    response took 10.8 ns on the ULX3S-85F (docs/boards.md).
+    An entry loads in groups of :data:`LOAD_GROUP_BITS` bits, each group under a register of
+    its own (``fabric_register``: on ECP5 ``platform`` a ``TRELLIS_FF`` that yosys does not merge
+    back) that says, a cycle ahead, that a row arrives and goes into that entry (the row one
+    stage from arriving, and ``tail``'s next value): no logic lies between a register and the
+    entries' load enables, and no net reaches every bit of a row (the net from one register of
+    the arrival to the 530 load enables of the 16x16 accumulator's response took 10.8 ns on the
+    ULX3S-85F; at 5393477 the AND of a copy of that register with ``tail``, into 64 enables of
+    the scratchpad's port A, 12.8 ns, the compute clock's critical path: docs/boards.md).
 
     Returns ``free``: high in a cycle where a request may be granted; the caller's ``granted``
     must imply it.
@@ -174,21 +177,21 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
         return Cat(one_hot[-1], one_hot[:-1])
 
     # an arriving row always finds its entry free: at most `depth` rows are owed; each group of
-    # an entry's bits loads under its own copy of `arrives` (the docstring)
+    # an entry's bits loads under a register of its own, made a cycle ahead (the docstring): a
+    # row arrives in the next cycle (`before`) into the entry `tail` names then (`tail_next`)
     width = len(Value.cast(row))
-    arriving = [(slice(0, width), arrives)]
-    if width > LOAD_GROUP_BITS:
-        before = in_flight[-2] if delay >= 2 else granted
-        arriving = group_enables(m, f"{name}_arrives", before, width, platform=platform)
+    before = in_flight[-2] if delay >= 2 else granted
+    tail_next = Mux(arrives, after(tail), tail)
     for k in range(depth):
-        for bits, copy in arriving:
-            with m.If(copy & tail[k]):
+        for bits, load in group_enables(m, f"{name}_load{k}_", before & tail_next[k], width,
+                                        platform=platform):
+            with m.If(load):
                 m.d.sync += Value.cast(rows[k])[bits].eq(Value.cast(row)[bits])
     head_next = Mux(taken, after(head), head)
     entries_next = (entries & ~Mux(taken, head, 0)) | Mux(arrives, tail, 0)
     m.d.sync += [
         head.eq(head_next),
-        tail.eq(Mux(arrives, after(tail), tail)),
+        tail.eq(tail_next),
         entries.eq(entries_next),
         resp.valid.eq(entries_next.any()),     # the entries in use run on from head
     ]

@@ -362,20 +362,22 @@ def test_a_port_owes_read_latency_plus_one_responses_at_most_and_otherwise_runs_
     assert max(k + 1 - sum(t < e for t in taken) for k, e in enumerate(requests)) == read_latency(config) + 1
 
 
-def test_response_entries_load_in_groups_under_copies_on_ecp5() -> None:
-    """On ECP5 each 64-bit group of a read response entry loads under a TRELLIS_FF copy of its
-    own of the arriving row's register (no net from one register to every bit of a row); a row
-    of one group keeps the one register."""
-    config = AcceleratorConfig(rows=16, cols=16, scratchpad_bytes=4096, scratchpad_banks=2)
-    assert config.spad_row_elems * config.input_bits == 128
+@pytest.mark.parametrize("cols,bits", [(16, 128), (4, 32)])
+def test_response_entries_load_under_registers_of_their_own_on_ecp5(cols: int, bits: int) -> None:
+    """On ECP5 each 64-bit group of each read response entry loads under a TRELLIS_FF of its own
+    (no net from one register to every bit of a row, no logic between it and the enables): the
+    ring's L + 1 entries (a decoupled port) of a 128-bit row have two each, of a 32-bit row one."""
+    config = AcceleratorConfig(rows=cols, cols=cols, scratchpad_bytes=4096, scratchpad_banks=2)
+    assert config.spad_row_elems * config.input_bits == bits
+    groups = -(-bits // LOAD_GROUP_BITS)
+    assert groups == (2 if bits == 128 else 1)
     verilog = to_verilog(Scratchpad(config), "scratchpad", platform=Ecp5Stand())
-    groups = 128 // LOAD_GROUP_BITS
+    depth = read_latency(config) + 1
     for port in ("read_a", "read_b"):
-        copies = {f"{port}__resp__valid_arrives{g}_ff" for g in range(groups)}
-        assert {name for name in copies if f" {name} (" in verilog} == copies
-        assert f" {port}__resp__valid_arrives{groups}_ff (" not in verilog
-    narrow = to_verilog(Scratchpad(SMALL), "scratchpad", platform=Ecp5Stand())
-    assert "_arrives" not in narrow
+        loads = {f"{port}__resp__valid_load{k}_{g}_ff" for k in range(depth) for g in range(groups)}
+        assert {name for name in loads if f" {name} (" in verilog} == loads
+        assert f" {port}__resp__valid_load{depth}_0_ff (" not in verilog
+        assert f" {port}__resp__valid_load0_{groups}_ff (" not in verilog
 
 
 def test_config_must_be_an_accelerator_config() -> None:
