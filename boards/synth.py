@@ -976,6 +976,7 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
     else:       # the array alone runs on the clock it has in the accelerator
         clock = plan_clock(board, config.array_clock_mhz if clock_mhz is None else clock_mhz)
     compute_target = None if clock.compute_hz is None else clock.compute_hz / 1e6
+    array_clock = "sync" if compute_target is None else "compute"       # the array's clock's name
     what = "config" if core == "soc" else f"the {config.rows}x{config.cols} array"
 
     out = Path(out_dir)
@@ -1079,6 +1080,9 @@ def synth(board: str | Board, config: AcceleratorConfig | str | Path | None, out
         "placement": {k: v for k, v in sorted(placed.get("utilization", {}).items()) if v.get("used")},
         # at the array's target clock: the compute clock, else target_mhz
         "peak_gops": round(2 * config.rows * config.cols * clock.array_hz / 1e9, 3),
+        # at the array's clock's routed Fmax (None before routing)
+        "peak_gops_at_fmax": (round(2 * config.rows * config.cols * clocks[array_clock]["fmax_mhz"] / 1e3, 3)
+                              if array_clock in clocks else None),
         "seed": seed,
         "placer": placer,
         "router": router,

@@ -614,6 +614,7 @@ def test_synth_stops_after_yosys_with_the_netlist_by_unit(tmp_path: Path) -> Non
     assert json.loads((tmp_path / "report.json").read_text()) == report
     assert report["stage"] == "yosys" and report["timing_met"] is None
     assert report["clocks"] == report["fmax_mhz"] == report["placed_mhz"] == {}
+    assert report["peak_gops_at_fmax"] is None
     assert report["critical_path"] is None and "bitstream" not in report["files"]
     assert "nextpnr" not in report["seconds"]
     assert sorted(path.name for path in tmp_path.iterdir() if "nextpnr" in path.name or path.suffix
@@ -643,6 +644,7 @@ def test_synth_stops_after_placement_with_nextpnrs_estimate(tmp_path: Path,
     assert status == 0, printed
     report = json.loads((out / "report.json").read_text())
     assert report["stage"] == "place" and report["timing_met"] is None and report["fmax_mhz"] == {}
+    assert report["peak_gops_at_fmax"] is None and report["peak_gops"] == 2 * 2 * 2 * 0.125
     assert list(report["placed_mhz"]) == ["sync"] and report["placed_mhz"]["sync"] > 0
     assert report["resources"]["dsp"] == {"label": "MULT18X18D", "used": 4, "available": 156,
                                           "percent": 2.6, "source": "nextpnr"}
@@ -968,6 +970,11 @@ def _check_report(report: dict, board_name: str, out: Path, mhz: float, *, dsps:
     # nextpnr derives the PLL output's period in picoseconds: 100 MHz from 48 MHz is 100.01
     assert report["clocks"]["sync"]["target_mhz"] == pytest.approx(report["target_mhz"], rel=1e-3)
     assert report["timing_met"] and report["fmax_mhz"]["sync"] >= report["target_mhz"]
+    # the peak at the array's clock's routed Fmax: the compute clock's, else sync's
+    rows, cols = map(int, report["array"].split()[0].split("x"))
+    array_clock = "sync" if report["compute_target_mhz"] is None else "compute"
+    peak = round(2 * rows * cols * report["fmax_mhz"][array_clock] / 1e3, 3)
+    assert report["peak_gops_at_fmax"] == peak > 0
     # nextpnr's device capacities are the registry's
     for kind, resource in report["resources"].items():
         assert resource["available"] == board.device.available(kind), kind
