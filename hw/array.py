@@ -247,8 +247,9 @@ def ws_handshake(m: Module, rows: int, *, enable: Value, inputs_valid: Value, ne
     ready once a preload has completed (``pending``), a weight row while none waits or in the
     cycle the waiting one is taken (the shadow registers are read by the swap before the new row
     reaches them); a preload completes with ``last`` or its ``rows``-th row. ``enable`` gates
-    both. The array builds its handshake with it, and the compute unit builds a copy next to its
-    output registers (hw/units.py), so that the array's ``ready`` needs no route back."""
+    both. The array builds its handshake with it, and the compute unit builds a copy that takes
+    rows from the scratchpad's response rings (hw/units.py), so that the array's ``ready``
+    needs no route back."""
     pending = Signal(name=f"{name}pending")            # a completed preload waits in the shadows
     weight_row = Signal(range(rows), name=f"{name}weight_row")     # the next preload row's index
     hs = Handshake(inputs_ready=Signal(name=f"{name}inputs_ready"), in_fire=Signal(name=f"{name}in_fire"),

@@ -59,6 +59,10 @@ __all__ = ["LoadUnit", "ComputeUnit", "ComputeCheck", "StoreUnit", "residual_rea
            "CROSSING_READ_SLACK"]
 
 _ADDR = 32
+#: Registers (no load enable) between the compute unit's copy of the array's handshake and the
+#: array, with ``memory_registers``: each beat the copy takes reaches the array this many cycles
+#: later (ComputeUnit).
+LAUNCH_STAGES = 2
 
 
 def _axi_read_port(config: AcceleratorConfig) -> wiring.Signature:
@@ -455,50 +459,40 @@ class ComputeUnit(wiring.Component):
 
         # With the memory registers, a read request reaches the scratchpad through a
         # StreamRegister (the row counter and its address sum are then a cycle apart from the
-        # scratchpad's bank arbitration), and so does each row for the array (the array's
-        # readiness reaches the scratchpad's response queue a cycle later): two more requests
-        # in flight at most, so the metadata queues have two more entries.
+        # scratchpad's bank arbitration): two more requests in flight at most, so the metadata
+        # queues have two more entries.
         registered = cfg.memory_registers
         meta_depth = read_latency(cfg) + 1 + (2 if registered else 0)
 
-        def staged(name, layout, early=False):
-            """A stream the unit drives and the one its consumer sees: the same stream, or (with
-            the memory registers) the two sides of a StreamRegister; with ``early``, of two in
-            series (the first, ``{name}_early_register``, can sit by the producer)."""
-            local = stream.Signature(layout).create(path=(name,))
-            if not registered:
-                return local, local
-            source = local
-            for stage_name in (f"{name}_early_register",) * early + (f"{name}_register",):
-                stage = StreamRegister(layout)
-                m.submodules[stage_name] = stage
-                wiring.connect(m, source, stage.i)
-                source = stage.o
-            return local, source
-
         def request(name, port):
-            """The stream the reader drives for ``port.req``."""
-            local, source = staged(f"{name}_req", port.req.payload.shape())
+            """The stream the reader drives for ``port.req``: the request itself, or (with the
+            memory registers) the input of a StreamRegister before it."""
+            local = stream.Signature(port.req.payload.shape()).create(path=(f"{name}_req",))
+            source = local
+            if registered:
+                stage = StreamRegister(port.req.payload.shape())
+                m.submodules[f"{name}_req_register"] = stage
+                wiring.connect(m, local, stage.i)
+                source = stage.o
             m.d.comb += [port.req.valid.eq(source.valid), port.req.payload.eq(source.payload),
                          source.ready.eq(port.req.ready)]
             return local
 
         # The array's readiness, made here from a copy of its handshake registers (hw/array.py
         # ws_handshake, os_handshake): the consumer is a SystolicArray without back-pressure, whose
-        # `ready` is that rule of its own registers and of the beats offered. The copy sits by
-        # the registers below, so their load enables do not wait for a route to the array and
-        # back (the 16x16 compute core's critical paths on the ULX3S-85F at 3925bf3: the output
-        # registers' enables from the array's `pending`, 56 columns away). The array's own
-        # `ready` is left unread. The copy decides on the beats `offered` (the output registers
-        # below); without the memory registers those are the array's ports, and the RTL tests
-        # check that the copy equals the array's `ready` in every cycle. With them, every beat
-        # the copy takes passes one more register, with no enable, on its way to the array (a
-        # launch register): the array sees exactly the beats the copy took, a cycle later, and
-        # its handshake, the same rule of the same beats, is then ready for each (the tests
-        # check that too). So the output registers, whose load enables come from the copy, need
-        # not sit along the array's edges: the launch registers do (on the 16x16 SoC at badc2c0
-        # the weights register's 130 enables, one net from the copy along the array's top edge,
-        # arrived at 11.2 ns, docs/boards.md).
+        # `ready` is that rule of its own registers and of the beats offered. The array's own
+        # `ready` is left unread: no route to the array and back. The copy decides on the beats
+        # `offered`: the rows at the heads of the scratchpad's response rings (hw/scratchpad.py
+        # drive_read_response) with their metadata. Without the memory registers those are the
+        # array's ports, and the RTL tests check that the copy equals the array's `ready` in
+        # every cycle. With them, every beat the copy takes passes LAUNCH_STAGES registers with
+        # no enable on its way to the array (the launch registers), so the array sees exactly the
+        # beats the copy took, that many cycles later, and its handshake, the same rule of the
+        # same beats, is then ready for each (the tests check that too). A take moves only the
+        # ring's head and the metadata queue: no register that holds a row is loaded under the
+        # copy's readiness (the compute unit's output registers to the array were: at 438ee4a
+        # every path of the 16x16 SoC's compute clock above 10 ns ended at their 128 load
+        # enables, made from the copy, docs/boards.md).
         offered = {"inputs": (Signal(name="array_inputs_offered"),
                               Signal(input_layout(cfg), name="array_inputs_offered_beat"))}
         if ws:
@@ -517,51 +511,26 @@ class ComputeUnit(wiring.Component):
         m.d.comb += self.array_inputs_ready.eq(copy.inputs_ready)
         array_ready = {"inputs": self.array_inputs_ready, "weights": self.array_weights_ready}
 
-        def offer(name, port, valid, beat):
-            """Offer the array's ``port`` a beat (``valid``, ``beat``), taken by the copy's
-            readiness: the port shows it, or (with the memory registers) shows in the next cycle,
-            from the launch registers, the beat taken."""
+        def launch(name, port, valid):
+            """Offer the array's ``port`` the beat in ``offered[name]`` while ``valid``; returns
+            whether the copy takes it. The port shows the offer itself, or (with the memory
+            registers) the beats taken, LAUNCH_STAGES cycles later, from registers that take
+            their input in every cycle (the first can sit by the response rings, the last along
+            the array's edge)."""
             offered_valid, offered_beat = offered[name]
             taken = self.array_inputs_taken if name == "inputs" else self.array_weights_taken
-            m.d.comb += [offered_valid.eq(valid), offered_beat.eq(beat),
-                         taken.eq(offered_valid & array_ready[name])]
+            m.d.comb += [offered_valid.eq(valid), taken.eq(offered_valid & array_ready[name])]
             if not registered:
                 m.d.comb += [port.valid.eq(offered_valid), port.payload.eq(offered_beat)]
-                return
-            launch = Signal.like(offered_beat, name=f"{name}_launch", reset_less=True)
-            m.d.sync += [port.valid.eq(taken), launch.eq(offered_beat)]
-            m.d.comb += port.payload.eq(launch)
-
-        def to_array(name, port, layout, spacing=None, early=False):
-            """The stream the unit drives for ``port`` (to the array), with ``layout`` (the
-            port's payload in ``beat`` and what travels with it); returns it and the payload
-            of the beat offered. With ``spacing``, an item whose ``accumulate`` is set waits while
-            one of the items that entered the array in the last ``spacing - 1`` cycles had its
-            ``acc_row``: with the memory registers a SpacedStreamRegister (the wait a register
-            of its own, decided a cycle ahead), without them the same wait compared in the
-            cycle (small arrays). ``early``: (without ``spacing``) through two registers
-            (``staged``)."""
-            ready = array_ready[name]
-            if spacing is None:
-                local, source = staged(name, layout, early)
-                offer(name, port, source.valid, source.payload.beat)
-                m.d.comb += source.ready.eq(ready)
-                return local, source.payload
-            local = stream.Signature(layout).create(path=(name,))
-            if registered:
-                stage = SpacedStreamRegister(layout, key="acc_row", flag="accumulate", spacing=spacing)
-                m.submodules[f"{name}_register"] = stage
-                wiring.connect(m, local, stage.i)
-                offer(name, port, stage.o.valid, stage.o.payload.beat)
-                m.d.comb += stage.o.ready.eq(ready)
-                return local, stage.o.payload
-            entered = recent_keys(m, copy.in_fire, local.payload.acc_row, spacing - 1, f"{name}_entered")
-            same = [valid & (row == local.payload.acc_row) for valid, row in entered]
-            hold = local.payload.accumulate & (Cat(*same).any() if same else Const(0))
-            offer(name, port, local.valid & ~hold, local.payload.beat)
-            m.d.comb += local.ready.eq(ready & ~hold)
-            return local, local.payload
-
+                return taken
+            shown, beat = taken, offered_beat
+            for stage in range(LAUNCH_STAGES):
+                later = Signal(name=f"{name}_launch{stage}_valid")
+                later_beat = Signal.like(offered_beat, name=f"{name}_launch{stage}", reset_less=True)
+                m.d.sync += [later.eq(shown), later_beat.eq(beat)]
+                shown, beat = later, later_beat
+            m.d.comb += [port.valid.eq(shown), port.payload.eq(beat)]
+            return taken
         def reader(name, port, fifo_, layout, last_of, addr_of, meta_layout, meta_of):
             """Issue one scratchpad read per row of the head descriptor; queue per-row metadata
             for the response side."""
@@ -604,8 +573,6 @@ class ComputeUnit(wiring.Component):
             value = raw[:shape.width]
             return value.as_signed() if shape.signed else value
 
-        # a row for the array and its MACs (for the performance counters, when it enters)
-        beat_layout = data.StructLayout({"beat": input_layout(cfg), "row_macs": _row_macs_bits(cfg)})
         input_shape = input_layout(cfg)["data" if ws else "a"].shape.elem_shape
         weight_shape = (weight_layout(cfg)["data"] if ws else input_layout(cfg)["b"]).shape.elem_shape
 
@@ -619,23 +586,11 @@ class ComputeUnit(wiring.Component):
             wm = Signal(wmeta_layout)
             m.d.comb += wm.eq(wmeta.r_data)
             resp = self.read_b.resp.payload
-            # through two registers with the memory registers: the first by the scratchpad's
-            # response ring, whose entry select and the column mask it takes in its cycle (on the
-            # 16x16 SoC at bd14ae3 that path into the one register by the array's handshake copy
-            # took 10.6 ns, the slowest left after b28fe44's and the crossings' registers,
-            # docs/boards.md); a cycle more before the array's weights, which the next COMPUTE's
-            # weights, preloaded while the array computes, hide
-            weights, _ = to_array("weights", self.weights,
-                                  data.StructLayout({"beat": weight_layout(cfg)}), early=True)
             for j in range(C):
-                m.d.comb += weights.payload.beat.data[j].eq(
-                    Mux(wm.columns[j], element(resp, j, weight_shape), 0))
-            m.d.comb += [
-                weights.payload.beat.last.eq(wm.last),
-                weights.valid.eq(self.read_b.resp.valid & wmeta.r_rdy),
-                self.read_b.resp.ready.eq(weights.ready & wmeta.r_rdy),
-                wmeta.r_en.eq(weights.valid & weights.ready),
-            ]
+                m.d.comb += weights_beat.data[j].eq(Mux(wm.columns[j], element(resp, j, weight_shape), 0))
+            m.d.comb += weights_beat.last.eq(wm.last)
+            weights_taken = launch("weights", self.weights, self.read_b.resp.valid & wmeta.r_rdy)
+            m.d.comb += [self.read_b.resp.ready.eq(weights_taken), wmeta.r_en.eq(weights_taken)]
             # inputs: m rows of A, new_weights on the first row of a preloading COMPUTE; each
             # with the accumulator row its result goes to (acc_addr + row: a legal COMPUTE's rows
             # lie in the accumulator) and whether it accumulates
@@ -645,9 +600,6 @@ class ComputeUnit(wiring.Component):
                            imeta_layout, lambda h, r, last: Cat(h.preload & (r == 0), last, h.row_macs,
                                                                 (h.acc_addr + r)[:cfg.acc_addr_bits],
                                                                 h.accumulate))
-            im = Signal(imeta_layout)
-            m.d.comb += im.eq(imeta.r_data)
-            resp = self.read_a.resp.payload
             # The accumulator does not forward (accumulator_forwards): a row that accumulates
             # waits at the array's input while one of the rows that entered the array in the
             # last array_write_spacing - 1 cycles goes to its accumulator row. Its result then
@@ -655,24 +607,37 @@ class ComputeUnit(wiring.Component):
             # with the spacing they entered with (the accumulator is always ready, so the array
             # never stalls). Rows of one COMPUTE go to different accumulator rows, so only the
             # first rows of a COMPUTE can wait, behind a COMPUTE of fewer rows into the same ones.
+            # The wait is made on the rows' metadata: with the memory registers it passes a
+            # SpacedStreamRegister (the wait a register of its own, decided a cycle ahead),
+            # without them the same wait is compared in the cycle (small arrays).
             spacing = None if accumulator_forwards(cfg) else array_write_spacing(cfg)
-            if spacing is not None:
-                beat_layout = data.StructLayout({**beat_layout.members, "acc_row": cfg.acc_addr_bits,
-                                                 "accumulate": 1})
-            inputs, arriving = to_array("inputs", self.inputs, beat_layout, spacing)
-            if spacing is not None:
-                m.d.comb += [inputs.payload.acc_row.eq(im.acc_row),
-                             inputs.payload.accumulate.eq(im.accumulate)]
+            im = Signal(imeta_layout)
+            im_valid = Signal()
+            took = Signal()     # the row at the head of the ring was taken (the copy's in_fire)
+            if spacing is not None and registered:
+                spaced = SpacedStreamRegister(imeta_layout, key="acc_row", flag="accumulate", spacing=spacing)
+                m.submodules.inputs_meta_register = spaced
+                m.d.comb += [
+                    spaced.i.valid.eq(imeta.r_rdy), spaced.i.payload.eq(imeta.r_data),
+                    imeta.r_en.eq(spaced.i.valid & spaced.i.ready),
+                    im.eq(spaced.o.payload), im_valid.eq(spaced.o.valid),
+                    spaced.o.ready.eq(self.read_a.resp.valid & array_ready["inputs"]),
+                ]
+            else:
+                m.d.comb += [im.eq(imeta.r_data), imeta.r_en.eq(took)]
+                hold = Const(0)
+                if spacing is not None:
+                    entered = recent_keys(m, copy.in_fire, im.acc_row, spacing - 1, "inputs_entered")
+                    same = [valid & (row == im.acc_row) for valid, row in entered]
+                    hold = im.accumulate & (Cat(*same).any() if same else Const(0))
+                m.d.comb += im_valid.eq(imeta.r_rdy & ~hold)
+            resp = self.read_a.resp.payload
             for i in range(R):
-                m.d.comb += inputs.payload.beat.data[i].eq(element(resp, i, input_shape))
-            m.d.comb += [
-                inputs.payload.beat.new_weights.eq(im.new_weights),
-                inputs.payload.beat.last.eq(im.last),
-                inputs.payload.row_macs.eq(im.row_macs),
-                inputs.valid.eq(self.read_a.resp.valid & imeta.r_rdy),
-                self.read_a.resp.ready.eq(inputs.ready & imeta.r_rdy),
-                imeta.r_en.eq(inputs.valid & inputs.ready),
-            ]
+                m.d.comb += inputs_beat.data[i].eq(element(resp, i, input_shape))
+            m.d.comb += [inputs_beat.new_weights.eq(im.new_weights), inputs_beat.last.eq(im.last)]
+            m.d.comb += [took.eq(launch("inputs", self.inputs, self.read_a.resp.valid & im_valid)),
+                         self.read_a.resp.ready.eq(took)]
+            row_macs = im.row_macs
         else:
             # k beats, each a row of A-transposed and a row of B (columns >= n zeroed)
             ameta_layout = data.StructLayout({"columns": C, "last": 1, "row_macs": _row_macs_bits(cfg)})
@@ -717,29 +682,23 @@ class ComputeUnit(wiring.Component):
             m.d.comb += am.eq(ameta.r_data)
             a_resp = self.read_a.resp.payload
             b_resp = self.read_b.resp.payload
-            inputs, arriving = to_array("inputs", self.inputs, beat_layout)
             for i in range(R):
-                m.d.comb += inputs.payload.beat.a[i].eq(element(a_resp, i, input_shape))
+                m.d.comb += inputs_beat.a[i].eq(element(a_resp, i, input_shape))
             for j in range(C):
-                m.d.comb += inputs.payload.beat.b[j].eq(Mux(am.columns[j], element(b_resp, j, weight_shape),
-                                                            0))
-            beat = self.read_a.resp.valid & self.read_b.resp.valid & ameta.r_rdy
-            m.d.comb += [
-                inputs.payload.beat.last.eq(am.last),
-                inputs.payload.row_macs.eq(am.row_macs),
-                inputs.valid.eq(beat),
-                self.read_a.resp.ready.eq(beat & inputs.ready),
-                self.read_b.resp.ready.eq(beat & inputs.ready),
-                ameta.r_en.eq(beat & inputs.ready),
-            ]
-
+                m.d.comb += inputs_beat.b[j].eq(Mux(am.columns[j], element(b_resp, j, weight_shape), 0))
+            m.d.comb += inputs_beat.last.eq(am.last)
+            both_rows = self.read_a.resp.valid & self.read_b.resp.valid
+            took = launch("inputs", self.inputs, both_rows & ameta.r_rdy)
+            m.d.comb += [self.read_a.resp.ready.eq(took), self.read_b.resp.ready.eq(took),
+                         ameta.r_en.eq(took)]
+            row_macs = am.row_macs
         # MACs counted as a row enters the array, in registers here: the counters' registers may
         # sit far away (a CountCrossing's by the other clock's side), and the route to them then
         # starts at a register, not at the handshake (the 16x16 SoC's critical path at 9120dd7:
         # the input register's fire -> a CountCrossing increment's reset, 9.9 ns of routing)
         active = Signal()
         macs = Signal.like(self.macs)
-        m.d.sync += [active.eq(copy.in_fire), macs.eq(Mux(copy.in_fire, arriving.row_macs, 0))]
+        m.d.sync += [active.eq(copy.in_fire), macs.eq(Mux(copy.in_fire, row_macs, 0))]
         m.d.comb += [self.array_active.eq(active), self.macs.eq(macs)]
 
         # -- results -> accumulator -------------------------------------------------------------
