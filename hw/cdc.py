@@ -36,7 +36,7 @@ from amaranth.lib.fifo import AsyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from .dsp import COPY_GROUP_BITS, group_enables
-from .fifo import BlockRamAsyncFIFO
+from .fifo import BlockRamAsyncFIFO, FetchAheadAsyncFIFO
 from .interconnect import HalfRateRegister, StreamRegister
 
 __all__ = ["StreamCrossing", "DrainedGate", "EventCrossing", "CountCrossing", "ResetCrossing", "COUNT_BITS",
@@ -83,6 +83,10 @@ class StreamCrossing(wiring.Component):
 
     ``block_ram``: the FIFO's storage carries yosys' ``ram_style = "block"``
     (:class:`~systolic.hw.fifo.BlockRamAsyncFIFO`; synthesis only, the behaviour is the same).
+    ``fetch_ahead``: the FIFO is a :class:`~systolic.hw.fifo.FetchAheadAsyncFIFO`, whose storage
+    is read at a register (its read address is not made from the read side's handshake in the
+    cycle: for a block RAM far from the reader); an item is readable two ``r_domain`` cycles
+    later, and two more items are buffered.
 
     ``read_register``: the items leave through a :class:`~systolic.hw.interconnect.StreamRegister`
     in ``r_domain``, so that neither the FIFO's read data (a block RAM's clock-to-output) nor its
@@ -114,7 +118,7 @@ class StreamCrossing(wiring.Component):
 
     def __init__(self, shape, *, depth: int, w_domain: str = "sync", r_domain: str,
                  block_ram: bool = False, read_register: bool = False,
-                 write_register: bool | str = False, pieces: int = 1):
+                 write_register: bool | str = False, pieces: int = 1, fetch_ahead: bool = False):
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 2 or depth & (depth - 1):
             raise ValueError(f"depth must be a power of two of at least 2, not {depth!r}")
         width = Shape.cast(shape).width
@@ -132,6 +136,8 @@ class StreamCrossing(wiring.Component):
                              f"read registers), not pieces={pieces}")
         if not (isinstance(write_register, bool) or write_register == "half"):
             raise ValueError(f"write_register must be False, True or 'half', not {write_register!r}")
+        if not isinstance(fetch_ahead, bool):
+            raise ValueError(f"fetch_ahead must be True or False, not {fetch_ahead!r}")
         if w_domain == r_domain:
             raise ValueError(f"w_domain and r_domain must differ, both are {w_domain!r}")
         self.shape = shape
@@ -143,6 +149,7 @@ class StreamCrossing(wiring.Component):
         self.read_registers = int(read_register)       # StreamRegisters in series (whole items)
         self.write_register = write_register
         self.pieces = pieces
+        self.fetch_ahead = bool(fetch_ahead)
         super().__init__({
             "i": In(stream.Signature(shape)),
             "o": Out(stream.Signature(shape)),
@@ -155,9 +162,14 @@ class StreamCrossing(wiring.Component):
         width = Shape.cast(self.shape).width
         pieces = self.pieces
         piece = -(-width // pieces)          # bits of a piece (the last one zero-padded)
-        kind = BlockRamAsyncFIFO if self.block_ram else AsyncFIFO
-        m.submodules.fifo = fifo = kind(width=piece, depth=self.depth * pieces, exact_depth=True,
-                                        w_domain=self.w_domain, r_domain=self.r_domain)
+        if self.fetch_ahead:
+            fifo = FetchAheadAsyncFIFO(width=piece, depth=self.depth * pieces, w_domain=self.w_domain,
+                                       r_domain=self.r_domain, block_ram=self.block_ram)
+        else:
+            kind = BlockRamAsyncFIFO if self.block_ram else AsyncFIFO
+            fifo = kind(width=piece, depth=self.depth * pieces, exact_depth=True, w_domain=self.w_domain,
+                        r_domain=self.r_domain)
+        m.submodules.fifo = fifo
         # the FIFO's two sides, each directly on a port or through a register of its domain
         w_side, r_side = self.i, self.o
         if self.write_register:

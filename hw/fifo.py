@@ -14,7 +14,8 @@ case. Simulation is unchanged: the attributes matter to yosys only.
 
 A block RAM's read data come late in the cycle (ECP5 DP16KD: 4.3 ns clock to output). The DMA
 engines', the units' and the SFU's FIFOs use :func:`buffered_fifo` (and the clock-domain
-crossings of a config with a compute clock of its own :class:`BlockRamAsyncFIFO`, by the same
+crossings of a config with a compute clock of its own :class:`BlockRamAsyncFIFO`, or into the
+compute core :class:`FetchAheadAsyncFIFO`, whose block RAM is read at a register, by the same
 rule on all their ``width * depth`` bits, hw/cdc.py); the fetcher's beat FIFO,
 whose read data feed the instruction decoder, does not (in block RAM it made the OrangeCrab's
 critical path). The three that the OrangeCrab preset's 512 bits move (the LOAD engine's runs,
@@ -26,14 +27,16 @@ threshold moves small FIFOs whose timing in block RAM has not been measured (``y
 
 from __future__ import annotations
 
-from amaranth import Module
+from amaranth import Cat, Elaboratable, Module, Mux, ResetSignal, Signal
 from amaranth.lib import fifo
+from amaranth.lib.cdc import AsyncFFSynchronizer, FFSynchronizer
+from amaranth.lib.memory import Memory
 
 from .config import AcceleratorConfig
 from .rtlil import UNDEFINED_COLLISION
 
-__all__ = ["RAM_STYLE", "BlockRamFIFO", "BlockRamAsyncFIFO", "buffered_fifo", "fifo_storage_bits",
-           "wants_block_ram"]
+__all__ = ["RAM_STYLE", "BlockRamFIFO", "BlockRamAsyncFIFO", "FetchAheadAsyncFIFO", "buffered_fifo",
+           "fifo_storage_bits", "wants_block_ram"]
 
 #: yosys' memory attribute (name, value) that restricts a memory to block RAM. (``ram_block``
 #: does not: yosys 0.70 still maps a 32-entry memory carrying it to distributed RAM.)
@@ -65,6 +68,124 @@ class BlockRamAsyncFIFO(fifo.AsyncFIFO):
     def elaborate(self, platform) -> Module:
         m = super().elaborate(platform)
         m.submodules.storage.attrs[RAM_STYLE[0]] = RAM_STYLE[1]
+        return m
+
+
+def _gray(value):
+    return value ^ value[1:]
+
+
+def _binary(gray: Signal):
+    bits = [gray[-1]]
+    for k in reversed(range(len(gray) - 1)):
+        bits.insert(0, gray[k] ^ bits[0])
+    return Cat(*bits)
+
+
+class FetchAheadAsyncFIFO(Elaboratable):
+    """An asynchronous FIFO with the ports and the write side of Amaranth's ``AsyncFIFO`` (Gray
+    pointers through synchronizers, reset from the write domain, ``r_rst``), whose storage is read
+    at a register: the read side fetches entries ahead into a two-entry buffer of registers, and
+    ``r_data`` and ``r_rdy`` come from that buffer. ``AsyncFIFO`` reads its memory at the pointer
+    advanced by this cycle's read (an adder after the consumer's ``r_en`` and the emptiness
+    comparison), so the route to a block RAM far from the reader ends a path that starts at the
+    consumer's handshake (on the 16x16 ULX3S SoC at 78f3c41 the accumulator-write crossing's
+    block RAM address, 11.8 ns with 4.5 ns of it that route, was the compute clock's critical
+    path, docs/boards.md); here the memory's address is the fetch pointer itself, a register.
+
+    An entry is fetched in a cycle where it has been written (as the write side's synchronized
+    pointer says) and the buffer will have room for it when its data come, a cycle later (the
+    buffer's entries, the one arriving and this cycle's read leave at most one taken). The
+    storage is read in every cycle at the fetch pointer; only fetched data enter the buffer. A
+    fetched entry is free for the write side (the pointer sent back is the fetch pointer), so the
+    FIFO holds ``depth`` entries in its storage and two more in the buffer. An entry written
+    into an empty FIFO is readable (``r_rdy``) two read-domain cycles after ``AsyncFIFO`` would
+    show it (the fetch and the buffer). A write-domain reset empties the FIFO, the buffer too,
+    and raises ``r_rst`` as ``AsyncFIFO`` does. ``block_ram``: the storage carries
+    :data:`RAM_STYLE` (as :class:`BlockRamAsyncFIFO`'s). ``depth`` is a power of two, at least 2.
+    Ports: ``w_data``, ``w_en``, ``w_rdy``; ``r_data``, ``r_en``, ``r_rdy``, ``r_rst`` (no levels).
+    """
+
+    def __init__(self, *, width: int, depth: int, r_domain: str = "read", w_domain: str = "write",
+                 block_ram: bool = False) -> None:
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 2 or depth & (depth - 1):
+            raise ValueError(f"depth must be a power of two of at least 2, not {depth!r}")
+        self.width, self.depth = width, depth
+        self.w_data, self.w_en, self.w_rdy = Signal(width), Signal(), Signal()
+        self.r_data, self.r_en, self.r_rdy, self.r_rst = Signal(width), Signal(), Signal(), Signal()
+        self._r_domain, self._w_domain = r_domain, w_domain
+        self._bits = depth.bit_length()          # pointers: one bit more than the address
+        self.block_ram = block_ram
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        r, w = self._r_domain, self._w_domain
+        bits = self._bits
+        do_write = self.w_rdy & self.w_en
+        produce_bin = Signal(bits)
+        produce_next = Signal(bits)
+        produce_gray = Signal(bits)
+        m.d.comb += produce_next.eq(produce_bin + do_write)
+        m.d[w] += [produce_bin.eq(produce_next), produce_gray.eq(_gray(produce_next))]
+        produce_r_gray = Signal(bits)
+        m.submodules.produce_cdc = FFSynchronizer(produce_gray, produce_r_gray, o_domain=r)
+
+        # the fetch pointer: the read domain's (reset through r_rst below, as AsyncFIFO's)
+        fetch_bin = Signal(bits, reset_less=True)
+        fetch_gray = Signal(bits, reset_less=True)
+        fetch_next = Signal(bits)               # (wraps: the Gray code is of the pointer's bits)
+        fetch_w_gray = Signal(bits)
+        m.submodules.consume_cdc = FFSynchronizer(fetch_gray, fetch_w_gray, o_domain=w)
+        m.d.comb += self.w_rdy.eq(~((produce_gray[-1] != fetch_w_gray[-1])
+                                    & (produce_gray[-2] != fetch_w_gray[-2])
+                                    & (produce_gray[:-2] == fetch_w_gray[:-2])))
+
+        storage = Memory(shape=self.width, depth=self.depth, init=[])
+        if self.block_ram:
+            storage.attrs[RAM_STYLE[0]] = RAM_STYLE[1]
+        m.submodules.storage = storage
+        w_port = storage.write_port(domain=w)
+        r_port = storage.read_port(domain=r)
+        m.d.comb += [w_port.addr.eq(produce_bin[:-1]), w_port.data.eq(self.w_data), w_port.en.eq(do_write),
+                     r_port.addr.eq(fetch_bin[:-1]), r_port.en.eq(1)]
+
+        r_rst = Signal()
+        m.submodules.rst_cdc = AsyncFFSynchronizer(ResetSignal(w, allow_reset_less=True), r_rst, o_domain=r)
+        # the buffer: `held[0]` the head (r_data), `held[1]` behind it; `arriving`: an entry was
+        # fetched in the last cycle, its data are the storage's read data now
+        held = [Signal(self.width, name=f"held{k}", reset_less=True) for k in range(2)]
+        full = [Signal(name=f"held{k}_valid") for k in range(2)]
+        arriving = Signal()
+        take = Signal()
+        fetch = Signal()
+        count = Signal(2)
+        m.d.comb += [
+            self.r_rdy.eq(full[0] & ~r_rst),
+            self.r_data.eq(held[0]),
+            take.eq(self.r_en & self.r_rdy),
+            count.eq(full[0] + full[1] + arriving),
+            # written and not fetched; room when the data come (at most two in the buffer then)
+            fetch.eq((fetch_gray != produce_r_gray) & ~r_rst & ((count <= 1) | ((count == 2) & take))),
+        ]
+        data = r_port.data
+        m.d.comb += fetch_next.eq(fetch_bin + fetch)
+        with m.If(r_rst):
+            m.d[r] += [fetch_gray.eq(produce_r_gray), fetch_bin.eq(_binary(produce_r_gray)),
+                       full[0].eq(0), full[1].eq(0), arriving.eq(0), self.r_rst.eq(1)]
+        with m.Else():
+            m.d[r] += [fetch_bin.eq(fetch_next), fetch_gray.eq(_gray(fetch_next)), arriving.eq(fetch),
+                       self.r_rst.eq(0)]
+            # the head moves up on a take; an arriving entry goes to the first free place
+            with m.If(take):
+                m.d[r] += [held[0].eq(Mux(full[1], held[1], data)), full[0].eq(full[1] | arriving),
+                           full[1].eq(full[1] & arriving)]
+                with m.If(full[1] & arriving):
+                    m.d[r] += held[1].eq(data)
+            with m.Elif(arriving):
+                with m.If(~full[0]):
+                    m.d[r] += [held[0].eq(data), full[0].eq(1)]
+                with m.Else():
+                    m.d[r] += [held[1].eq(data), full[1].eq(1)]
         return m
 
 

@@ -24,9 +24,11 @@ from tests.hw.ecp5_stand import Ecp5Stand
 PERIODS = [(10, 7), (7, 10), (10, 23), (23, 10), (10, 10)]
 
 
-def _simulate(dut, periods, *testbenches):
+def _simulate(dut, periods, *testbenches, sync=None):
+    """Simulate ``dut`` with the domains ``sync`` (``sync``: a ClockDomain of the caller's, whose
+    reset the testbenches may drive) and ``fast`` of ``periods`` ns."""
     m = Module()
-    m.domains.sync = ClockDomain()
+    m.domains.sync = sync or ClockDomain()
     m.domains.fast = ClockDomain()
     m.submodules.dut = dut
     sim = Simulator(m)
@@ -90,10 +92,23 @@ def test_stream_crossing_two_read_registers_in_order_under_random_traffic(period
     _random_traffic(periods, registers, 16, 1)
 
 
-def _random_traffic(periods, registers, width, pieces):
+#: (read_register, write_register) with a fetch-ahead FIFO
+FETCH_AHEAD_REGISTERS = [(False, False), (True, "half"), (2, False)]
+
+
+@pytest.mark.parametrize("registers,width,pieces", [(registers, width, pieces)
+                                                     for registers in FETCH_AHEAD_REGISTERS
+                                                     for width, pieces in ((16, 1), (13, 4))
+                                                     if registers[0] != 2 or pieces == 1])
+@pytest.mark.parametrize("periods", PERIODS)
+def test_stream_crossing_fetch_ahead_in_order_under_random_traffic(periods, registers, width, pieces):
+    _random_traffic(periods, registers, width, pieces, fetch_ahead=True)
+
+
+def _random_traffic(periods, registers, width, pieces, *, fetch_ahead=False):
     rng = random.Random(sum(periods))
-    dut = StreamCrossing(width, depth=4, w_domain="sync", r_domain="fast",
-                         read_register=registers[0], write_register=registers[1], pieces=pieces)
+    dut = StreamCrossing(width, depth=4, w_domain="sync", r_domain="fast", read_register=registers[0],
+                         write_register=registers[1], pieces=pieces, fetch_ahead=fetch_ahead)
     top = (1 << width) - 1
     items = [0, top] + [rng.randrange(1 << width) for _ in range(300)] + [top, 0]
     received, checks = [], []
@@ -136,9 +151,9 @@ def _random_traffic(periods, registers, width, pieces):
     assert done
     assert received == items
     # drained never ran ahead of sent (the difference would wrap to a large number) and the
-    # FIFO's depth (and each register's two entries) bound what is in flight besides the
-    # synchronizers' lag
-    assert max(checks) <= 4 + 2 + _read_held(registers[0], pieces) + _held(registers[1])
+    # FIFO's depth (and each register's two entries, and a fetch-ahead FIFO's two pieces) bound
+    # what is in flight besides the synchronizers' lag
+    assert max(checks) <= 4 + 2 + _read_held(registers[0], pieces) + _held(registers[1]) + 2 * fetch_ahead
 
 
 @pytest.mark.parametrize("width, pieces, copies", [(530, 4, 9), (13, 2, 1), (200, 8, 4)])
@@ -154,18 +169,19 @@ def test_stream_crossing_in_pieces_shifts_under_register_copies(width, pieces, c
     assert "TRELLIS_FF " not in to_verilog(plain, "crossing", platform=Ecp5Stand())
 
 
-@pytest.mark.parametrize("registers,pieces", [(registers, pieces) for registers in REGISTERS[1:]
-                                               for pieces in (1, 4)]
-                         + [(registers, 1) for registers in TWO_READ_REGISTERS])
-def test_stream_crossing_registers_buffer_and_drained_counts_the_consumer(registers, pieces):
+@pytest.mark.parametrize("registers,pieces,fetch_ahead",
+                         [(registers, pieces, False) for registers in REGISTERS[1:] for pieces in (1, 4)]
+                         + [(registers, 1, False) for registers in TWO_READ_REGISTERS]
+                         + [((2, False), 1, True), ((True, "half"), 4, True), ((False, False), 1, True)])
+def test_stream_crossing_registers_buffer_and_drained_counts_the_consumer(registers, pieces, fetch_ahead):
     """Each register holds two items more while the consumer waits (a half-rate one one item,
-    as the read register is when items cross in pieces), and ``drained`` counts
-    only what the consumer took, not what waits in the read register. (That the registers cut
-    the paths to the FIFO's pointers and memory is :class:`StreamRegister`'s property,
-    tests/hw/test_interconnect.py.)"""
+    as the read register is when items cross in pieces), a fetch-ahead FIFO two more pieces
+    (whole items only when pieces are items), and ``drained`` counts only what the consumer
+    took, not what waits in the read register. (That the registers cut the paths to the FIFO's
+    pointers and memory is :class:`StreamRegister`'s property, tests/hw/test_interconnect.py.)"""
     read_register, write_register = registers
-    dut = StreamCrossing(8, depth=4, w_domain="sync", r_domain="fast",
-                         read_register=read_register, write_register=write_register, pieces=pieces)
+    dut = StreamCrossing(8, depth=4, w_domain="sync", r_domain="fast", read_register=read_register,
+                         write_register=write_register, pieces=pieces, fetch_ahead=fetch_ahead)
     result = {}
 
     async def bench(ctx):
@@ -197,7 +213,8 @@ def test_stream_crossing_registers_buffer_and_drained_counts_the_consumer(regist
         result["drained_after"] = ctx.get(dut.drained)
 
     _simulate(dut, PERIODS[0], (bench, False))
-    assert result["sent"] == 4 + _read_held(read_register, pieces) + _held(write_register)
+    assert result["sent"] == 4 + _read_held(read_register, pieces) + _held(write_register) + \
+        (2 // pieces if fetch_ahead else 0)
     assert result["drained_before"] == 0
     assert result["taken"] == [1]
     assert result["drained_after"] == 1
@@ -218,6 +235,9 @@ def test_stream_crossing_depth_rule():
         StreamCrossing(8, depth=4, r_domain="fast", read_register=2, pieces=2)
     with pytest.raises(ValueError, match=r"^write_register must be False, True or 'half', not 'spare'$"):
         StreamCrossing(8, depth=4, r_domain="fast", write_register="spare")
+    for wrong in (1, "yes"):
+        with pytest.raises(ValueError, match=rf"^fetch_ahead must be True or False, not {wrong!r}$"):
+            StreamCrossing(8, depth=4, r_domain="fast", fetch_ahead=wrong)
     for pieces in (0, 3, 16, True):
         with pytest.raises(ValueError, match=rf"^pieces must be a power of two between 1 and the item's "
                                              rf"width \(8 bits\), not {pieces!r}$"):

@@ -12,6 +12,7 @@ import os
 import random
 
 import pytest
+from amaranth import ClockDomain
 from amaranth.back import rtlil
 from amaranth.lib import fifo
 from systolic.hw.config import AcceleratorConfig
@@ -20,6 +21,7 @@ from systolic.hw.fifo import (
     RAM_STYLE,
     BlockRamAsyncFIFO,
     BlockRamFIFO,
+    FetchAheadAsyncFIFO,
     buffered_fifo,
     fifo_storage_bits,
     wants_block_ram,
@@ -27,6 +29,7 @@ from systolic.hw.fifo import (
 from systolic.hw.rtlil import UNDEFINED_COLLISION, undefined_read_collisions
 from systolic.sim.tools import yosys_synth
 
+from .test_cdc import _simulate
 from .test_scratchpad import collect, drive, simulate
 
 _STYLE = f'attribute \\{RAM_STYLE[0]} "{RAM_STYLE[1]}"'
@@ -177,3 +180,134 @@ def test_block_ram_async_fifo_is_block_ram_on_ecp5() -> None:
     plain = yosys_synth(_async_rtlil(make(fifo.AsyncFIFO)), "top", "ecp5", rtlil=True)
     assert marked["cells"].get("DP16KD", 0) >= 1 and marked["lutrams"] == 0
     assert plain["cells"].get("DP16KD", 0) == 0 and plain["lutrams"] > 0
+
+
+@pytest.mark.parametrize("depth", [2, 4, 16])
+@pytest.mark.parametrize("periods", [(10, 7), (7, 10), (10, 23), (10, 10)])
+def test_fetch_ahead_async_fifo_moves_every_item_in_order(depth: int, periods: tuple[int, int]) -> None:
+    """Random writes and reads on unrelated clocks, extreme values included: every item comes
+    out once, in order; the writer never has more than depth + 2 items (storage and buffer) in
+    the FIFO that the reader has not taken (as far as it can know: the reader's takes are
+    counted on its side), and a reader that never stalls finds an item readable within a few
+    cycles of its write."""
+    dut = FetchAheadAsyncFIFO(width=16, depth=depth, w_domain="sync", r_domain="fast")
+    rng = random.Random(SEED * 100 + depth + periods[0])
+    items = [0, 0xFFFF, 0x8000] + [rng.randrange(1 << 16) for _ in range(200)] + [0xFFFF, 0]
+    received: list[int] = []
+    written = [0]
+
+    async def writer(ctx):
+        ctx.set(dut.w_data, items[0])
+        for item in items:
+            while rng.random() < 0.3:
+                ctx.set(dut.w_en, 0)
+                await ctx.tick("sync")
+            ctx.set(dut.w_en, 1)
+            ctx.set(dut.w_data, item)
+            for _ in range(1000):
+                _, _, ready = await ctx.tick("sync").sample(dut.w_rdy)
+                if ready:
+                    break
+            else:
+                raise AssertionError("the FIFO took no item for 1000 cycles")
+            written[0] += 1
+            assert written[0] - len(received) <= depth + 2 + 1
+        ctx.set(dut.w_en, 0)
+
+    async def reader(ctx):
+        while len(received) < len(items):
+            ctx.set(dut.r_en, int(rng.random() < 0.7))
+            _, _, ready, enable, data = await ctx.tick("fast").sample(dut.r_rdy, dut.r_en, dut.r_data)
+            if ready and enable:
+                received.append(data)
+
+    _simulate(dut, periods, (writer, True), (reader, False))
+    assert received == items
+
+
+def test_fetch_ahead_async_fifo_holds_depth_plus_two_and_a_write_reset_empties_it() -> None:
+    """With the reader stalled the writer puts in depth items into the storage and two into the
+    buffer, no more; the reader then sees them in order. A write-domain reset empties the FIFO
+    (buffer too) and raises r_rst for a read cycle or more; items written afterwards come out
+    alone."""
+    depth = 4
+    dut = FetchAheadAsyncFIFO(width=8, depth=depth, w_domain="sync", r_domain="fast")
+    write = ClockDomain("sync")
+    seen: dict[str, object] = {}
+
+    async def bench(ctx):
+        ctx.set(dut.w_en, 1)
+        taken = 0
+        for _ in range(40):
+            ctx.set(dut.w_data, taken + 1)
+            _, _, ready = await ctx.tick("sync").sample(dut.w_rdy)
+            taken += ready
+        ctx.set(dut.w_en, 0)
+        seen["held"] = taken
+        # the reader takes two; then the write side is reset with the others inside
+        ctx.set(dut.r_en, 1)
+        out = []
+        while len(out) < 2:
+            _, _, ready, data = await ctx.tick("fast").sample(dut.r_rdy, dut.r_data)
+            if ready:
+                out.append(data)
+        ctx.set(dut.r_en, 0)
+        seen["first"] = out
+        ctx.set(write.rst, 1)
+        await ctx.delay(25e-9)          # two and a half write cycles
+        ctx.set(write.rst, 0)
+        rst = False
+        for _ in range(10):
+            _, _, r_rst = await ctx.tick("fast").sample(dut.r_rst)
+            rst |= bool(r_rst)
+        seen["r_rst"] = rst
+        seen["after_reset"] = ctx.get(dut.r_rdy)
+        ctx.set(dut.w_en, 1)
+        ctx.set(dut.w_data, 77)
+        await ctx.tick("sync")
+        ctx.set(dut.w_en, 0)
+        ctx.set(dut.r_en, 1)
+        late = []
+        for _ in range(30):
+            _, _, ready, data = await ctx.tick("fast").sample(dut.r_rdy, dut.r_data)
+            if ready:
+                late.append(data)
+        seen["late"] = late
+
+    _simulate(dut, (10, 7), (bench, False), sync=write)
+    assert seen["held"] == depth + 2
+    assert seen["first"] == [1, 2]
+    assert seen["r_rst"] and not seen["after_reset"]
+    assert seen["late"] == [77]
+
+
+def test_fetch_ahead_async_fifo_reads_its_storage_at_a_register() -> None:
+    """The storage's read address is the fetch pointer's flip-flop (no adder or handshake
+    before it), where AsyncFIFO's is an adder's output (its pointer plus this cycle's read);
+    block_ram marks the storage."""
+    def address_driver(text: str) -> str:
+        """The type of the cell whose output is the read port's address wire."""
+        memrd = text[text.index("cell $memrd_v2"):]
+        wire = next(line.split()[2] for line in memrd.splitlines()
+                    if line.strip().startswith("connect \\ADDR"))
+        cells = text.split("  cell ")[1:]
+        return next(cell.split()[0] for cell in cells
+                    if any(line.split()[:3] in (["connect", "\\Q", wire], ["connect", "\\Y", wire])
+                           for line in cell.splitlines()))
+
+    def convert(dut) -> str:
+        return rtlil.convert(dut, ports=[dut.w_data, dut.w_en, dut.w_rdy, dut.r_data, dut.r_en, dut.r_rdy],
+                             name="top")
+
+    ahead = convert(FetchAheadAsyncFIFO(width=8, depth=8, w_domain="write", r_domain="read",
+                                        block_ram=True))
+    assert address_driver(ahead) == "$dff"
+    assert address_driver(convert(fifo.AsyncFIFO(width=8, depth=8, w_domain="write", r_domain="read"))) == \
+        "$add"
+    (attributes, _), = _memories(ahead)
+    assert _STYLE in attributes
+    (attributes, _), = _memories(convert(FetchAheadAsyncFIFO(width=8, depth=8, w_domain="write",
+                                                             r_domain="read")))
+    assert _STYLE not in attributes
+    with pytest.raises(ValueError, match=r"^depth must be a power of two of at least 2, not 6$"):
+        FetchAheadAsyncFIFO(width=8, depth=6)

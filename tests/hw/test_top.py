@@ -616,3 +616,14 @@ def test_the_crossings_fifos_follow_fifo_block_ram_bits() -> None:
     crossings = sorted(name.split(".")[-2] for name in marked if ".crossings." in name)
     expected = ["acc_read_req", "acc_read_resp", "acc_write", "cmd", "spad_write"]
     assert crossings == expected
+    # those into the core read their block RAM at a register (FetchAheadAsyncFIFO), the one out
+    # of it (read by the slower logic outside) does not
+    fetching, module = [], None
+    for line in text.splitlines():
+        words = line.split()
+        if words[:1] == ["module"]:
+            module = words[1]
+        elif words[:1] == ["wire"] and words[-1] == "\\fetch_bin" and ".crossings." in module:
+            fetching.append(module.split(".")[-2])
+    ahead = sorted(fetching)
+    assert ahead == ["acc_read_req", "acc_write", "cmd", "spad_write"]
