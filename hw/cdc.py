@@ -201,6 +201,10 @@ class StreamCrossing(wiring.Component):
             # cycle's read counts, as `taken`'s below)
             m.d[self.r_domain] += r_piece.eq(Mux(fifo.r_rst, 0, r_piece) + read)
 
+        # the consumer's take, a cycle late (a register)
+        took = Signal()
+        took_in_reset = Signal()
+        m.d[self.r_domain] += took.eq(self.o.valid & self.o.ready)
         if self.read_register and pieces > 1:
             # Every piece, the last one too, shifts into `item`, and `shown`, the output register,
             # copies `item` in every cycle with no enable: nothing but the data crosses to where
@@ -215,7 +219,11 @@ class StreamCrossing(wiring.Component):
             # compute clock's critical path, docs/boards.md). `full`: an item's last piece has
             # been read and the item not yet taken, so the FIFO is not read; `complete`: `item`
             # holds that item; `o.valid` (a register) rises a cycle after `complete`, once
-            # `shown` has the item, and all three fall as the consumer takes it. The read side's
+            # `shown` has the item; `complete` and `o.valid` fall as the consumer takes it,
+            # `full` a cycle later, from a register of the take (`took`): the FIFO's read enable
+            # is made from registers that can sit by the FIFO, not from the consumer's `ready`
+            # far away (on the 16x16 SoC at b0247ed the accumulator-row crossing's take, 47
+            # columns from its FIFO, into the fetch-ahead buffer: 12.8 ns). The read side's
             # reset (which follows the write side's) clears them and the last piece's flags on
             # their way, and there is no read in its last cycle (r_rst, a register, is then
             # still high).
@@ -244,7 +252,9 @@ class StreamCrossing(wiring.Component):
             with m.If(last_dd):
                 m.d[self.r_domain] += complete.eq(1)
             with m.If(take | fifo.r_rst):
-                m.d[self.r_domain] += [full.eq(0), complete.eq(0)]
+                m.d[self.r_domain] += complete.eq(0)
+            with m.If(took | fifo.r_rst):
+                m.d[self.r_domain] += full.eq(0)
         else:
             r_side = self.o
             if self.read_register:
@@ -282,9 +292,7 @@ class StreamCrossing(wiring.Component):
         # consumer's `ready` reaches only a register here, not the count's adder and Gray code
         # (on the 16x16 SoC at badc2c0 that path, from the scratchpad's write port, was among
         # the compute clock's slowest, docs/boards.md).
-        took = Signal()
-        took_in_reset = Signal()
-        m.d[self.r_domain] += [took.eq(self.o.valid & self.o.ready), took_in_reset.eq(fifo.r_rst)]
+        m.d[self.r_domain] += took_in_reset.eq(fifo.r_rst)
         taken = Signal(COUNT_BITS)
         taken_gray = Signal(COUNT_BITS)
         taken_next = Mux(took_in_reset, 0, taken) + took
