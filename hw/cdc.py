@@ -36,7 +36,7 @@ from amaranth.lib.fifo import AsyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from .dsp import COPY_GROUP_BITS, group_enables
-from .fifo import BlockRamAsyncFIFO, FetchAheadAsyncFIFO
+from .fifo import BlockRamAsyncFIFO, FetchAheadAsyncFIFO, gray_binary, gray_code
 from .interconnect import HalfRateRegister, StreamRegister
 
 __all__ = ["StreamCrossing", "DrainedGate", "EventCrossing", "CountCrossing", "ResetCrossing", "COUNT_BITS",
@@ -48,20 +48,6 @@ COUNT_BITS = 8
 #: Bits of a crossing's item register (``pieces`` > 1, ``read_register``) under one copy of its
 #: shift enable: each copy, a register of its own, drives this many flip-flops.
 SHIFT_ENABLE_BITS = COPY_GROUP_BITS
-
-
-def _gray(value):
-    """The Gray code of ``value`` taken modulo ``2**COUNT_BITS``."""
-    value = value[:COUNT_BITS]
-    return value ^ (value >> 1)
-
-
-def _binary(gray: Signal) -> list:
-    """Bits of the binary value of the Gray code ``gray``, low bit first."""
-    bits = [gray[-1]]
-    for n in reversed(range(len(gray) - 1)):
-        bits.insert(0, bits[0] ^ gray[n])
-    return bits
 
 
 class StreamCrossing(wiring.Component):
@@ -296,10 +282,10 @@ class StreamCrossing(wiring.Component):
         taken = Signal(COUNT_BITS)
         taken_gray = Signal(COUNT_BITS)
         taken_next = Mux(took_in_reset, 0, taken) + took
-        m.d[self.r_domain] += [taken.eq(taken_next), taken_gray.eq(_gray(taken_next))]
+        m.d[self.r_domain] += [taken.eq(taken_next), taken_gray.eq(gray_code(taken_next[:COUNT_BITS]))]
         synced = Signal(COUNT_BITS)
         m.submodules.drained_cdc = FFSynchronizer(taken_gray, synced, o_domain=self.w_domain)
-        m.d[self.w_domain] += self.drained.eq(Cat(*_binary(synced)))
+        m.d[self.w_domain] += self.drained.eq(gray_binary(synced))
         return m
 
 
@@ -365,12 +351,12 @@ class EventCrossing(wiring.Component):
         count = Signal(COUNT_BITS)
         count_gray = Signal(COUNT_BITS)
         with m.If(self.i):
-            m.d[self.i_domain] += [count.eq(count + 1), count_gray.eq(_gray(count + 1))]
+            m.d[self.i_domain] += [count.eq(count + 1), count_gray.eq(gray_code((count + 1)[:COUNT_BITS]))]
         synced = Signal(COUNT_BITS)
         m.submodules.count_cdc = FFSynchronizer(count_gray, synced, o_domain=self.o_domain)
         arrived = Signal(COUNT_BITS)
         given = Signal(COUNT_BITS)
-        m.d[self.o_domain] += arrived.eq(Cat(*_binary(synced)))
+        m.d[self.o_domain] += arrived.eq(gray_binary(synced))
         m.d.comb += [self.pending.eq(arrived != given), self.o.eq(self.pending)]
         with m.If(self.o):
             m.d[self.o_domain] += given.eq(given + 1)

@@ -36,7 +36,7 @@ from .config import AcceleratorConfig
 from .rtlil import UNDEFINED_COLLISION
 
 __all__ = ["RAM_STYLE", "BlockRamFIFO", "BlockRamAsyncFIFO", "FetchAheadAsyncFIFO", "buffered_fifo",
-           "fifo_storage_bits", "wants_block_ram"]
+           "fifo_storage_bits", "gray_binary", "gray_code", "wants_block_ram"]
 
 #: yosys' memory attribute (name, value) that restricts a memory to block RAM. (``ram_block``
 #: does not: yosys 0.70 still maps a 32-entry memory carrying it to distributed RAM.)
@@ -71,11 +71,14 @@ class BlockRamAsyncFIFO(fifo.AsyncFIFO):
         return m
 
 
-def _gray(value):
-    return value ^ value[1:]
+def gray_code(value):
+    """The Gray code of ``value`` (as wide as ``value``: truncate first to count modulo a power of
+    two)."""
+    return value ^ (value >> 1)
 
 
-def _binary(gray: Signal):
+def gray_binary(gray: Signal):
+    """The binary value of the Gray code ``gray``, as wide."""
     bits = [gray[-1]]
     for k in reversed(range(len(gray) - 1)):
         bits.insert(0, gray[k] ^ bits[0])
@@ -126,7 +129,7 @@ class FetchAheadAsyncFIFO(Elaboratable):
         produce_next = Signal(bits)
         produce_gray = Signal(bits)
         m.d.comb += produce_next.eq(produce_bin + do_write)
-        m.d[w] += [produce_bin.eq(produce_next), produce_gray.eq(_gray(produce_next))]
+        m.d[w] += [produce_bin.eq(produce_next), produce_gray.eq(gray_code(produce_next))]
         produce_r_gray = Signal(bits)
         m.submodules.produce_cdc = FFSynchronizer(produce_gray, produce_r_gray, o_domain=r)
 
@@ -170,10 +173,10 @@ class FetchAheadAsyncFIFO(Elaboratable):
         data = r_port.data
         m.d.comb += fetch_next.eq(fetch_bin + fetch)
         with m.If(r_rst):
-            m.d[r] += [fetch_gray.eq(produce_r_gray), fetch_bin.eq(_binary(produce_r_gray)),
+            m.d[r] += [fetch_gray.eq(produce_r_gray), fetch_bin.eq(gray_binary(produce_r_gray)),
                        full[0].eq(0), full[1].eq(0), arriving.eq(0), self.r_rst.eq(1)]
         with m.Else():
-            m.d[r] += [fetch_bin.eq(fetch_next), fetch_gray.eq(_gray(fetch_next)), arriving.eq(fetch),
+            m.d[r] += [fetch_bin.eq(fetch_next), fetch_gray.eq(gray_code(fetch_next)), arriving.eq(fetch),
                        self.r_rst.eq(0)]
             # the head moves up on a take; an arriving entry goes to the first free place
             with m.If(take):
