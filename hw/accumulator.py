@@ -248,7 +248,10 @@ class Accumulator(wiring.Component):
         for k in range(ACC_BANKS):
             # A read in the cycle its row is written is never used (forwarding, the DMA's wait,
             # the token rules): undefined on an FPGA (hw/bankram.py); simulation reads the old row
-            bank = BankRAM(row_layout, _acc_bank_rows(cfg), registered=registered)
+            # (with the requests registered, the addresses' registers are the bank's own: a copy
+            # by each block RAM of the row, hw/bankram.py)
+            bank = BankRAM(row_layout, _acc_bank_rows(cfg), registered=registered,
+                           address_registers=registered)
             m.submodules[f"bank{k}"] = bank
             banks.append(bank)
         bank_data = bank_data_registers(m, banks, registered)
@@ -281,10 +284,8 @@ class Accumulator(wiring.Component):
         m.d.comb += self.read.req.ready.eq(grant_read)
         for k, bank in enumerate(banks):
             beat_here = beat_reads & (beat_bank == k)
-            to_bank += [
-                bank.read_en.eq(beat_here | (grant_read & (req_bank == k))),
-                bank.read_addr.eq(Mux(beat_here, beat.addr[:index_bits], req.addr[:index_bits])),
-            ]
+            to_bank += bank.read_en.eq(beat_here | (grant_read & (req_bank == k)))
+            m.d.comb += bank.read_addr.eq(Mux(beat_here, beat.addr[:index_bits], req.addr[:index_bits]))
         select_bank_row(m, bank_data, req_bank, resp_row, latency)
 
         # -- stages 1 to ADD_STAGE: the beat's (valid, addr, data, accumulate), one register set per
@@ -418,7 +419,7 @@ class Accumulator(wiring.Component):
             m.d.comb += bank.write_en.eq(enable)
             to_bank += [
                 enable.eq(Mux(back_here, (1 << cols) - 1, Mux(grant_dma & (dma_bank == k), dma.mask, 0))),
-                bank.write_addr.eq(Mux(back_here, back_addr[:index_bits], dma.addr[:index_bits])),
                 *(bank.write_data[c].eq(Mux(takes_back[c], back_row[c], dma.data[c])) for c in range(cols)),
             ]
+            m.d.comb += bank.write_addr.eq(Mux(back_here, back_addr[:index_bits], dma.addr[:index_bits]))
         return m

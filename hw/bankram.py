@@ -46,7 +46,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-from .dsp import is_ecp5
+from .dsp import fabric_copy, is_ecp5
 from .rtlil import UNDEFINED_COLLISION
 
 __all__ = ["BankRAM", "DP16KD_ROWS", "DP16KD_MAX_ROWS", "DP16KD_WIDE_ROWS", "DP16KD_WIDE_MIN_ROWS",
@@ -222,16 +222,31 @@ class BankRAM(wiring.Component):
     ``registered`` (default): ``read_data`` is registered (the block RAM's output register on
     ECP5), two cycles after the read was presented; else it is the generic memory's read data
     itself, one cycle after (``memory_registers = false``, for small, slow FPGAs; on ECP5 yosys
-    then maps the memory to block RAM by itself)."""
+    then maps the memory to block RAM by itself).
+
+    ``address_registers`` (with ``registered``): ``read_addr`` and ``write_addr`` pass a register
+    inside the bank, so the user presents them a cycle before the other inputs (which it still
+    drives from registers of its own), and a read's data come three cycles after its address.
+    On ECP5 in the 512 x 36 mode each DP16KD has a copy of them (``TRELLIS_FF``, which yosys does
+    not merge: :func:`~systolic.hw.dsp.fabric_copy`), so that no net reaches every block RAM of a
+    wide row, which the placer spreads across the die (on the 16x16 ULX3S SoC at 854da92 the
+    accumulator's read address register into 16 DP16KD, one net of 12.2 ns); elsewhere one
+    register of each."""
 
     def __init__(self, shape: ShapeLike, depth: int, *, transparent: bool = False,
-                 registered: bool = True) -> None:
+                 registered: bool = True, address_registers: bool = False) -> None:
         if not isinstance(depth, int) or depth < 1 or depth & (depth - 1):
             raise ValueError(f"depth must be a positive power of two, not {depth!r}")
+        if not isinstance(address_registers, bool):
+            raise ValueError(f"address_registers must be True or False, not {address_registers!r}")
+        if address_registers and not registered:
+            raise ValueError("address_registers needs registered=True (a bank with its read data "
+                             "registered), not registered=False")
         self._shape = shape
         self._depth = depth
         self._transparent = transparent
         self._registered = registered
+        self._address_registers = address_registers
         self._elems = shape.length if isinstance(shape, data.ArrayLayout) else 1
         addr_bits = max(1, exact_log2(depth))
         super().__init__({
@@ -250,16 +265,17 @@ class BankRAM(wiring.Component):
     def elaborate(self, platform: Any) -> Module:
         if self._registered and uses_dp16kd(platform, self._shape, self._depth):
             if self._depth <= DP16KD_WIDE_ROWS:
-                return self._elaborate_dp16kd_wide()
+                return self._elaborate_dp16kd_wide(platform)
             return self._elaborate_dp16kd()
         m = Module()
+        write_addr, read_addr = self._addresses(m)
         m.submodules.memory = memory = Memory(shape=self._shape, depth=self._depth, init=[],
                                               attrs={UNDEFINED_COLLISION: 1})
         write = memory.write_port(granularity=1 if self._elems > 1 else None)
         read = memory.read_port(transparent_for=(write,) if self._transparent else ())
         m.d.comb += [
-            write.addr.eq(self.write_addr), write.data.eq(self.write_data), write.en.eq(self.write_en),
-            read.addr.eq(self.read_addr), read.en.eq(self.read_en),
+            write.addr.eq(write_addr), write.data.eq(self.write_data), write.en.eq(self.write_en),
+            read.addr.eq(read_addr), read.en.eq(self.read_en),
         ]
         if self._registered:
             m.d.sync += self.read_data.eq(read.data)
@@ -267,22 +283,42 @@ class BankRAM(wiring.Component):
             m.d.comb += self.read_data.eq(read.data)
         return m
 
+    def _addresses(self, m: Module) -> tuple[Value, Value]:
+        """The write and the read address the memory sees: the ports, or with
+        ``address_registers`` one register of each."""
+        if not self._address_registers:
+            return self.write_addr, self.read_addr
+        write_addr, read_addr = Signal.like(self.write_addr), Signal.like(self.read_addr)
+        m.d.sync += [write_addr.eq(self.write_addr), read_addr.eq(self.read_addr)]
+        return write_addr, read_addr
+
     def _byte_enables(self, nbytes: int, padded: int) -> Value:
         """One write enable per byte of the row (the enable of its element), zero up to ``padded``."""
         row_bits = Shape.cast(self._shape).width
         elem_bits = row_bits // self._elems
         return Cat(*(self.write_en[8 * b // elem_bits] for b in range(nbytes)), Const(0, padded - nbytes))
 
-    def _elaborate_dp16kd_wide(self) -> Module:
+    def _elaborate_dp16kd_wide(self, platform: Any) -> Module:
         m = Module()
         row_bits = Shape.cast(self._shape).width
         nbytes = row_bits // 8
         tiles = (nbytes + 3) // 4                # DP16KD side by side: four bytes each
         write_data = Cat(Value.cast(self.write_data), Const(0, 32 * tiles - row_bits))
         byte_en = self._byte_enables(nbytes, 4 * tiles)
-        pieces = [dp16kd_wide(m, f"tile{t}", write_addr=self.write_addr, read_addr=self.read_addr,
-                              byte_enables=byte_en[4 * t:4 * t + 4], data=write_data[32 * t:32 * t + 32])
-                  for t in range(tiles)]
+
+        def addresses(t: int) -> tuple[Value, Value]:
+            if not self._address_registers:
+                return self.write_addr, self.read_addr
+            always = Const(1, 1)
+            return (fabric_copy(m, f"tile{t}_write_addr", self.write_addr, enable=always, platform=platform),
+                    fabric_copy(m, f"tile{t}_read_addr", self.read_addr, enable=always, platform=platform))
+
+        pieces = []
+        for t in range(tiles):
+            write_addr, read_addr = addresses(t)
+            pieces.append(dp16kd_wide(m, f"tile{t}", write_addr=write_addr, read_addr=read_addr,
+                                      byte_enables=byte_en[4 * t:4 * t + 4],
+                                      data=write_data[32 * t:32 * t + 32]))
         m.d.comb += self.read_data.eq(Cat(*pieces)[:row_bits])
         return m
 
@@ -294,9 +330,10 @@ class BankRAM(wiring.Component):
         deep = self._depth // DP16KD_ROWS
         write_data = Cat(Value.cast(self.write_data), Const(0, 16 * wide - row_bits))
         byte_en = self._byte_enables(nbytes, 2 * wide)
-        word_w, word_r = self.write_addr[:10], self.read_addr[:10]
-        select_w = self.write_addr[10:13] if deep > 1 else 0
-        select_r = self.read_addr[10:13] if deep > 1 else 0
+        write_addr, read_addr = self._addresses(m)
+        word_w, word_r = write_addr[:10], read_addr[:10]
+        select_w = write_addr[10:13] if deep > 1 else 0
+        select_r = read_addr[10:13] if deep > 1 else 0
         outputs = []
         for d in range(deep):
             pieces = []

@@ -83,7 +83,8 @@ class StreamCrossing(wiring.Component):
     sit by the FIFO's block RAM (its clock-to-output and the multiplexer into the register in one
     cycle) and the second by the consumer (the route between them in a cycle of its own); a cycle
     more of latency and two items more of buffering; ``drained`` still counts what the consumer
-    took from the last one.
+    took from the last one. ``read_register=3``: three in series, for a consumer far from the
+    FIFO (each route between two of them in a cycle of its own), a cycle more again.
     With ``pieces`` > 1 every piece shifts into a register, two cycles after its read and under
     copies of a register of the read (one per :data:`SHIFT_ENABLE_BITS` bits), and ``o.payload``
     is a copy of that register a cycle later with no enable (no multiplexer per bit, and no load
@@ -103,7 +104,7 @@ class StreamCrossing(wiring.Component):
     """
 
     def __init__(self, shape, *, depth: int, w_domain: str = "sync", r_domain: str,
-                 block_ram: bool = False, read_register: bool = False,
+                 block_ram: bool = False, read_register: bool | int = False,
                  write_register: bool | str = False, pieces: int = 1, fetch_ahead: bool = False):
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 2 or depth & (depth - 1):
             raise ValueError(f"depth must be a power of two of at least 2, not {depth!r}")
@@ -115,11 +116,12 @@ class StreamCrossing(wiring.Component):
         if depth >= 2 ** (COUNT_BITS - 1):
             raise ValueError(f"depth must be below 2**(COUNT_BITS - 1) = {2 ** (COUNT_BITS - 1)}, "
                              f"not {depth}")
-        if not (isinstance(read_register, bool) or (isinstance(read_register, int) and read_register == 2)):
-            raise ValueError(f"read_register must be False, True or 2, not {read_register!r}")
-        if read_register == 2 and pieces > 1:
-            raise ValueError(f"read_register=2 needs whole items (pieces=1; items in pieces have their own "
-                             f"read registers), not pieces={pieces}")
+        if not (isinstance(read_register, bool)
+                or (isinstance(read_register, int) and 2 <= read_register <= 3)):
+            raise ValueError(f"read_register must be False, True, 2 or 3, not {read_register!r}")
+        if read_register > 1 and pieces > 1:
+            raise ValueError(f"read_register={read_register} needs whole items (pieces=1; items in "
+                             f"pieces have their own read registers), not pieces={pieces}")
         if not (isinstance(write_register, bool) or write_register == "half"):
             raise ValueError(f"write_register must be False, True or 'half', not {write_register!r}")
         if not isinstance(fetch_ahead, bool):

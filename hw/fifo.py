@@ -27,12 +27,13 @@ threshold moves small FIFOs whose timing in block RAM has not been measured (``y
 
 from __future__ import annotations
 
-from amaranth import Cat, Elaboratable, Module, Mux, ResetSignal, Signal
+from amaranth import Cat, DomainRenamer, Elaboratable, Module, Mux, ResetSignal, Signal
 from amaranth.lib import fifo
 from amaranth.lib.cdc import AsyncFFSynchronizer, FFSynchronizer
 from amaranth.lib.memory import Memory
 
 from .config import AcceleratorConfig
+from .dsp import group_enables
 from .rtlil import UNDEFINED_COLLISION
 
 __all__ = ["RAM_STYLE", "BlockRamFIFO", "BlockRamAsyncFIFO", "FetchAheadAsyncFIFO", "buffered_fifo",
@@ -103,8 +104,13 @@ class FetchAheadAsyncFIFO(Elaboratable):
     fetched entry is free for the write side (the pointer sent back is the fetch pointer), so the
     FIFO holds ``depth`` entries in its storage and two more in the buffer. An entry written
     into an empty FIFO is readable (``r_rdy``) two read-domain cycles after ``AsyncFIFO`` would
-    show it (the fetch and the buffer). A write-domain reset empties the FIFO, the buffer too,
-    and raises ``r_rst`` as ``AsyncFIFO`` does. ``block_ram``: the storage carries
+    show it (the fetch and the buffer). The buffer is a ring of two entries: an entry loads only
+    with a fetched entry's data, under registers made a cycle ahead from the fetch, and the head
+    (``r_data``) is picked by the read pointer, both in copies (on ECP5 ``TRELLIS_FF``, one per
+    :data:`~systolic.hw.dsp.COPY_GROUP_BITS` bits of an entry; elsewhere yosys may merge them):
+    the consumer's take reaches neither the entries' enables nor one net to all their bits (so
+    ``r_data`` is a multiplexer of two registers). A write-domain reset empties the FIFO, the
+    buffer too, and raises ``r_rst`` as ``AsyncFIFO`` does. ``block_ram``: the storage carries
     :data:`RAM_STYLE` (as :class:`BlockRamAsyncFIFO`'s). ``depth`` is a power of two, at least 2.
     Ports: ``w_data``, ``w_en``, ``w_rdy``; ``r_data``, ``r_en``, ``r_rdy``, ``r_rst`` (no levels).
     """
@@ -154,41 +160,50 @@ class FetchAheadAsyncFIFO(Elaboratable):
 
         r_rst = Signal()
         m.submodules.rst_cdc = AsyncFFSynchronizer(ResetSignal(w, allow_reset_less=True), r_rst, o_domain=r)
-        # the buffer: `held[0]` the head (r_data), `held[1]` behind it; `arriving`: an entry was
-        # fetched in the last cycle, its data are the storage's read data now
+        # the buffer: two entries in a ring, `held[read]` the head (r_data); `arriving`: an entry
+        # was fetched in the last cycle, its data are the storage's read data now, and enter
+        # `held[write]`. An entry loads only with an arriving entry, so its load enables are
+        # registers made a cycle ahead from the fetch (copies, one per COPY_GROUP_BITS bits:
+        # no logic of the consumer's take reaches them, nor one net all of their bits; on the
+        # 16x16 ULX3S SoC at 854da92 the take into a shifting buffer's enables, one net to 134
+        # flip-flops, took 7.7 ns), and the head is chosen by copies of the read pointer.
         held = [Signal(self.width, name=f"held{k}", reset_less=True) for k in range(2)]
-        full = [Signal(name=f"held{k}_valid") for k in range(2)]
+        stored = Signal(range(3))        # entries in the buffer
         arriving = Signal()
+        write = Signal()                 # the entry the next arriving one enters
         take = Signal()
         fetch = Signal()
         count = Signal(2)
         m.d.comb += [
-            self.r_rdy.eq(full[0] & ~r_rst),
-            self.r_data.eq(held[0]),
+            self.r_rdy.eq((stored != 0) & ~r_rst),
             take.eq(self.r_en & self.r_rdy),
-            count.eq(full[0] + full[1] + arriving),
+            count.eq(stored + arriving),
             # written and not fetched; room when the data come (at most two in the buffer then)
             fetch.eq((fetch_gray != produce_r_gray) & ~r_rst & ((count <= 1) | ((count == 2) & take))),
         ]
-        data = r_port.data
+        write_next = Mux(r_rst, 0, write ^ arriving)
+        read_next = Signal()
         m.d.comb += fetch_next.eq(fetch_bin + fetch)
+        copies = Module()
+        loads = [group_enables(copies, f"load{k}_", fetch & (write_next == k), self.width, platform=platform)
+                 for k in range(2)]
+        reads = group_enables(copies, "read_", read_next, self.width, platform=platform)
+        m.submodules.copies = DomainRenamer({"sync": r})(copies)
+        read = reads[0][1]
+        m.d.comb += read_next.eq(Mux(r_rst, 0, read ^ take))
+        data = r_port.data
+        for k in range(2):
+            for bits, load in loads[k]:
+                with m.If(load):
+                    m.d[r] += held[k][bits].eq(data[bits])
+        for bits, select in reads:
+            m.d.comb += self.r_data[bits].eq(Mux(select, held[1][bits], held[0][bits]))
         with m.If(r_rst):
             m.d[r] += [fetch_gray.eq(produce_r_gray), fetch_bin.eq(gray_binary(produce_r_gray)),
-                       full[0].eq(0), full[1].eq(0), arriving.eq(0), self.r_rst.eq(1)]
+                       stored.eq(0), arriving.eq(0), write.eq(0), self.r_rst.eq(1)]
         with m.Else():
             m.d[r] += [fetch_bin.eq(fetch_next), fetch_gray.eq(gray_code(fetch_next)), arriving.eq(fetch),
-                       self.r_rst.eq(0)]
-            # the head moves up on a take; an arriving entry goes to the first free place
-            with m.If(take):
-                m.d[r] += [held[0].eq(Mux(full[1], held[1], data)), full[0].eq(full[1] | arriving),
-                           full[1].eq(full[1] & arriving)]
-                with m.If(full[1] & arriving):
-                    m.d[r] += held[1].eq(data)
-            with m.Elif(arriving):
-                with m.If(~full[0]):
-                    m.d[r] += [held[0].eq(data), full[0].eq(1)]
-                with m.Else():
-                    m.d[r] += [held[1].eq(data), full[1].eq(1)]
+                       stored.eq(stored + arriving - take), write.eq(write_next), self.r_rst.eq(0)]
         return m
 
 

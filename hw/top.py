@@ -490,7 +490,7 @@ class Accelerator(wiring.Component):
         m.submodules.crossings = x
 
         def crossing(name: str, shape, *, into_core: bool = True, half_rate: bool = False,
-                     pieces: int = 1) -> StreamCrossing:
+                     pieces: int = 1, read_registers: int = 2) -> StreamCrossing:
             w, r = (_CROSSING, _COMPUTE) if into_core else (_COMPUTE, _CROSSING)
             depth = _CROSSING_DEPTH[name]
             block_ram = wants_block_ram(cfg, Shape.cast(shape).width * depth)
@@ -508,7 +508,12 @@ class Accelerator(wiring.Component):
             # not made from the read side's handshake in the cycle (the route to the block RAM,
             # placed between the two clocks' logic, ended the compute clock's critical path at
             # 78f3c41, 11.8 ns)
-            read_register = (2 if pieces == 1 else True) if into_core else False
+            # The accumulator read requests pass three: the accumulator's grant (an array beat to
+            # the same bank holds a request up) reached the second's spare entry across 40
+            # columns, 11.7 to 12.3 ns, on two of the 16x16 SoC's routings (78f3c41 seed 1,
+            # 854da92 seed 2; docs/boards.md), for a compute cycle more of a request's latency
+            # (the requests keep their rate: a StreamRegister takes an item every cycle)
+            read_register = (read_registers if pieces == 1 else True) if into_core else False
             x.submodules[name] = block = StreamCrossing(
                 shape, depth=depth, w_domain=w, r_domain=r, block_ram=block_ram, read_register=read_register,
                 write_register=False if into_core else "half" if half_rate else True, pieces=pieces,
@@ -519,7 +524,7 @@ class Accelerator(wiring.Component):
         spad_write = crossing("spad_write", core.spad_write.payload.shape())
         # accumulator rows, whole or in `acc_crossing_pieces` pieces (narrower FIFOs)
         acc_write = crossing("acc_write", core.acc_write.payload.shape(), pieces=cfg.acc_crossing_pieces)
-        acc_read_req = crossing("acc_read_req", core.acc_read.req.payload.shape())
+        acc_read_req = crossing("acc_read_req", core.acc_read.req.payload.shape(), read_registers=3)
         # an accumulator read port that owes one response at a time gives a row at most every
         # read latency (2 or more) cycles
         acc_read_resp = crossing("acc_read_resp", core.acc_read.resp.payload.shape(), into_core=False,

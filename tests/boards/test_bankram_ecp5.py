@@ -10,8 +10,10 @@ elements that are not whole bytes) an amaranth Memory and a register.
   generic variant of the same bank under the same random traffic (a write and a read in most
   cycles, random, full and empty element masks, a few hot rows so that reads follow writes to
   the same row closely), every read's data checked against a reference memory two cycles after
-  its address: identical results. Reads of the row written in the same cycle are not checked
-  (undefined on the device; no user of a bank makes one). Twice: with port B's output register
+  its address: identical results; and both variants with ``address_registers`` (the addresses a
+  cycle early, through a copy per DP16KD on ECP5), whose reads must give the same data. Reads of
+  the row written in the same cycle are not checked (undefined on the device; no user of a bank
+  makes one). Twice: with port B's output register
   enabled by OCEB alone, and by OCEB and CEB.
 
 Set SYSTOLIC_TEST_SEED to vary the random cases.
@@ -32,6 +34,7 @@ from systolic.sim.tools import to_verilog
 
 from tests.boards.clocked_testbench import check_variant_summaries, random_top, run_clocked_testbench
 from tests.boards.test_memory_ecp5 import MODEL, _instances, _instantiate
+from tests.hw.mult18x18d_model import trellis_ff_model
 
 SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
 _RANDOM_CYCLES = 30_000
@@ -76,6 +79,29 @@ def test_ecp5_banks_are_dp16kd_through_the_output_register(name, elems, bits, ro
     assert "DP16KD" not in to_verilog(BankRAM(layout, rows), name)
 
 
+def test_address_registers_are_a_copy_per_dp16kd_in_the_wide_mode():
+    """With ``address_registers`` each DP16KD of a bank in the 512 x 36 mode has its own
+    TRELLIS_FF copy of both addresses (the 16x16 accumulator's bank: 16 DP16KD, 7 bits each);
+    in the 1024 x 18 mode, and elsewhere, one register of each."""
+    layout = _layout(16, 32)
+    verilog = to_verilog(BankRAM(layout, 128, address_registers=True), "bank", platform=_ECP5())
+    copies = {f"tile{t}_{port}_ff{bit}" for t in range(16) for port in ("write_addr", "read_addr")
+              for bit in range(7)}
+    assert verilog.count("TRELLIS_FF ") == len(copies) == 16 * 2 * 7
+    assert {name for name in copies if f" {name} (" in verilog} == copies
+    assert "TRELLIS_FF " not in to_verilog(BankRAM(layout, 128), "bank", platform=_ECP5())
+    assert "TRELLIS_FF " not in to_verilog(BankRAM(_layout(16, 8), 1024, address_registers=True), "bank",
+                                           platform=_ECP5())
+
+
+def test_address_registers_rules():
+    with pytest.raises(ValueError, match=r"^address_registers must be True or False, not 1$"):
+        BankRAM(_layout(4, 8), 1024, address_registers=1)
+    with pytest.raises(ValueError, match=r"^address_registers needs registered=True \(a bank with its read "
+                                         r"data registered\), not registered=False$"):
+        BankRAM(_layout(4, 8), 1024, registered=False, address_registers=True)
+
+
 def test_unregistered_banks_stay_amaranth_memories_on_ecp5():
     """memory_registers = false: a bank without its output register is a generic memory (yosys
     maps it to block RAM itself), read one cycle after the read is presented."""
@@ -113,21 +139,31 @@ def test_the_presets_banks_take_no_more_block_rams(preset):
         assert len(instances) == expected, (preset, rows)
 
 
+#: (variant, platform, address_registers): each case's bank built so; a bank with address
+#: registers (one copy per DP16KD in the 512 x 36 mode on ECP5) gets its addresses a cycle early
+_VARIANTS = (("generic", None, False), ("ecp5", _ECP5(), False), ("generic_early", None, True),
+             ("ecp5_early", _ECP5(), True))
+
+
 def _testbench(seed: int) -> list[str]:
-    sources = [MODEL.read_text()]
+    sources = [MODEL.read_text(), trellis_ff_model()]
     body = []
     for name, elems, bits, rows in _CASES:
         layout = _layout(elems, bits)
         width = elems * bits
         addr_bits = max(1, (rows - 1).bit_length())
-        for variant, platform in (("generic", None), ("ecp5", _ECP5())):
+        for variant, platform, address_registers in _VARIANTS:
             module = f"bank_{variant}_{name}"
-            verilog = to_verilog(BankRAM(layout, rows), module, platform=platform)
+            verilog = to_verilog(BankRAM(layout, rows, address_registers=address_registers), module,
+                                 platform=platform)
             sources.append(verilog)
+            # a bank with address registers gets the addresses a cycle early: before their registers
+            early = "_next" if address_registers else ""
             body.append(f"  wire [{width - 1}:0] rdata_{variant}_{name};\n")
             body.append(_instantiate(verilog, module, {
-                "clk": "clk", "rst": "rst", "write_addr": f"waddr_{name}", "write_data": f"wdata_{name}",
-                "write_en": f"wen_{name}", "read_addr": f"raddr_{name}", "read_en": f"ren_{name}",
+                "clk": "clk", "rst": "rst", "write_addr": f"waddr{early}_{name}",
+                "write_data": f"wdata_{name}", "write_en": f"wen_{name}",
+                "read_addr": f"raddr{early}_{name}", "read_en": f"ren_{name}",
                 "read_data": f"rdata_{variant}_{name}"}))
         # hot rows: the first and the last two of each DP16KD's 1024
         hot = (f"{{x1[{addr_bits - 1}:{min(10, addr_bits)}], {{{min(10, addr_bits) - 1}{{x1[20]}}}}, x1[0]}}"
@@ -143,12 +179,16 @@ def _testbench(seed: int) -> list[str]:
   logic check1_{name} = 0, check2_{name} = 0;
   logic [31:0] reads_{name} = 0, generic_bad_{name} = 0, ecp5_bad_{name} = 0;
   wire filling_{name} = cycle < {rows};
+  wire [{addr_bits - 1}:0] waddr_next_{name} = rst ? waddr_{name} :
+      filling_{name} ? {addr_bits}'(cycle) : x1[40] ? x1[{addr_bits + 20}:21] : {hot};
+  wire [{addr_bits - 1}:0] raddr_next_{name} = rst ? raddr_{name} :
+      x3[40] ? x3[{addr_bits + 20}:21] : {hot_r};
   always @(posedge clk) if (!rst) begin
     // the bank's inputs, registered as their users do
-    waddr_{name} <= filling_{name} ? {addr_bits}'(cycle) : x1[40] ? x1[{addr_bits + 20}:21] : {hot};
+    waddr_{name} <= waddr_next_{name};
     wdata_{name} <= {{{(width + 63) // 64}{{x2}}}};
     wen_{name} <= filling_{name} || x1[59:58] == 0 ? '1 : x1[59:58] == 1 ? '0 : x1[{elems + 43}:44];
-    raddr_{name} <= x3[40] ? x3[{addr_bits + 20}:21] : {hot_r};
+    raddr_{name} <= raddr_next_{name};
     ren_{name} <= !filling_{name} && x3[61:60] != 0;
     for (int e = 0; e < {elems}; e++)
       if (wen_{name}[e]) ref_{name}[waddr_{name}][{bits} * e +: {bits}] <= wdata_{name}[{bits} * e +: {bits}];
@@ -158,15 +198,17 @@ def _testbench(seed: int) -> list[str]:
     check2_{name} <= check1_{name};
     if (check2_{name}) begin
       reads_{name} <= reads_{name} + 1;
-      if (rdata_generic_{name} != expected2_{name}) begin
+      if (rdata_generic_{name} != expected2_{name} || rdata_generic_early_{name} != expected2_{name}) begin
         generic_bad_{name} <= generic_bad_{name} + 1;
-        if (generic_bad_{name} < 5) $display("generic {name} cycle %0d: %h, expected %h", cycle,
-                                             rdata_generic_{name}, expected2_{name});
+        if (generic_bad_{name} < 5)
+          $display("generic {name} cycle %0d: %h, %h (address registers), expected %h", cycle,
+                   rdata_generic_{name}, rdata_generic_early_{name}, expected2_{name});
       end
-      if (rdata_ecp5_{name} != expected2_{name}) begin
+      if (rdata_ecp5_{name} != expected2_{name} || rdata_ecp5_early_{name} != expected2_{name}) begin
         ecp5_bad_{name} <= ecp5_bad_{name} + 1;
-        if (ecp5_bad_{name} < 5) $display("ecp5 {name} cycle %0d: %h, expected %h", cycle,
-                                          rdata_ecp5_{name}, expected2_{name});
+        if (ecp5_bad_{name} < 5)
+          $display("ecp5 {name} cycle %0d: %h, %h (address copies), expected %h", cycle,
+                   rdata_ecp5_{name}, rdata_ecp5_early_{name}, expected2_{name});
       end
     end
   end

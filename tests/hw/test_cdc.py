@@ -71,8 +71,8 @@ def _read_held(read_register: bool | int, pieces: int) -> int:
     return _held("half" if read_register and pieces > 1 else read_register)
 
 
-#: (read_register, write_register) with two read registers in series (whole items only)
-TWO_READ_REGISTERS = [(2, False), (2, "half")]
+#: (read_register, write_register) with two or three read registers in series (whole items only)
+TWO_READ_REGISTERS = [(2, False), (2, "half"), (3, False)]
 
 
 #: (item width, pieces): whole items, and items crossing in pieces (13 bits: the last piece padded)
@@ -93,13 +93,13 @@ def test_stream_crossing_two_read_registers_in_order_under_random_traffic(period
 
 
 #: (read_register, write_register) with a fetch-ahead FIFO
-FETCH_AHEAD_REGISTERS = [(False, False), (True, "half"), (2, False)]
+FETCH_AHEAD_REGISTERS = [(False, False), (True, "half"), (2, False), (3, False)]
 
 
 @pytest.mark.parametrize("registers,width,pieces", [(registers, width, pieces)
                                                      for registers in FETCH_AHEAD_REGISTERS
                                                      for width, pieces in ((16, 1), (13, 4))
-                                                     if registers[0] != 2 or pieces == 1])
+                                                     if registers[0] in (False, True) or pieces == 1])
 @pytest.mark.parametrize("periods", PERIODS)
 def test_stream_crossing_fetch_ahead_in_order_under_random_traffic(periods, registers, width, pieces):
     _random_traffic(periods, registers, width, pieces, fetch_ahead=True)
@@ -227,12 +227,14 @@ def test_stream_crossing_depth_rule():
         StreamCrossing(8, depth=128, r_domain="fast")
     with pytest.raises(ValueError, match=r"^w_domain and r_domain must differ, both are 'sync'$"):
         StreamCrossing(8, depth=4, r_domain="sync")
-    for wrong in (3, 1.0, "two"):
-        with pytest.raises(ValueError, match=rf"^read_register must be False, True or 2, not {wrong!r}$"):
+    for wrong in (4, 1.0, "two"):
+        with pytest.raises(ValueError, match=rf"^read_register must be False, True, 2 or 3, not {wrong!r}$"):
             StreamCrossing(8, depth=4, r_domain="fast", read_register=wrong)
-    with pytest.raises(ValueError, match=r"^read_register=2 needs whole items \(pieces=1; items in pieces "
-                                         r"have their own read registers\), not pieces=2$"):
-        StreamCrossing(8, depth=4, r_domain="fast", read_register=2, pieces=2)
+    for registers in (2, 3):
+        with pytest.raises(ValueError, match=rf"^read_register={registers} needs whole items \(pieces=1; "
+                                             r"items in pieces have their own read registers\), not "
+                                             r"pieces=2$"):
+            StreamCrossing(8, depth=4, r_domain="fast", read_register=registers, pieces=2)
     with pytest.raises(ValueError, match=r"^write_register must be False, True or 'half', not 'spare'$"):
         StreamCrossing(8, depth=4, r_domain="fast", write_register="spare")
     for wrong in (1, "yes"):

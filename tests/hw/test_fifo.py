@@ -311,3 +311,27 @@ def test_fetch_ahead_async_fifo_reads_its_storage_at_a_register() -> None:
     assert _STYLE not in attributes
     with pytest.raises(ValueError, match=r"^depth must be a power of two of at least 2, not 6$"):
         FetchAheadAsyncFIFO(width=8, depth=6)
+
+
+@pytest.mark.parametrize("width", [8, 64, 200])
+def test_fetch_ahead_buffer_loads_and_reads_under_register_copies(width) -> None:
+    """On ECP5 the fetch-ahead buffer's two entries load under TRELLIS_FF copies of registers of
+    the fetch (one per COPY_GROUP_BITS bits of each entry) and the head is chosen by copies of
+    the read pointer, so that neither the consumer's take nor a single net reaches all their
+    bits; elsewhere plain registers."""
+    from amaranth.back import verilog
+    from systolic.hw.dsp import COPY_GROUP_BITS
+
+    from .ecp5_stand import Ecp5Stand
+
+    def convert(platform) -> str:
+        dut = FetchAheadAsyncFIFO(width=width, depth=4, w_domain="write", r_domain="read", block_ram=True)
+        return verilog.convert(dut, ports=[dut.w_data, dut.w_en, dut.w_rdy, dut.r_data, dut.r_en, dut.r_rdy],
+                               name="top", platform=platform, emit_src=False)
+
+    groups = -(-width // COPY_GROUP_BITS)
+    text = convert(Ecp5Stand())
+    assert text.count("TRELLIS_FF ") == 3 * groups
+    for name in ("load0_", "load1_", "read_"):
+        assert sum(f"{name}{n}_ff" in text for n in range(groups)) == groups
+    assert "TRELLIS_FF " not in convert(None)

@@ -627,3 +627,27 @@ def test_the_crossings_fifos_follow_fifo_block_ram_bits() -> None:
             fetching.append(module.split(".")[-2])
     ahead = sorted(fetching)
     assert ahead == ["acc_read_req", "acc_write", "cmd", "spad_write"]
+
+
+def test_whole_items_reach_the_core_through_read_registers_in_series() -> None:
+    """Whole items into the compute core leave their crossing through two StreamRegisters in
+    series, the accumulator's read requests through three (the accumulator's grant is then a
+    register away from the second, docs/arch-system.md)."""
+    from amaranth.back import rtlil
+    from systolic.hw.top import Accelerator
+
+    config = AcceleratorConfig(**SMALL, compute_clock_mhz=150.0)
+    text = rtlil.convert(Accelerator(config), ports=None)
+    registers: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        words = line.split()
+        if words[:1] == ["module"] and ".crossings." in words[1]:
+            *_, crossing, name = words[1].split(".")
+            if name.startswith("r_register"):
+                registers.setdefault(crossing, []).append(name)
+    assert {crossing: sorted(names) for crossing, names in registers.items()} == {
+        "cmd": ["r_register", "r_register1"],
+        "spad_write": ["r_register", "r_register1"],
+        "acc_write": ["r_register", "r_register1"],          # whole rows in this config
+        "acc_read_req": ["r_register", "r_register1", "r_register2"],
+    }
