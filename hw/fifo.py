@@ -27,7 +27,10 @@ threshold moves small FIFOs whose timing in block RAM has not been measured (``y
 
 from __future__ import annotations
 
-from amaranth import Cat, DomainRenamer, Elaboratable, Module, Mux, ResetSignal, Signal
+import functools
+import operator
+
+from amaranth import Cat, DomainRenamer, Elaboratable, Module, Mux, ResetSignal, Signal, Value
 from amaranth.lib import fifo
 from amaranth.lib.cdc import AsyncFFSynchronizer, FFSynchronizer
 from amaranth.lib.memory import Memory
@@ -36,8 +39,8 @@ from .config import AcceleratorConfig
 from .dsp import group_enables
 from .rtlil import UNDEFINED_COLLISION
 
-__all__ = ["RAM_STYLE", "BlockRamFIFO", "BlockRamAsyncFIFO", "FetchAheadAsyncFIFO", "buffered_fifo",
-           "fifo_storage_bits", "gray_binary", "gray_code", "wants_block_ram"]
+__all__ = ["FETCH_AHEAD_BUFFER", "RAM_STYLE", "BlockRamFIFO", "BlockRamAsyncFIFO", "FetchAheadAsyncFIFO",
+           "buffered_fifo", "fifo_storage_bits", "gray_binary", "gray_code", "wants_block_ram"]
 
 #: yosys' memory attribute (name, value) that restricts a memory to block RAM. (``ram_block``
 #: does not: yosys 0.70 still maps a 32-entry memory carrying it to distributed RAM.)
@@ -86,33 +89,41 @@ def gray_binary(gray: Signal):
     return Cat(*bits)
 
 
+#: Entries of a :class:`FetchAheadAsyncFIFO`'s buffer: an entry fetched comes two cycles later,
+#: so three keep a consumer that takes one every cycle busy.
+FETCH_AHEAD_BUFFER = 3
+
+
 class FetchAheadAsyncFIFO(Elaboratable):
     """An asynchronous FIFO with the ports and the write side of Amaranth's ``AsyncFIFO`` (Gray
     pointers through synchronizers, reset from the write domain, ``r_rst``), whose storage is read
-    at a register: the read side fetches entries ahead into a two-entry buffer of registers, and
-    ``r_data`` and ``r_rdy`` come from that buffer. ``AsyncFIFO`` reads its memory at the pointer
-    advanced by this cycle's read (an adder after the consumer's ``r_en`` and the emptiness
-    comparison), so the route to a block RAM far from the reader ends a path that starts at the
-    consumer's handshake (on the 16x16 ULX3S SoC at 78f3c41 the accumulator-write crossing's
-    block RAM address, 11.8 ns with 4.5 ns of it that route, was the compute clock's critical
-    path, docs/boards.md); here the memory's address is the fetch pointer itself, a register.
+    at a register: the read side fetches entries ahead into a buffer of registers
+    (:data:`FETCH_AHEAD_BUFFER` entries), and ``r_data`` and ``r_rdy`` come from that buffer.
+    ``AsyncFIFO`` reads its memory at the pointer advanced by this cycle's read (an adder after
+    the consumer's ``r_en`` and the emptiness comparison), so the route to a block RAM far from
+    the reader ends a path that starts at the consumer's handshake (on the 16x16 ULX3S SoC at
+    78f3c41 the accumulator-write crossing's block RAM address, 11.8 ns with 4.5 ns of it that
+    route, was the compute clock's critical path, docs/boards.md); here the memory's address is
+    the fetch pointer itself, a register.
 
     An entry is fetched in a cycle where it has been written (as the write side's synchronized
-    pointer says) and the buffer will have room for it when its data come, a cycle later (the
-    buffer's entries, the one arriving and this cycle's read leave at most one taken). The
-    storage is read in every cycle at the fetch pointer; only fetched data enter the buffer. A
-    fetched entry is free for the write side (the pointer sent back is the fetch pointer), so the
-    FIFO holds ``depth`` entries in its storage and two more in the buffer. An entry written
-    into an empty FIFO is readable (``r_rdy``) two read-domain cycles after ``AsyncFIFO`` would
-    show it (the fetch and the buffer). The buffer is a ring of two entries: an entry loads only
-    with a fetched entry's data, under registers made a cycle ahead from the fetch, and the head
-    (``r_data``) is picked by the read pointer, both in copies (on ECP5 ``TRELLIS_FF``, one per
-    :data:`~systolic.hw.dsp.COPY_GROUP_BITS` bits of an entry; elsewhere yosys may merge them):
-    the consumer's take reaches neither the entries' enables nor one net to all their bits (so
-    ``r_data`` is a multiplexer of two registers). A write-domain reset empties the FIFO, the
-    buffer too, and raises ``r_rst`` as ``AsyncFIFO`` does. ``block_ram``: the storage carries
-    :data:`RAM_STYLE` (as :class:`BlockRamAsyncFIFO`'s). ``depth`` is a power of two, at least 2.
-    Ports: ``w_data``, ``w_en``, ``w_rdy``; ``r_data``, ``r_en``, ``r_rdy``, ``r_rst`` (no levels).
+    pointer says) and the buffer will have room for it when its data come, two cycles later (the
+    buffer's entries, the two on their way and this cycle's read leave room). The storage is
+    read in every cycle at the fetch pointer into a register with no enable (so that a block
+    RAM's late read data have a cycle for the route to it), whose fetched data enter the buffer
+    a cycle later. A fetched entry is free for the write side (the pointer sent back is the fetch
+    pointer), so the FIFO holds ``depth`` entries in its storage and three more in the buffer.
+    An entry written into an empty FIFO is readable (``r_rdy``) three read-domain cycles after
+    ``AsyncFIFO`` would show it (the fetch, the read data register and the buffer). The buffer is
+    a ring: an entry loads only with a fetched entry's data, under registers made a cycle ahead,
+    and the head (``r_data``) is picked by one-hot registers of the read pointer, both in copies
+    (on ECP5 ``TRELLIS_FF``, one per :data:`~systolic.hw.dsp.COPY_GROUP_BITS` bits of an entry;
+    elsewhere yosys may merge them): the consumer's take reaches neither the entries' enables
+    nor one net to all their bits (so ``r_data`` is a multiplexer of three registers). A
+    write-domain reset empties the FIFO, the buffer too, and raises ``r_rst`` as ``AsyncFIFO``
+    does. ``block_ram``: the storage carries :data:`RAM_STYLE` (as :class:`BlockRamAsyncFIFO`'s).
+    ``depth`` is a power of two, at least 2. Ports: ``w_data``, ``w_en``, ``w_rdy``; ``r_data``,
+    ``r_en``, ``r_rdy``, ``r_rst`` (no levels).
     """
 
     def __init__(self, *, width: int, depth: int, r_domain: str = "read", w_domain: str = "write",
@@ -160,50 +171,65 @@ class FetchAheadAsyncFIFO(Elaboratable):
 
         r_rst = Signal()
         m.submodules.rst_cdc = AsyncFFSynchronizer(ResetSignal(w, allow_reset_less=True), r_rst, o_domain=r)
-        # the buffer: two entries in a ring, `held[read]` the head (r_data); `arriving`: an entry
-        # was fetched in the last cycle, its data are the storage's read data now, and enter
-        # `held[write]`. An entry loads only with an arriving entry, so its load enables are
-        # registers made a cycle ahead from the fetch (copies, one per COPY_GROUP_BITS bits:
-        # no logic of the consumer's take reaches them, nor one net all of their bits; on the
-        # 16x16 ULX3S SoC at 854da92 the take into a shifting buffer's enables, one net to 134
-        # flip-flops, took 7.7 ns), and the head is chosen by copies of the read pointer.
-        held = [Signal(self.width, name=f"held{k}", reset_less=True) for k in range(2)]
-        stored = Signal(range(3))        # entries in the buffer
+        # The storage's read data (a block RAM's come 5.8 ns after the clock edge on ECP5 at speed
+        # grade 6) go into `data_d` with no enable and no logic, so that it can sit by the block
+        # RAM (on the 16x16 ULX3S SoC at 1434618 the route from the scratchpad-row crossing's
+        # block RAM to its buffer, 5.9 ns, ended the compute clock's critical path), then into the
+        # buffer: FETCH_AHEAD_BUFFER entries in a ring, `held[read]` the head (r_data). `fetched`
+        # and `arriving`: an entry was fetched one and two cycles ago; the second's data are in
+        # `data_d` now and enter `held[write]`. An entry loads only with an arriving entry, so its
+        # load enables are registers made a cycle ahead (copies, one per COPY_GROUP_BITS bits: no
+        # logic of the consumer's take reaches them, nor one net all of their bits; at 854da92 the
+        # take into a shifting buffer's enables, one net to 134 flip-flops, took 7.7 ns), and the
+        # head is chosen by one-hot copies of the read pointer.
+        entries = FETCH_AHEAD_BUFFER
+        held = [Signal(self.width, name=f"held{k}", reset_less=True) for k in range(entries)]
+        data_d = Signal(self.width, reset_less=True)
+        stored = Signal(range(entries + 1))        # entries in the buffer
+        fetched = Signal()
         arriving = Signal()
-        write = Signal()                 # the entry the next arriving one enters
+        write = Signal(range(entries))             # the entry the next arriving one enters
+        read = Signal(range(entries))              # the head
         take = Signal()
         fetch = Signal()
-        count = Signal(2)
+        count = Signal(range(entries + 3))
         m.d.comb += [
             self.r_rdy.eq((stored != 0) & ~r_rst),
             take.eq(self.r_en & self.r_rdy),
-            count.eq(stored + arriving),
-            # written and not fetched; room when the data come (at most two in the buffer then)
-            fetch.eq((fetch_gray != produce_r_gray) & ~r_rst & ((count <= 1) | ((count == 2) & take))),
+            count.eq(stored + fetched + arriving),
+            # written and not fetched; room when the data come (at most `entries` then)
+            fetch.eq((fetch_gray != produce_r_gray) & ~r_rst
+                     & ((count <= entries - 1) | ((count == entries) & take))),
         ]
-        write_next = Mux(r_rst, 0, write ^ arriving)
-        read_next = Signal()
+
+        def following(pointer: Signal) -> Value:
+            return Mux(pointer == entries - 1, 0, pointer + 1)
+
+        write_next = Mux(r_rst, 0, Mux(arriving, following(write), write))
+        read_next = Mux(r_rst, 0, Mux(take, following(read), read))
         m.d.comb += fetch_next.eq(fetch_bin + fetch)
         copies = Module()
-        loads = [group_enables(copies, f"load{k}_", fetch & (write_next == k), self.width, platform=platform)
-                 for k in range(2)]
-        reads = group_enables(copies, "read_", read_next, self.width, platform=platform)
+        loads = [group_enables(copies, f"load{k}_", fetched & ~r_rst & (write_next == k), self.width,
+                               platform=platform) for k in range(entries)]
+        heads = [group_enables(copies, f"head{k}_", read_next == k, self.width, platform=platform,
+                               init=int(k == 0)) for k in range(entries)]
         m.submodules.copies = DomainRenamer({"sync": r})(copies)
-        read = reads[0][1]
-        m.d.comb += read_next.eq(Mux(r_rst, 0, read ^ take))
-        data = r_port.data
-        for k in range(2):
+        m.d[r] += data_d.eq(r_port.data)
+        for k in range(entries):
             for bits, load in loads[k]:
                 with m.If(load):
-                    m.d[r] += held[k][bits].eq(data[bits])
-        for bits, select in reads:
-            m.d.comb += self.r_data[bits].eq(Mux(select, held[1][bits], held[0][bits]))
+                    m.d[r] += held[k][bits].eq(data_d[bits])
+        for group, (bits, _) in enumerate(heads[0]):
+            m.d.comb += self.r_data[bits].eq(functools.reduce(operator.or_, (
+                Mux(heads[k][group][1], held[k][bits], 0) for k in range(entries))))
         with m.If(r_rst):
             m.d[r] += [fetch_gray.eq(produce_r_gray), fetch_bin.eq(gray_binary(produce_r_gray)),
-                       stored.eq(0), arriving.eq(0), write.eq(0), self.r_rst.eq(1)]
+                       stored.eq(0), fetched.eq(0), arriving.eq(0), write.eq(0), read.eq(0),
+                       self.r_rst.eq(1)]
         with m.Else():
-            m.d[r] += [fetch_bin.eq(fetch_next), fetch_gray.eq(gray_code(fetch_next)), arriving.eq(fetch),
-                       stored.eq(stored + arriving - take), write.eq(write_next), self.r_rst.eq(0)]
+            m.d[r] += [fetch_bin.eq(fetch_next), fetch_gray.eq(gray_code(fetch_next)), fetched.eq(fetch),
+                       arriving.eq(fetched), stored.eq(stored + arriving - take), write.eq(write_next),
+                       read.eq(read_next), self.r_rst.eq(0)]
         return m
 
 

@@ -16,6 +16,7 @@ from systolic.hw.cdc import (
     ResetCrossing,
     StreamCrossing,
 )
+from systolic.hw.fifo import FETCH_AHEAD_BUFFER
 from systolic.sim.tools import to_verilog
 
 from tests.hw.ecp5_stand import Ecp5Stand
@@ -151,9 +152,10 @@ def _random_traffic(periods, registers, width, pieces, *, fetch_ahead=False):
     assert done
     assert received == items
     # drained never ran ahead of sent (the difference would wrap to a large number) and the
-    # FIFO's depth (and each register's two entries, and a fetch-ahead FIFO's two pieces) bound
-    # what is in flight besides the synchronizers' lag
-    assert max(checks) <= 4 + 2 + _read_held(registers[0], pieces) + _held(registers[1]) + 2 * fetch_ahead
+    # FIFO's depth (and each register's two entries, and a fetch-ahead FIFO's buffered pieces)
+    # bound what is in flight besides the synchronizers' lag
+    assert max(checks) <= (4 + 2 + _read_held(registers[0], pieces) + _held(registers[1])
+                           + FETCH_AHEAD_BUFFER * fetch_ahead)
 
 
 @pytest.mark.parametrize("width, pieces, copies", [(530, 4, 9), (13, 2, 1), (200, 8, 4)])
@@ -175,7 +177,7 @@ def test_stream_crossing_in_pieces_shifts_under_register_copies(width, pieces, c
                          + [((2, False), 1, True), ((True, "half"), 4, True), ((False, False), 1, True)])
 def test_stream_crossing_registers_buffer_and_drained_counts_the_consumer(registers, pieces, fetch_ahead):
     """Each register holds two items more while the consumer waits (a half-rate one one item,
-    as the read register is when items cross in pieces), a fetch-ahead FIFO two more pieces
+    as the read register is when items cross in pieces), a fetch-ahead FIFO FETCH_AHEAD_BUFFER more pieces
     (whole items only when pieces are items), and ``drained`` counts only what the consumer
     took, not what waits in the read register. (That the registers cut the paths to the FIFO's
     pointers and memory is :class:`StreamRegister`'s property, tests/hw/test_interconnect.py.)"""
@@ -214,7 +216,7 @@ def test_stream_crossing_registers_buffer_and_drained_counts_the_consumer(regist
 
     _simulate(dut, PERIODS[0], (bench, False))
     assert result["sent"] == 4 + _read_held(read_register, pieces) + _held(write_register) + \
-        (2 // pieces if fetch_ahead else 0)
+        (FETCH_AHEAD_BUFFER // pieces if fetch_ahead else 0)
     assert result["drained_before"] == 0
     assert result["taken"] == [1]
     assert result["drained_after"] == 1

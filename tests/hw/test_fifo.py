@@ -18,6 +18,7 @@ from amaranth.lib import fifo
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.dma import GatherReader, read_run_fifo_depth
 from systolic.hw.fifo import (
+    FETCH_AHEAD_BUFFER,
     RAM_STYLE,
     BlockRamAsyncFIFO,
     BlockRamFIFO,
@@ -186,9 +187,9 @@ def test_block_ram_async_fifo_is_block_ram_on_ecp5() -> None:
 @pytest.mark.parametrize("periods", [(10, 7), (7, 10), (10, 23), (10, 10)])
 def test_fetch_ahead_async_fifo_moves_every_item_in_order(depth: int, periods: tuple[int, int]) -> None:
     """Random writes and reads on unrelated clocks, extreme values included: every item comes
-    out once, in order; the writer never has more than depth + 2 items (storage and buffer) in
-    the FIFO that the reader has not taken (as far as it can know: the reader's takes are
-    counted on its side), and a reader that never stalls finds an item readable within a few
+    out once, in order; the writer never has more than depth + FETCH_AHEAD_BUFFER items (storage
+    and buffer) in the FIFO that the reader has not taken (as far as it can know: the reader's
+    takes are counted on its side), and a reader that never stalls finds an item readable within a few
     cycles of its write."""
     dut = FetchAheadAsyncFIFO(width=16, depth=depth, w_domain="sync", r_domain="fast")
     rng = random.Random(SEED * 100 + depth + periods[0])
@@ -211,7 +212,7 @@ def test_fetch_ahead_async_fifo_moves_every_item_in_order(depth: int, periods: t
             else:
                 raise AssertionError("the FIFO took no item for 1000 cycles")
             written[0] += 1
-            assert written[0] - len(received) <= depth + 2 + 1
+            assert written[0] - len(received) <= depth + FETCH_AHEAD_BUFFER + 1
         ctx.set(dut.w_en, 0)
 
     async def reader(ctx):
@@ -225,11 +226,11 @@ def test_fetch_ahead_async_fifo_moves_every_item_in_order(depth: int, periods: t
     assert received == items
 
 
-def test_fetch_ahead_async_fifo_holds_depth_plus_two_and_a_write_reset_empties_it() -> None:
-    """With the reader stalled the writer puts in depth items into the storage and two into the
-    buffer, no more; the reader then sees them in order. A write-domain reset empties the FIFO
-    (buffer too) and raises r_rst for a read cycle or more; items written afterwards come out
-    alone."""
+def test_fetch_ahead_async_fifo_holds_depth_plus_its_buffer_and_a_write_reset_empties_it() -> None:
+    """With the reader stalled the writer puts in depth items into the storage and
+    FETCH_AHEAD_BUFFER into the buffer, no more; the reader then sees them in order. A
+    write-domain reset empties the FIFO (buffer too) and raises r_rst for a read cycle or more;
+    items written afterwards come out alone."""
     depth = 4
     dut = FetchAheadAsyncFIFO(width=8, depth=depth, w_domain="sync", r_domain="fast")
     write = ClockDomain("sync")
@@ -275,10 +276,41 @@ def test_fetch_ahead_async_fifo_holds_depth_plus_two_and_a_write_reset_empties_i
         seen["late"] = late
 
     _simulate(dut, (10, 7), (bench, False), sync=write)
-    assert seen["held"] == depth + 2
+    assert seen["held"] == depth + FETCH_AHEAD_BUFFER
     assert seen["first"] == [1, 2]
     assert seen["r_rst"] and not seen["after_reset"]
     assert seen["late"] == [77]
+
+
+@pytest.mark.parametrize("depth", [2, 4, 16])
+def test_fetch_ahead_async_fifo_gives_an_item_every_read_cycle(depth: int) -> None:
+    """Filled while the reader stalls, the FIFO gives all its items (depth + FETCH_AHEAD_BUFFER)
+    on consecutive read cycles to a reader that takes one in each: the buffer keeps up with the
+    two cycles a fetched entry takes to reach it."""
+    dut = FetchAheadAsyncFIFO(width=8, depth=depth, w_domain="sync", r_domain="fast")
+    seen: dict[str, list[int]] = {"items": [], "cycles": []}
+
+    async def bench(ctx):
+        ctx.set(dut.w_en, 1)
+        accepted = 0
+        for _ in range(3 * (depth + FETCH_AHEAD_BUFFER)):
+            ctx.set(dut.w_data, accepted + 1)
+            _, _, ready = await ctx.tick("sync").sample(dut.w_rdy)
+            accepted += ready
+        ctx.set(dut.w_en, 0)
+        for _ in range(10):
+            await ctx.tick("sync")
+        ctx.set(dut.r_en, 1)
+        for cycle in range(3 * (depth + FETCH_AHEAD_BUFFER)):
+            _, _, ready, data = await ctx.tick("fast").sample(dut.r_rdy, dut.r_data)
+            if ready:
+                seen["items"].append(data)
+                seen["cycles"].append(cycle)
+
+    _simulate(dut, (10, 7), (bench, False))
+    held = depth + FETCH_AHEAD_BUFFER
+    assert seen["items"] == list(range(1, held + 1))
+    assert seen["cycles"] == list(range(held))
 
 
 def test_fetch_ahead_async_fifo_reads_its_storage_at_a_register() -> None:
@@ -315,10 +347,10 @@ def test_fetch_ahead_async_fifo_reads_its_storage_at_a_register() -> None:
 
 @pytest.mark.parametrize("width", [8, 64, 200])
 def test_fetch_ahead_buffer_loads_and_reads_under_register_copies(width) -> None:
-    """On ECP5 the fetch-ahead buffer's two entries load under TRELLIS_FF copies of registers of
-    the fetch (one per COPY_GROUP_BITS bits of each entry) and the head is chosen by copies of
-    the read pointer, so that neither the consumer's take nor a single net reaches all their
-    bits; elsewhere plain registers."""
+    """On ECP5 the fetch-ahead buffer's entries load under TRELLIS_FF copies of registers made
+    from the fetch (one per COPY_GROUP_BITS bits of each entry) and the head is chosen by one-hot
+    copies of the read pointer, so that neither the consumer's take nor a single net reaches all
+    their bits; elsewhere plain registers."""
     from amaranth.back import verilog
     from systolic.hw.dsp import COPY_GROUP_BITS
 
@@ -331,7 +363,8 @@ def test_fetch_ahead_buffer_loads_and_reads_under_register_copies(width) -> None
 
     groups = -(-width // COPY_GROUP_BITS)
     text = convert(Ecp5Stand())
-    assert text.count("TRELLIS_FF ") == 3 * groups
-    for name in ("load0_", "load1_", "read_"):
+    names = [f"{kind}{k}_" for kind in ("load", "head") for k in range(FETCH_AHEAD_BUFFER)]
+    assert text.count("TRELLIS_FF ") == len(names) * groups
+    for name in names:
         assert sum(f"{name}{n}_ff" in text for n in range(groups)) == groups
     assert "TRELLIS_FF " not in convert(None)
