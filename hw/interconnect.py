@@ -147,13 +147,16 @@ class SpacedStreamRegister(_StreamStage):
     (flagged or not) left; it waits at the output (``o.valid`` low) until then. Other items are
     not held, and none leaves before the item ahead of it.
 
-    The wait is a register, made a cycle ahead: in each cycle the register takes the comparison
-    of the item the output register will hold in the next cycle (the one it holds, the spare
-    entry or the input) with the keys of the items that will then be the last ``spacing - 1`` to
-    have left (those that left before and the one leaving now). So ``o.valid`` is the AND of two
-    registers, and the output register's load enable depends on ``o.ready`` and that register
-    only, as a :class:`StreamRegister`'s: no comparison lies between the output register's
-    payload and its own enable.
+    The wait is made a cycle ahead, in two registers: in each cycle one takes the comparison of
+    the item the output register takes if it is free (the spare entry or the input) with the
+    keys of the items that will then be the last ``spacing - 1`` to have left (those that left
+    before and, when the register held an item, that one), the other the same for the item it
+    holds if it stays; a third register says whether the output register was free, and picks.
+    So ``o.valid`` is a function of four registers (one LUT4), neither wait depends on
+    ``o.ready`` (on the 16x16 ULX3S SoC the consumer's take into the wait's comparisons and
+    multiplexers ended a compute-clock path of 10.7 ns), and the output register's load enable
+    depends on ``o.ready`` and those registers only, as a :class:`StreamRegister`'s: no
+    comparison lies between the output register's payload and its own enable.
 
     ``payload_shape`` must be a :class:`~amaranth.lib.data.StructLayout` with the fields named by
     ``key`` and ``flag`` (one bit); ``spacing`` is at least 1 (1: never held).
@@ -182,7 +185,12 @@ class SpacedStreamRegister(_StreamStage):
         spare_valid = Signal()
         out = Signal.like(self.i.payload, reset_less=True)
         out_valid = Signal()
-        hold = Signal()
+        # the wait of the item in the output register: `hold_next` if the register took an item
+        # in the last cycle (`took`), else `hold_stay`; both registers made without `o.ready`
+        hold_next = Signal()
+        hold_stay = Signal()
+        took = Signal()
+        hold = Mux(took, hold_next, hold_stay)
         fire = Signal()
         free = Signal()
         # the keys of the items that left in the last spacing - 1 cycles, newest first
@@ -197,21 +205,29 @@ class SpacedStreamRegister(_StreamStage):
 
         def waits(item: data.View, leaving: bool) -> object:
             """Whether ``item`` in the output register next cycle must wait then: its key among
-            the items that will have left in the last spacing - 1 cycles."""
+            the items that will have left in the last spacing - 1 cycles (``leaving``: the item
+            in the output register leaves in this cycle)."""
             same = [valid & (k == item[key]) for valid, k in left[:-1]]
             if leaving and left:
-                same.append(fire & (out[key] == item[key]))
+                same.append(out[key] == item[key])
             return item[flag] & (Cat(*same).any() if same else Const(0))
 
+        # the next item: it enters the output register when that is free, which with an item in
+        # it means that item leaves (out_valid, a register, tells which case without o.ready)
+        following = Signal.like(self.i.payload)
+        m.d.comb += following.eq(Mux(spare_valid, spare, self.i.payload))
+        m.d.sync += [
+            took.eq(free),
+            hold_next.eq(Mux(out_valid, waits(following, True), waits(following, False))),
+            hold_stay.eq(waits(out, False)),
+        ]
         with m.If(free):
             m.d.sync += [
                 out_valid.eq(spare_valid | self.i.valid),
-                out.eq(Mux(spare_valid, spare, self.i.payload)),
-                hold.eq(Mux(spare_valid, waits(spare, True), waits(self.i.payload, True))),
+                out.eq(following),
                 spare_valid.eq(0),
             ]
         with m.Else():                          # the item stays (none leaves this cycle)
-            m.d.sync += hold.eq(waits(out, False))
             with m.If(self.i.valid & ~spare_valid):
                 m.d.sync += spare_valid.eq(1)
         # as StreamRegister's: the spare's load enable is a register
