@@ -393,6 +393,9 @@ class ComputeUnit(wiring.Component):
         self.array_weights_ready = Signal()
         self.array_inputs_taken = Signal()
         self.array_weights_taken = Signal()
+        # a descriptor queue written while it had no room (a COMPUTE accepted without room for
+        # its descriptors; never, elaborate), for the tests
+        self.descriptor_overflow = Signal()
 
     def elaborate(self, platform):
         m = Module()
@@ -446,8 +449,30 @@ class ComputeUnit(wiring.Component):
                          preload.n.eq(op.n)]
         else:
             m.d.comb += [feed.b_addr.eq(op.b_addr), feed.k.eq(op.k), feed.n.eq(op.n), write.m.eq(op.m)]
-        room = feeds.w_rdy & writes.w_rdy & (preloads.w_rdy if ws else 1)
         accept = Signal()
+        queues = [(feeds, accept), (writes, accept)] + ([(preloads, accept & op.preload)] if ws else [])
+        if cfg.memory_registers:
+            # `room`, a register: every queue will have a free entry in the next cycle, counted
+            # here from the writes and from registers of the reads (a cycle late, by the reader:
+            # a count at least the queue's level), so a COMPUTE is accepted when its descriptors
+            # certainly fit, and the accept is the AND of two registers: no queue level lies
+            # between the COMPUTE crossing's register and the three queues' write logic, spread
+            # over the core (on the 16x16 ULX3S SoC at 78f3c41 that path into the preload queue's
+            # level took 12.2 ns, docs/boards.md). A read frees its entry for the accept a cycle
+            # later than the queue's own `w_rdy` would.
+            room = Signal(init=1)
+            fits = []
+            for n, (queue, queue_write) in enumerate(queues):
+                queue_read = Signal(name=f"queue{n}_read")
+                count = Signal(range(self.depth + 1), name=f"queue{n}_count")
+                following = count + queue_write - queue_read
+                m.d.sync += [queue_read.eq(queue.r_en & queue.r_rdy), count.eq(following)]
+                fits.append(following <= self.depth - 1)
+            m.d.sync += room.eq(Cat(*fits).all())
+        else:
+            room = Cat(*(queue.w_rdy for queue, _ in queues)).all()
+        m.d.comb += self.descriptor_overflow.eq(Cat(*(queue_write & ~queue.w_rdy
+                                                      for queue, queue_write in queues)).any())
         m.d.comb += [
             self.cmd.ready.eq(room),
             accept.eq(self.cmd.valid & room),

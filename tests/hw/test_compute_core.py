@@ -246,3 +246,50 @@ def test_rows_pass_the_launch_registers_with_the_memory_registers() -> None:
     assert LAUNCH_STAGES == 2
     assert [_row_lag(True, "inputs"), _row_lag(True, "weights")] == [2, 2]
     assert [_row_lag(False, "inputs"), _row_lag(False, "weights")] == [0, 0]
+
+
+@pytest.mark.parametrize("dataflow,memory_registers", [("ws", True), ("ws", False), ("os", True)])
+def test_a_compute_is_accepted_only_with_room_for_its_descriptors(dataflow: str,
+                                                                  memory_registers: bool) -> None:
+    """Short COMPUTEs offered back to back while the array and the scratchpad stall at random:
+    no descriptor queue is ever written without room (with ``memory_registers`` the accept is a
+    register of the room counted a cycle ahead), and COMPUTEs keep being accepted."""
+    config = AcceleratorConfig(rows=4, cols=4, dataflow=dataflow, scratchpad_bytes=4096,
+                               accumulator_bytes=2048, memory_registers=memory_registers)
+    dut = ComputeUnit(config)
+    ws = dataflow == "ws"
+    rng = random.Random(11)
+    ports = (dut.read_a, dut.read_b)
+    array_ready = [dut.inputs.ready] + ([dut.weights.ready] if ws else [])
+    seen = {"accepted": 0, "overflow": 0}
+
+    def word() -> int:
+        compute = Instruction(Opcode.COMPUTE, m=rng.randint(1, 3), k=rng.randint(1, 4), n=rng.randint(1, 4),
+                              preload=int(ws and rng.random() < 0.5) or int(ws and seen["accepted"] == 0),
+                              a_addr=rng.randrange(64), b_addr=rng.randrange(64))
+        return int.from_bytes(encode(compute), "little")
+
+    async def bench(ctx):
+        ctx.set(dut.cmd.payload.word, word())
+        ctx.set(dut.cmd.valid, 1)
+        for port in ports:
+            ctx.set(port.resp.valid, 1)
+        for _ in range(600):
+            stalled = rng.random() < 0.5
+            for signal in array_ready:
+                ctx.set(signal, not stalled and rng.random() < 0.8)
+            for port in ports:
+                ctx.set(port.req.ready, rng.random() < 0.7)
+            ctx.set(dut.outputs.valid, rng.random() < 0.3)
+            _, _, ready, overflow = await ctx.tick().sample(dut.cmd.ready, dut.descriptor_overflow)
+            seen["overflow"] += overflow
+            if ready:
+                seen["accepted"] += 1
+                ctx.set(dut.cmd.payload.word, word())
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    assert seen["overflow"] == 0
+    assert seen["accepted"] >= 20, seen
