@@ -90,8 +90,9 @@ def gray_binary(gray: Signal):
 
 
 #: Entries of a :class:`FetchAheadAsyncFIFO`'s buffer: an entry fetched comes two cycles later,
-#: so three keep a consumer that takes one every cycle busy.
-FETCH_AHEAD_BUFFER = 3
+#: and the fetch does not wait for this cycle's take, so four keep a consumer that takes one every
+#: cycle busy.
+FETCH_AHEAD_BUFFER = 4
 
 
 class FetchAheadAsyncFIFO(Elaboratable):
@@ -107,19 +108,22 @@ class FetchAheadAsyncFIFO(Elaboratable):
     the fetch pointer itself, a register.
 
     An entry is fetched in a cycle where it has been written (as the write side's synchronized
-    pointer says) and the buffer will have room for it when its data come, two cycles later (the
-    buffer's entries, the two on their way and this cycle's read leave room). The storage is
+    pointer says) and the buffer will have room for it when its data come, two cycles later: fewer
+    than :data:`FETCH_AHEAD_BUFFER` entries are in it and on their way (the fetch does not look
+    at this cycle's take, so that the consumer's handshake, which may sit far from the FIFO,
+    reaches neither the fetch pointer's adder nor the block RAM's address: on the 16x16 ULX3S SoC
+    at 5832802 that term was the compute clock's critical path, 11.9 ns). The storage is
     read in every cycle at the fetch pointer into a register with no enable (so that a block
     RAM's late read data have a cycle for the route to it), whose fetched data enter the buffer
     a cycle later. A fetched entry is free for the write side (the pointer sent back is the fetch
-    pointer), so the FIFO holds ``depth`` entries in its storage and three more in the buffer.
+    pointer), so the FIFO holds ``depth`` entries in its storage and four more in the buffer.
     An entry written into an empty FIFO is readable (``r_rdy``) three read-domain cycles after
     ``AsyncFIFO`` would show it (the fetch, the read data register and the buffer). The buffer is
     a ring: an entry loads only with a fetched entry's data, under registers made a cycle ahead,
     and the head (``r_data``) is picked by one-hot registers of the read pointer, both in copies
     (on ECP5 ``TRELLIS_FF``, one per :data:`~systolic.hw.dsp.COPY_GROUP_BITS` bits of an entry;
     elsewhere yosys may merge them): the consumer's take reaches neither the entries' enables
-    nor one net to all their bits (so ``r_data`` is a multiplexer of three registers). A
+    nor one net to all their bits (so ``r_data`` is a multiplexer of four registers). A
     write-domain reset empties the FIFO, the buffer too, and raises ``r_rst`` as ``AsyncFIFO``
     does. ``block_ram``: the storage carries :data:`RAM_STYLE` (as :class:`BlockRamAsyncFIFO`'s).
     ``depth`` is a power of two, at least 2. Ports: ``w_data``, ``w_en``, ``w_rdy``; ``r_data``,
@@ -197,9 +201,9 @@ class FetchAheadAsyncFIFO(Elaboratable):
             self.r_rdy.eq((stored != 0) & ~r_rst),
             take.eq(self.r_en & self.r_rdy),
             count.eq(stored + fetched + arriving),
-            # written and not fetched; room when the data come (at most `entries` then)
-            fetch.eq((fetch_gray != produce_r_gray) & ~r_rst
-                     & ((count <= entries - 1) | ((count == entries) & take))),
+            # written and not fetched; room when the data come (at most `entries` then, whatever
+            # is taken meanwhile: no term of this cycle's take)
+            fetch.eq((fetch_gray != produce_r_gray) & ~r_rst & (count <= entries - 1)),
         ]
 
         def following(pointer: Signal) -> Value:
