@@ -71,8 +71,8 @@ class StreamCrossing(wiring.Component):
     (:class:`~systolic.hw.fifo.BlockRamAsyncFIFO`; synthesis only, the behaviour is the same).
     ``fetch_ahead``: the FIFO is a :class:`~systolic.hw.fifo.FetchAheadAsyncFIFO`, whose storage
     is read at a register (its read address is not made from the read side's handshake in the
-    cycle: for a block RAM far from the reader); an item is readable two ``r_domain`` cycles
-    later, and two more items are buffered.
+    cycle: for a block RAM far from the reader); an item is readable three ``r_domain`` cycles
+    later, and :data:`~systolic.hw.fifo.FETCH_AHEAD_BUFFER` more entries are buffered.
 
     ``read_register``: the items leave through a :class:`~systolic.hw.interconnect.StreamRegister`
     in ``r_domain``, so that neither the FIFO's read data (a block RAM's clock-to-output) nor its
