@@ -912,7 +912,7 @@ class _LayerJobs:
                     b = b_row + gi * rows_chunk + off
                     f = {"a_addr": a, "b_addr": b, "acc_addr": acc, "m": m, "k": kt.rows,
                          "n": self.ntiles[tt][1], "accumulate": accumulate, "preload": 1}
-                    out.append(_Spec("COMPUTE", f, busy=max(m, kt.rows),
+                    out.append(_Spec("COMPUTE", f, busy=max(m, kt.rows + 1),
                                      spad=((a, m, False), (b, kt.rows, False)),
                                      acc=_acc_access(acc, m, accumulate)))
                 off += kt.rows
@@ -1130,7 +1130,7 @@ def estimate_cycles(jobs: Iterator[_Job], config: AcceleratorConfig, shape: Loop
                     *, budget: int = 160, instructions: list[int] | None = None) -> int:
     """Cycle estimate of a layer from its jobs: a job-level copy of the cycle model of
     docs/isa.md -- each queue busy for the sum of its instructions' busy cycles (COMPUTEs: their
-    input rows or operand beats on the array, max(m, k) or max(k, R) apart), a chunk's loads
+    input rows or operand beats on the array, max(m, k + 1) or max(k, R) apart), a chunk's loads
     waiting for the operand copies they overwrite to be released by the COMPUTEs that read them
     (after the array's latency and the accumulator write), a tile's first COMPUTE waiting for its
     accumulator buffer to be stored, STOREs with the SFU's latency, and instruction dispatch

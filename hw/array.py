@@ -13,14 +13,15 @@ Weight-stationary partial sums are only as wide as the exact column sum (:func:`
 The timing and the interface rules are in ``docs/arch-array.md``; in short, with T tiles streamed
 back to back and the output always ready:
 
-* weight-stationary: :func:`ws_cycles` — ``k + (T-1)*max(m, k) + m + R + C + 4`` cycles from the
-  first weight row to the last result row, i.e. ``max(m, k)`` per tile in steady state (the next
-  tile's weights shift into the shadow registers while the current tile streams);
+* weight-stationary: :func:`ws_cycles` — ``k + (T-1)*max(m, k+1) + m + R + C + 4`` cycles from
+  the first weight row to the last result row, i.e. ``max(m, k+1)`` per tile in steady state (the
+  next tile's weights shift into the shadow registers while the current tile streams, from the
+  cycle after its first row);
 * output-stationary: :func:`os_cycles` — ``K + (T-1)*max(K, R) + 2R + C + 2`` cycles from the
   first operand beat to the last result row (the result registers of one tile drain while the
   next accumulates).
 
-Both give R * C multiply-accumulates every cycle in steady state (m >= k, K >= R).
+Both give R * C multiply-accumulates every cycle in steady state (m > k, K >= R).
 """
 
 from __future__ import annotations
@@ -127,12 +128,13 @@ def ws_cycles(config: AcceleratorConfig, *, m: int, k: int, tiles: int) -> int:
     """Cycles, counting from the handshake of the first weight row as cycle 0 to the handshake
     of the last result row inclusive, of ``tiles`` weight-stationary tiles that each preload k
     weight rows and stream m input rows, all streams back to back and the output always ready:
-    ``k + (tiles-1)*max(m, k) + m + R + C + 4``."""
+    ``k + (tiles-1)*max(m, k+1) + m + R + C + 4`` (a preload starts the cycle after the previous
+    one's first input row takes it into the PEs)."""
     config = _check_config(config)
     _check_tile_counts(m=m, k=k, tiles=tiles)
     if k > config.rows:
         raise ValueError(f"k must be at most rows ({config.rows}), not {k!r}")
-    return k + (tiles - 1) * max(m, k) + m + array_latency(config)
+    return k + (tiles - 1) * max(m, k + 1) + m + array_latency(config)
 
 
 def os_cycles(config: AcceleratorConfig, *, k: int, tiles: int) -> int:
@@ -244,12 +246,14 @@ def ws_handshake(m: Module, rows: int, *, enable: Value, inputs_valid: Value, ne
                  weights_valid: Value, weights_last: Value, name: str = "") -> Handshake:
     """The weight-stationary array's readiness rule and the registers behind it, added to ``m``
     (its sync domain; signal names start with ``name``): an input beat with ``new_weights`` is
-    ready once a preload has completed (``pending``), a weight row while none waits or in the
-    cycle the waiting one is taken (the shadow registers are read by the swap before the new row
-    reaches them); a preload completes with ``last`` or its ``rows``-th row. ``enable`` gates
-    both. The array builds its handshake with it, and the compute unit builds a copy that takes
-    rows from the scratchpad's response rings (hw/units.py), so that the array's ``ready``
-    needs no route back."""
+    ready once a preload has completed (``pending``), a weight row while none waits (a register:
+    the weights' readiness does not depend on the input stream, so a compute unit's take of a
+    weight row is made of the weight side alone; on the 16x16 ULX3S SoC at 5832802 the rule that
+    also took a weight row in the cycle the waiting preload is swapped in made a path from the
+    input rows' side into the weights' metadata queue, 10.7 ns, docs/boards.md); a preload
+    completes with ``last`` or its ``rows``-th row. ``enable`` gates both. The array builds its
+    handshake with it, and the compute unit builds a copy that takes rows from the scratchpad's
+    response rings (hw/units.py), so that the array's ``ready`` needs no route back."""
     pending = Signal(name=f"{name}pending")            # a completed preload waits in the shadows
     weight_row = Signal(range(rows), name=f"{name}weight_row")     # the next preload row's index
     hs = Handshake(inputs_ready=Signal(name=f"{name}inputs_ready"), in_fire=Signal(name=f"{name}in_fire"),
@@ -258,7 +262,7 @@ def ws_handshake(m: Module, rows: int, *, enable: Value, inputs_valid: Value, ne
     w_done = Signal(name=f"{name}w_done")
     m.d.comb += [
         hs.inputs_ready.eq(enable & (~new_weights | pending)),
-        hs.weights_ready.eq(enable & (~pending | (inputs_valid & new_weights))),
+        hs.weights_ready.eq(enable & ~pending),
         hs.in_fire.eq(inputs_valid & hs.inputs_ready),
         hs.w_fire.eq(weights_valid & hs.weights_ready),
         w_done.eq(hs.w_fire & (weights_last | (weight_row == rows - 1))),

@@ -28,7 +28,8 @@ Where docs/isa.md leaves a detail open, this model decides as follows (to be wri
 * Timing: instruction 0 is dispatched at INSTR_BYTES / dma_bytes. A LOAD or STORE occupies its
   unit for its whole estimate, CONFIG and SYNC for 1 cycle, and the next instruction of the queue
   may start when they are over. A COMPUTE follows the array of :mod:`systolic.hw.array`: a WS
-  preload shifts its k weight rows in from the first input row of the previous preload on, its m
+  preload shifts its k weight rows in from the cycle after the previous preload's first input
+  row (the array takes weight rows only while no completed preload waits), its m
   input rows follow the previous COMPUTE's rows; OS operand beats follow the previous COMPUTE's,
   with ``last`` beats at least R cycles apart. It ends when its last result row is readable in the
   accumulator (:func:`~systolic.hw.array.array_latency`, the OS drain and
@@ -930,7 +931,9 @@ class _Run:
             # previous COMPUTE's input rows
             first_row = max(start + k, self.stream_end) if preload else start
             if preload:
-                self.shadow_free = first_row
+                # the array takes the next preload's weight rows from the cycle after this one's
+                # first input row swaps the shadows in (hw/array.py ws_handshake)
+                self.shadow_free = first_row + 1
             stream_end = first_row + m
             last_result = stream_end - 1 + self.array_latency
         else:

@@ -317,7 +317,7 @@ def test_ws_heavy_backpressure_loses_nothing() -> None:
     (4, 4, 1, 1, 6),
 ])
 def test_ws_back_to_back_cycle_count(rows: int, cols: int, m: int, k: int, tiles: int) -> None:
-    """T preloaded tiles streamed back to back take exactly ws_cycles() cycles; with m >= k the
+    """T preloaded tiles streamed back to back take exactly ws_cycles() cycles; with m > k the
     input stream moves every cycle from its first row to its last (R*C MACs every cycle)."""
     config = config_for("ws", rows, cols)
     rng = np.random.default_rng(m * k + tiles)
@@ -327,9 +327,9 @@ def test_ws_back_to_back_cycle_count(rows: int, cols: int, m: int, k: int, tiles
     check(config, sequence, run)
     measured = run.fires["outputs"][-1] - run.fires["weights"][0] + 1
     assert measured == ws_cycles(config, m=m, k=k, tiles=tiles)
-    assert measured == k + (tiles - 1) * max(m, k) + m + rows + cols + 4
+    assert measured == k + (tiles - 1) * max(m, k + 1) + m + rows + cols + 4
     fires = run.fires["inputs"]
-    if m >= k:
+    if m > k:
         assert fires == list(range(fires[0], fires[0] + m * tiles)), "bubble in the input stream"
     assert run.fires["outputs"][0] - fires[0] == array_latency(config)
 
@@ -446,7 +446,7 @@ def test_without_backpressure_results_and_cycles(dataflow: str, rows: int, cols:
         tiles = make(config, rng, 5)
         check(config, tiles, simulate(config, tiles, seed=rows, gap=gap, backpressure=False))
     if dataflow == "ws":
-        # m >= k and K >= R: no wait for a preload or a drain between the tiles
+        # m > k and K >= R: no wait for a preload or a drain between the tiles
         sequence = [WsTile(_values(rng, config.input_range, (rows + 3, rows)),
                            _values(rng, config.weight_range, (rows, cols))) for _ in range(3)]
     else:

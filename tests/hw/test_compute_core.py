@@ -38,8 +38,9 @@ def _handshakes(dataflow: str, memory_registers: bool) -> tuple[dict[str, int], 
     cycles. In each cycle flip one input at a time and count the cycles where an output changes
     with it: the array's ``ready`` -> anything the unit drives ("array": the unit reads its own
     copy of the array's handshake instead); an input row offered by the scratchpad -> the
-    ``ready`` to the weight rows' responses ("spad", WS: the array's readiness for weights
-    depends on an input row with ``new_weights`` being offered); the array's result ``valid`` ->
+    ``ready`` to the weight rows' responses ("spad", WS: the array's rule would take a weight row
+    in the cycle an input row with ``new_weights`` swaps a waiting preload in; the unit offers
+    weight rows only while none waits); the array's result ``valid`` ->
     the write to the accumulator ("acc"). Returns the counts and the cycle of the first request
     to the scratchpad (the command is offered from cycle 0)."""
     config = AcceleratorConfig(rows=4, cols=4, dataflow=dataflow, scratchpad_bytes=4096,
@@ -121,16 +122,17 @@ def test_the_compute_units_registers_cut_its_handshakes(dataflow: str) -> None:
     in some cycles. With or without them, nothing the unit drives depends on the array's
     ``ready``: the unit makes the array's readiness from its own copy of the array's handshake
     (test_the_units_copy_of_the_arrays_handshake_is_the_arrays, below), and takes the rows at the
-    heads of the scratchpad's response rings by it, so (WS) an input row offered on port A makes
-    port B's weight row ready in both (the copy's rule: a preload waiting in the shadows lets the
-    next one in as the input row with ``new_weights`` swaps it; both ports' ``valid`` are
-    registers of the response rings)."""
+    heads of the scratchpad's response rings by it. WS: an input row offered on port A never
+    changes whether port B's weight row is taken, in both: the unit offers weight rows only
+    while no completed preload waits (the copy's `pending`), not in the swap cycle the array's
+    rule also allows (on the 16x16 ULX3S SoC at 5832802 port A's side into the weights'
+    metadata queue took 10.7 ns, docs/boards.md)."""
     dependent, first = _handshakes(dataflow, memory_registers=True)
     direct_dependent, direct_first = _handshakes(dataflow, memory_registers=False)
     assert dependent.pop("array") == 0 and direct_dependent.pop("array") == 0
     assert dependent.pop("acc") == 0 and direct_dependent.pop("acc") > 0
     if dataflow == "ws":
-        assert dependent.pop("spad") > 0 and direct_dependent.pop("spad") > 0
+        assert dependent.pop("spad") == 0 and direct_dependent.pop("spad") == 0
     assert not dependent and not direct_dependent
     assert first is not None and direct_first is not None
     assert first == direct_first + 1, (first, direct_first)

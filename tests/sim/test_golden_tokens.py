@@ -178,9 +178,10 @@ def test_back_to_back_ws_tiles_take_the_arrays_cycles(config, tiles, m, k):
     first, last = computes[0], computes[-1]
     assert last.end == first.start + ws_cycles(config, m=m, k=k, tiles=tiles) - 1 + WRITE_LATENCY
     assert result.busy["compute"] == ws_cycles(config, m=m, k=k, tiles=tiles) - array_latency(config)
-    # a tile's preload starts with its predecessor's stream: max(m, k) apart
+    # a tile's preload starts the cycle after its predecessor's first row: first rows (and,
+    # after the first, preloads) max(m, k + 1) apart
     assert [t.start - first.start for t in computes] == [
-        k + (t - 1) * max(m, k) if t else 0 for t in range(tiles)]
+        k + 1 + (t - 1) * max(m, k + 1) if t else 0 for t in range(tiles)]
 
 
 @pytest.mark.parametrize("config", [CONFIG.replace(dataflow="os"),
@@ -200,9 +201,10 @@ def test_back_to_back_os_tiles_take_the_arrays_cycles(config, tiles, k):
 
 def test_ws_preload_overlaps_the_previous_stream():
     """8 x 8 WS (array latency 20), tiles (m, k) = (2, 8) then (2, 3) from cycle s: weight rows
-    s..s+7, input rows s+8, s+9; the second preload enters from s+8 (the first tile's first input
-    row frees the shadow registers) to s+10 and its input rows follow at s+11, s+12: max(m, k_next)
-    = 3 after the first tile's. A reuse tile's rows then follow at s+13."""
+    s..s+7, input rows s+8, s+9; the second preload enters from s+9 (the cycle after the first
+    tile's first input row takes the shadow registers' weights) to s+11 and its input rows follow
+    at s+12, s+13: max(m, k_next + 1) = 4 after the first tile's. A reuse tile's rows then follow
+    at s+14."""
     program = [
         _spad_load(0, 0, push_next=1),
         _i("COMPUTE", b_addr=8, m=2, k=8, n=8, preload=1, pop_prev=1),
@@ -213,8 +215,8 @@ def test_ws_preload_overlaps_the_previous_stream():
     t = _run(program).timings
     s = 25          # the LOAD: 1 beat + latency 16 from 8
     assert (t[1].start, t[1].end) == (s, s + 9 + 20 + WRITE_LATENCY)
-    assert (t[2].start, t[2].end) == (s + 8, s + 12 + 20 + WRITE_LATENCY)
-    assert (t[3].start, t[3].end) == (s + 13, s + 13 + 20 + WRITE_LATENCY)
+    assert (t[2].start, t[2].end) == (s + 9, s + 13 + 20 + WRITE_LATENCY)
+    assert (t[3].start, t[3].end) == (s + 14, s + 14 + 20 + WRITE_LATENCY)
 
 
 @pytest.mark.parametrize("pool,latency", [(0, 16), (1, 16), (2, 27)], ids=["none", "max", "avg"])
