@@ -417,10 +417,12 @@ class ComputeUnit(wiring.Component):
         # adder's carry chain and the comparison were the 16x16 compute core's critical path on
         # the ULX3S-85F, into the descriptor queue's read)
         if ws:
-            feed_layout = data.StructLayout({"a_addr": addr_bits, "m_last": rows_bits, "preload": 1,
-                                             "row_macs": _row_macs_bits(cfg), "acc_addr": cfg.acc_addr_bits,
-                                             "accumulate": 1})
-            preload_layout = data.StructLayout({"b_addr": addr_bits, "k_last": small_r, "n": small_c})
+            # m_single, k_single: one row (m_last, k_last zero), the reader's first row's `last`
+            feed_layout = data.StructLayout({"a_addr": addr_bits, "m_last": rows_bits, "m_single": 1,
+                                             "preload": 1, "row_macs": _row_macs_bits(cfg),
+                                             "acc_addr": cfg.acc_addr_bits, "accumulate": 1})
+            preload_layout = data.StructLayout({"b_addr": addr_bits, "k_last": small_r, "k_single": 1,
+                                                "n": small_c})
             write_layout = data.StructLayout({"acc_addr": cfg.acc_addr_bits, "m_last": rows_bits,
                                               "accumulate": 1})
         else:
@@ -443,9 +445,10 @@ class ComputeUnit(wiring.Component):
         if ws:
             preload = Signal(preload_layout)
             m_last = op.m[:rows_bits] - 1       # m >= 1, k >= 1 (ComputeCheck, the firmware)
-            m.d.comb += [feed.m_last.eq(m_last), feed.preload.eq(op.preload), write.m_last.eq(m_last),
-                         feed.acc_addr.eq(op.acc_addr), feed.accumulate.eq(op.accumulate),
-                         preload.b_addr.eq(op.b_addr), preload.k_last.eq(op.k[:small_r] - 1),
+            m.d.comb += [feed.m_last.eq(m_last), feed.m_single.eq(m_last == 0), feed.preload.eq(op.preload),
+                         write.m_last.eq(m_last), feed.acc_addr.eq(op.acc_addr),
+                         feed.accumulate.eq(op.accumulate), preload.b_addr.eq(op.b_addr),
+                         preload.k_last.eq(op.k[:small_r] - 1), preload.k_single.eq(op.k[:small_r] == 1),
                          preload.n.eq(op.n)]
         else:
             m.d.comb += [feed.b_addr.eq(op.b_addr), feed.k.eq(op.k), feed.n.eq(op.n), write.m.eq(op.m)]
@@ -459,15 +462,24 @@ class ComputeUnit(wiring.Component):
             # between the COMPUTE crossing's register and the three queues' write logic, spread
             # over the core (on the 16x16 ULX3S SoC at 78f3c41 that path into the preload queue's
             # level took 12.2 ns, docs/boards.md). A read frees its entry for the accept a cycle
-            # later than the queue's own `w_rdy` would.
+            # later than the queue's own `w_rdy` would. Each count is a thermometer code (bit k:
+            # more than k entries), its next values shifts of it: no adder or comparison after
+            # the accept, which only picks among values made from registers (on the 16x16 ULX3S
+            # SoC at 941a5dc the accept through a count's adder and comparison into `room` took
+            # 13.2 ns, docs/boards.md).
             room = Signal(init=1)
             fits = []
+            depth = self.depth
             for n, (queue, queue_write) in enumerate(queues):
                 queue_read = Signal(name=f"queue{n}_read")
-                count = Signal(range(self.depth + 1), name=f"queue{n}_count")
-                following = count + queue_write - queue_read
-                m.d.sync += [queue_read.eq(queue.r_en & queue.r_rdy), count.eq(following)]
-                fits.append(following <= self.depth - 1)
+                count = Signal(depth, name=f"queue{n}_count")
+                more, fewer = Cat(1, count[:-1]), Cat(count[1:], 0)
+                if_written = Mux(queue_read, count, more)
+                if_not = Mux(queue_read, fewer, count)
+                m.d.sync += [queue_read.eq(queue.r_en & queue.r_rdy),
+                             count.eq(Mux(queue_write, if_written, if_not))]
+                # room next cycle: fewer than `depth` entries then
+                fits.append(Mux(queue_write, ~if_written[depth - 1], ~if_not[depth - 1]))
             m.d.sync += room.eq(Cat(*fits).all())
         else:
             room = Cat(*(queue.w_rdy for queue, _ in queues)).all()
@@ -556,17 +568,25 @@ class ComputeUnit(wiring.Component):
                 shown, beat = later, later_beat
             m.d.comb += [port.valid.eq(shown), port.payload.eq(beat)]
             return taken
-        def reader(name, port, fifo_, layout, last_of, addr_of, meta_layout, meta_of):
+        def reader(name, port, fifo_, layout, last_of, single_of, addr_of, meta_layout, meta_of):
             """Issue one scratchpad read per row of the head descriptor; queue per-row metadata
             for the response side."""
             head = Signal(layout, name=f"{name}_head")
             m.d.comb += head.eq(fifo_.r_data)
             # the rows read lie in the scratchpad (the ISA), so the counter is no wider; its last
-            # row is the descriptor's (count - 1, made on accept)
+            # row is the descriptor's (count - 1, made on accept). Whether a row is the last is
+            # made of registers: the descriptor's `single` bit for its first row (`fresh`), else a
+            # register `last_after` set as the row before it is read (the next row's index, a
+            # register too, equal to the last row's), so no comparison lies between the row
+            # counter and the descriptor queue's read (on the 16x16 ULX3S SoC at 941a5dc the
+            # comparison into the queue's level and read data enables took 11.3 ns,
+            # docs/boards.md)
             row = Signal(range(max(2, cfg.spad_rows)), name=f"{name}_row")
-            next_row = Signal(len(row) + 1, name=f"{name}_next_row")
+            next_row = Signal(len(row), init=1, name=f"{name}_next_row")      # row + 1
+            fresh = Signal(init=1, name=f"{name}_fresh")                      # row == 0
+            last_after = Signal(name=f"{name}_last_after")                    # row == last, row > 0
             last = Signal(name=f"{name}_last")
-            m.d.comb += [next_row.eq(row + 1), last.eq(row == last_of(head))]
+            m.d.comb += last.eq(Mux(fresh, single_of(head), last_after))
             # buffered (its output is a register, not a distributed RAM's read: the array's
             # input handshake starts at a register): an entry is readable two cycles after it is
             # written, no later than the memory's response (read_latency >= 2); as many entries
@@ -583,10 +603,11 @@ class ComputeUnit(wiring.Component):
             ]
             with m.If(req.valid & req.ready):
                 with m.If(last):
-                    m.d.sync += row.eq(0)
+                    m.d.sync += [row.eq(0), next_row.eq(1), fresh.eq(1)]
                     m.d.comb += fifo_.r_en.eq(1)
                 with m.Else():
-                    m.d.sync += row.eq(next_row)
+                    m.d.sync += [row.eq(next_row), next_row.eq(next_row + 1), fresh.eq(0),
+                                 last_after.eq(next_row == last_of(head))]
             return meta
 
         def column_mask(n):
@@ -606,7 +627,7 @@ class ComputeUnit(wiring.Component):
             # not on the response path: timing), last on row k-1
             wmeta_layout = data.StructLayout({"columns": C, "last": 1})
             wmeta = reader("weights", self.read_b, preloads, preload_layout, lambda h: h.k_last,
-                           lambda h: h.b_addr, wmeta_layout,
+                           lambda h: h.k_single, lambda h: h.b_addr, wmeta_layout,
                            lambda h, r, last: Cat(column_mask(h.n), last))
             wm = Signal(wmeta_layout)
             m.d.comb += wm.eq(wmeta.r_data)
@@ -621,10 +642,10 @@ class ComputeUnit(wiring.Component):
             # lie in the accumulator) and whether it accumulates
             imeta_layout = data.StructLayout({"new_weights": 1, "last": 1, "row_macs": _row_macs_bits(cfg),
                                               "acc_row": cfg.acc_addr_bits, "accumulate": 1})
-            imeta = reader("inputs", self.read_a, feeds, feed_layout, lambda h: h.m_last, lambda h: h.a_addr,
-                           imeta_layout, lambda h, r, last: Cat(h.preload & (r == 0), last, h.row_macs,
-                                                                (h.acc_addr + r)[:cfg.acc_addr_bits],
-                                                                h.accumulate))
+            imeta = reader("inputs", self.read_a, feeds, feed_layout, lambda h: h.m_last,
+                           lambda h: h.m_single, lambda h: h.a_addr, imeta_layout,
+                           lambda h, r, last: Cat(h.preload & (r == 0), last, h.row_macs,
+                                                  (h.acc_addr + r)[:cfg.acc_addr_bits], h.accumulate))
             # The accumulator does not forward (accumulator_forwards): a row that accumulates
             # waits at the array's input while one of the rows that entered the array in the
             # last array_write_spacing - 1 cycles goes to its accumulator row. Its result then
