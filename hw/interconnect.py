@@ -214,11 +214,17 @@ class SpacedStreamRegister(_StreamStage):
 
         # the next item: it enters the output register when that is free, which with an item in
         # it means that item leaves (out_valid, a register, tells which case without o.ready)
+        # (the spare and the input compared each, the choice after the comparisons: on the 16x16
+        # ULX3S SoC at 941a5dc the choice before them was one level of a 12.9 ns path)
         following = Signal.like(self.i.payload)
         m.d.comb += following.eq(Mux(spare_valid, spare, self.i.payload))
+
+        def next_waits(leaving: bool) -> object:
+            return Mux(spare_valid, waits(spare, leaving), waits(self.i.payload, leaving))
+
         m.d.sync += [
             took.eq(free),
-            hold_next.eq(Mux(out_valid, waits(following, True), waits(following, False))),
+            hold_next.eq(Mux(out_valid, next_waits(True), next_waits(False))),
             hold_stay.eq(waits(out, False)),
         ]
         with m.If(free):
