@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from systolic.hw.array import ws_tile_interval
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.dma import residual_read_fields
 from systolic.hw.dma_serial import serial_load_cycles, serial_store_write_cycles
@@ -912,7 +913,7 @@ class _LayerJobs:
                     b = b_row + gi * rows_chunk + off
                     f = {"a_addr": a, "b_addr": b, "acc_addr": acc, "m": m, "k": kt.rows,
                          "n": self.ntiles[tt][1], "accumulate": accumulate, "preload": 1}
-                    out.append(_Spec("COMPUTE", f, busy=max(m, kt.rows + 1),
+                    out.append(_Spec("COMPUTE", f, busy=ws_tile_interval(m, kt.rows),
                                      spad=((a, m, False), (b, kt.rows, False)),
                                      acc=_acc_access(acc, m, accumulate)))
                 off += kt.rows

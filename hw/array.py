@@ -40,7 +40,8 @@ from .pe import MAC_LATENCY, ProcessingElement, element_shapes
 
 __all__ = [
     "LUTRAM_DELAY_DEPTH", "LUTRAM_DELAY_MIN", "SystolicArray", "weight_layout", "input_layout",
-    "output_layout", "array_latency", "ws_cycles", "os_cycles", "column_sum_shape", "default_stall_stages",
+    "output_layout", "array_latency", "ws_cycles", "ws_tile_interval", "os_cycles", "column_sum_shape",
+    "default_stall_stages",
     "Handshake", "ws_handshake", "os_handshake",
 ]
 
@@ -124,6 +125,14 @@ def _check_tile_counts(**counts: int) -> None:
             raise ValueError(f"{name} must be at least 1, not {value!r}")
 
 
+def ws_tile_interval(m: int, k: int) -> int:
+    """Cycles between the first input rows of two back-to-back preloading WS tiles (the later
+    one's k weight rows enter from the cycle after the earlier one's first input row, whose m
+    rows stream meanwhile): ``max(m, k + 1)``. :func:`ws_cycles` and the compiler's estimate use
+    it."""
+    return max(m, k + 1)
+
+
 def ws_cycles(config: AcceleratorConfig, *, m: int, k: int, tiles: int) -> int:
     """Cycles, counting from the handshake of the first weight row as cycle 0 to the handshake
     of the last result row inclusive, of ``tiles`` weight-stationary tiles that each preload k
@@ -134,7 +143,7 @@ def ws_cycles(config: AcceleratorConfig, *, m: int, k: int, tiles: int) -> int:
     _check_tile_counts(m=m, k=k, tiles=tiles)
     if k > config.rows:
         raise ValueError(f"k must be at most rows ({config.rows}), not {k!r}")
-    return k + (tiles - 1) * max(m, k + 1) + m + array_latency(config)
+    return k + (tiles - 1) * ws_tile_interval(m, k) + m + array_latency(config)
 
 
 def os_cycles(config: AcceleratorConfig, *, k: int, tiles: int) -> int:
