@@ -13,11 +13,13 @@ from typing import Any
 
 from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, ResetSignal, Shape, Signal, signed
 from amaranth.hdl import Value
+from amaranth.lib.cdc import AsyncFFSynchronizer
 
 from .config import int_range
 
 __all__ = ["COPY_GROUP_BITS", "MULT18X18D_INPUT_BITS", "and_pair_sum", "and_pair_sum_shape", "fabric_copy",
-           "fabric_register", "global_buffer", "group_enables", "is_ecp5", "mult18x18d", "select_add"]
+           "fabric_register", "global_buffer", "group_enables", "is_ecp5", "mult18x18d", "reset_synchronizer",
+           "select_add"]
 
 #: Width of a MULT18X18D operand: 18 bits signed (so 17 bits unsigned).
 MULT18X18D_INPUT_BITS = 18
@@ -247,15 +249,20 @@ def select_add(m: Module, name: str, select: Value, when_set: Value, when_clear:
 
 
 def _trellis_ff(m: Module, name: str, value: Value, reg: Value, *, enable: Value | None,
-                init: int | None) -> None:
-    """Submodule ``name``: a TRELLIS_FF on the ``sync`` clock from ``value`` to ``reg`` (one bit),
-    its clock enable ``enable`` (None: always enabled), its LSR the ``sync`` reset, setting it to
-    ``init`` with priority over the enable (None: no reset)."""
+                init: int | None, domain: str = "sync", async_set: Value | None = None) -> None:
+    """Submodule ``name``: a TRELLIS_FF on ``domain``'s clock from ``value`` to ``reg`` (one bit),
+    its clock enable ``enable`` (None: always enabled), its LSR the domain's reset, setting it to
+    ``init`` with priority over the enable (None: no reset). ``async_set``: the LSR is that
+    signal instead, which sets the flip-flop at once, whatever the clock (``init`` is then 1)."""
+    if async_set is not None and init != 1:
+        raise ValueError(f"an asynchronous set needs init=1, not {init!r}")
+    lsr = Const(0, 1) if init is None else ResetSignal(domain) if async_set is None else async_set
     m.submodules[name] = Instance(
         "TRELLIS_FF", p_GSR="DISABLED", p_CEMUX="1" if enable is None else "CE", p_CLKMUX="CLK",
-        p_LSRMUX="LSR", p_REGSET="SET" if init else "RESET", p_SRMODE="LSR_OVER_CE",
-        i_CLK=ClockSignal("sync"), i_LSR=Const(0, 1) if init is None else ResetSignal("sync"),
-        **({} if enable is None else {"i_CE": enable}), i_DI=value, o_Q=reg)
+        p_LSRMUX="LSR", p_REGSET="SET" if init else "RESET",
+        p_SRMODE="LSR_OVER_CE" if async_set is None else "ASYNC",
+        i_CLK=ClockSignal(domain), i_LSR=lsr, **({} if enable is None else {"i_CE": enable}),
+        i_DI=value, o_Q=reg)
 
 
 def fabric_register(m: Module, name: str, value: Value, *, init: int, platform: Any) -> Signal:
@@ -277,6 +284,29 @@ def fabric_register(m: Module, name: str, value: Value, *, init: int, platform: 
     else:
         m.d.sync += reg.eq(value)
     return reg
+
+
+def reset_synchronizer(m: Module, name: str, value: Value, *, domain: str, platform: Any) -> Signal:
+    """A reset for ``domain`` from ``value``, a reset of another clock (returned, one bit): high
+    at once while ``value`` is, low from the second edge of ``domain``'s clock after ``value``
+    falls (Amaranth's ``AsyncFFSynchronizer``, two stages). On ECP5 two ``TRELLIS_FF`` instances
+    with an asynchronous set (submodules ``name_ff0``, ``name_ff1``), so that yosys does not merge
+    the synchronizers of one reset into one domain: the one left would drive the reset logic of
+    every crossing of that domain, across the die (on the 16x16 ULX3S SoC at b76e74e the route
+    from the merged one to the accumulator-write crossing's fetch logic took 9.9 ns of the compute
+    clock's critical path, docs/boards.md). Elsewhere an ``AsyncFFSynchronizer`` (submodule
+    ``name``; yosys may merge it)."""
+    value = Value.cast(value)
+    if len(value) != 1:
+        raise ValueError(f"value must be one bit wide, not {len(value)}")
+    reset = Signal(name=name, init=1)
+    if is_ecp5(platform):
+        first = Signal(name=f"{name}_stage0", init=1)
+        _trellis_ff(m, f"{name}_ff0", Const(0, 1), first, enable=None, init=1, domain=domain, async_set=value)
+        _trellis_ff(m, f"{name}_ff1", first, reset, enable=None, init=1, domain=domain, async_set=value)
+    else:
+        m.submodules[name] = AsyncFFSynchronizer(value, reset, o_domain=domain)
+    return reset
 
 
 def fabric_copy(m: Module, name: str, value: Value, *, enable: Value, platform: Any,

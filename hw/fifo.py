@@ -32,11 +32,11 @@ import operator
 
 from amaranth import Cat, DomainRenamer, Elaboratable, Module, Mux, ResetSignal, Signal, Value
 from amaranth.lib import fifo
-from amaranth.lib.cdc import AsyncFFSynchronizer, FFSynchronizer
+from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.memory import Memory
 
 from .config import AcceleratorConfig
-from .dsp import group_enables
+from .dsp import group_enables, reset_synchronizer
 from .rtlil import UNDEFINED_COLLISION
 
 __all__ = ["FETCH_AHEAD_BUFFER", "RAM_STYLE", "BlockRamFIFO", "BlockRamAsyncFIFO", "FetchAheadAsyncFIFO",
@@ -173,8 +173,10 @@ class FetchAheadAsyncFIFO(Elaboratable):
         m.d.comb += [w_port.addr.eq(produce_bin[:-1]), w_port.data.eq(self.w_data), w_port.en.eq(do_write),
                      r_port.addr.eq(fetch_bin[:-1]), r_port.en.eq(1)]
 
-        r_rst = Signal()
-        m.submodules.rst_cdc = AsyncFFSynchronizer(ResetSignal(w, allow_reset_less=True), r_rst, o_domain=r)
+        # a synchronizer of this FIFO's own (on ECP5 one that yosys does not merge with the other
+        # crossings' into the same domain, hw/dsp.py), placed by this FIFO's reset logic
+        r_rst = reset_synchronizer(m, "rst_cdc", ResetSignal(w, allow_reset_less=True), domain=r,
+                                   platform=platform)
         # The storage's read data (a block RAM's come 5.8 ns after the clock edge on ECP5 at speed
         # grade 6) go into `data_d` with no enable and no logic, so that it can sit by the block
         # RAM (on the 16x16 ULX3S SoC at 1434618 the route from the scratchpad-row crossing's

@@ -8,15 +8,19 @@ fetcher's FIFO never does."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import re
 
 import pytest
-from amaranth import ClockDomain
+from amaranth import Cat, ClockDomain, Module, Signal
 from amaranth.back import rtlil
-from amaranth.lib import fifo
+from amaranth.lib import fifo, wiring
+from amaranth.lib.wiring import In, Out
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.dma import GatherReader, read_run_fifo_depth
+from systolic.hw.dsp import reset_synchronizer
 from systolic.hw.fifo import (
     FETCH_AHEAD_BUFFER,
     RAM_STYLE,
@@ -28,8 +32,11 @@ from systolic.hw.fifo import (
     wants_block_ram,
 )
 from systolic.hw.rtlil import UNDEFINED_COLLISION, undefined_read_collisions
-from systolic.sim.tools import yosys_synth
+from systolic.sim.tools import to_verilog, yosys_synth
 
+from tests.boards.clocked_testbench import random_top, run_clocked_testbench
+
+from .ecp5_stand import Ecp5Stand
 from .test_cdc import _simulate
 from .test_scratchpad import collect, drive, simulate
 
@@ -354,8 +361,6 @@ def test_fetch_ahead_buffer_loads_and_reads_under_register_copies(width) -> None
     from amaranth.back import verilog
     from systolic.hw.dsp import COPY_GROUP_BITS
 
-    from .ecp5_stand import Ecp5Stand
-
     def convert(platform) -> str:
         dut = FetchAheadAsyncFIFO(width=width, depth=4, w_domain="write", r_domain="read", block_ram=True)
         return verilog.convert(dut, ports=[dut.w_data, dut.w_en, dut.w_rdy, dut.r_data, dut.r_en, dut.r_rdy],
@@ -364,7 +369,94 @@ def test_fetch_ahead_buffer_loads_and_reads_under_register_copies(width) -> None
     groups = -(-width // COPY_GROUP_BITS)
     text = convert(Ecp5Stand())
     names = [f"{kind}{k}_" for kind in ("load", "head") for k in range(FETCH_AHEAD_BUFFER)]
-    assert text.count("TRELLIS_FF ") == len(names) * groups
+    assert text.count("TRELLIS_FF ") == len(names) * groups + 2       # and the reset synchronizer's
     for name in names:
         assert sum(f"{name}{n}_ff" in text for n in range(groups)) == groups
     assert "TRELLIS_FF " not in convert(None)
+
+
+class _Synchronizer(wiring.Component):
+    """``reset_synchronizer`` from the ``value`` input, its reset out."""
+
+    def __init__(self, ecp5: bool) -> None:
+        self._ecp5 = ecp5
+        super().__init__({"value": In(1), "reset": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        reset = reset_synchronizer(m, "rst_cdc", self.value, domain="sync",
+                                   platform=Ecp5Stand() if self._ecp5 else None)
+        m.d.comb += self.reset.eq(reset)
+        return m
+
+
+@pytest.mark.slow
+def test_ecp5_reset_synchronizer_behaves_as_amaranths_on_verilator() -> None:
+    """The ECP5 reset synchronizer (two TRELLIS_FF with an asynchronous set, in yosys's own
+    simulation model) beside Amaranth's AsyncFFSynchronizer, its input changed between clock
+    edges at random (pulses of one cycle and longer): at every edge both outputs are equal, and
+    high whenever the input has been high since the last falling edge (set at once, not at the
+    next clock edge)."""
+    from .test_logic_multiplier_ecp5 import ecp5_cell_models
+
+    body = """  logic v = 1;
+  logic re, rg;
+  always @(negedge clk) if (x2[1:0] == 0) v <= ~v;
+  se ue(.clk(clk), .rst(rst), .value(v), .reset(re));
+  sg ug(.clk(clk), .rst(rst), .value(v), .reset(rg));
+  logic [31:0] checked = 0, bad = 0, late = 0, rises = 0, releases = 0;
+  logic was = 1;
+  always @(posedge clk) if (!rst) begin
+    checked <= checked + 1;
+    was <= re;
+    rises <= rises + 32'(re && !was);
+    releases <= releases + 32'(!re && was);
+    if (re != rg) begin
+      bad <= bad + 1;
+      if (bad < 3) $display("cycle %0d: ecp5 %0d, amaranth %0d", cycle, re, rg);
+    end
+    if (v && !re) late <= late + 1;
+  end
+  final $display("checked %0d edges: %0d differ, %0d late, %0d rises, %0d releases", checked, bad, late,
+                 rises, releases);
+"""
+    sources = [ecp5_cell_models("TRELLIS_FF"), to_verilog(_Synchronizer(True), "se"),
+               to_verilog(_Synchronizer(False), "sg"), random_top("reset_sync_check", 3, 20000, body)]
+    output = run_clocked_testbench("reset_sync_check", sources)
+    checked, bad, late, rises, releases = map(int, re.search(
+        r"checked (\d+) edges: (\d+) differ, (\d+) late, (\d+) rises, (\d+) releases", output).groups())
+    assert (bad, late) == (0, 0), output
+    assert checked >= 20000 and rises >= 500 and releases >= 500, output
+
+
+class _TwoCrossings(wiring.Component):
+    """Two fetch-ahead FIFOs between the same two domains (one write reset)."""
+
+    def __init__(self) -> None:
+        super().__init__({"data": In(16), "out": Out(16)})
+
+    def elaborate(self, platform):
+        m = Module()
+        a = m.submodules.a = FetchAheadAsyncFIFO(width=8, depth=4, w_domain="write", r_domain="read")
+        b = m.submodules.b = FetchAheadAsyncFIFO(width=8, depth=4, w_domain="write", r_domain="read")
+        m.d.comb += [a.w_data.eq(self.data[:8]), b.w_data.eq(self.data[8:]), a.w_en.eq(1), b.w_en.eq(1),
+                     a.r_en.eq(1), b.r_en.eq(1), self.out.eq(Cat(a.r_data, b.r_data))]
+        return m
+
+
+def test_ecp5_fifos_keep_a_reset_synchronizer_each(tmp_path) -> None:
+    """Through synth_ecp5, two crossings between the same domains keep two reset synchronizers
+    (four flip-flops with an asynchronous set) on ECP5, so that each can sit by its FIFO's reset
+    logic; elaborated generically yosys merges them into one (two)."""
+    def async_flip_flops(platform) -> int:
+        text = rtlil.convert(_TwoCrossings(), name="top", platform=platform)
+        netlist = tmp_path / f"{platform is None}.json"
+        yosys_synth(text, "top", "ecp5", netlist=netlist, rtlil=True)
+        cells = json.loads(netlist.read_text())["modules"]["top"]["cells"].values()
+        return sum(cell["type"] == "TRELLIS_FF" and cell["parameters"].get("SRMODE") == "ASYNC"
+                   and cell["parameters"].get("REGSET") == "SET" for cell in cells)
+
+    assert async_flip_flops(Ecp5Stand()) == 4
+    assert async_flip_flops(None) == 2
+    with pytest.raises(ValueError, match=r"^value must be one bit wide, not 2$"):
+        reset_synchronizer(Module(), "x", Signal(2), domain="sync", platform=None)
