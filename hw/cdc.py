@@ -29,13 +29,25 @@ Units: counts are items or events; ``depth`` in entries.
 
 from itertools import pairwise
 
-from amaranth import Cat, Const, DomainRenamer, Module, Mux, ResetInserter, Shape, Signal
+from amaranth import (
+    Cat,
+    ClockDomain,
+    ClockSignal,
+    Const,
+    DomainRenamer,
+    Module,
+    Mux,
+    ResetInserter,
+    ResetSignal,
+    Shape,
+    Signal,
+)
 from amaranth.lib import stream, wiring
 from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.fifo import AsyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-from .dsp import COPY_GROUP_BITS, group_enables
+from .dsp import COPY_GROUP_BITS, fabric_register, group_enables
 from .fifo import BlockRamAsyncFIFO, FetchAheadAsyncFIFO, gray_binary, gray_code
 from .interconnect import HalfRateRegister, StreamRegister
 
@@ -101,11 +113,19 @@ class StreamCrossing(wiring.Component):
     when the write side is reset; items it holds may still be given out while that reset
     crosses (up to a few ``r_domain`` cycles), so the consumer is to be reset with the write side
     (the accelerator resets its compute core so, hw/top.py).
+    ``own_write_reset``: the FIFO's write side is reset by a register of the write domain's reset
+    of this crossing's own, so that the FIFO's read side has a reset synchronizer of its own
+    (yosys merges the synchronizers of crossings from one reset into one domain, and the one
+    left drives every crossing's read logic, across the die: on the 16x16 ULX3S SoC at b76e74e
+    9.9 ns of the compute clock's critical path, docs/boards.md); the crossing takes no item in
+    the first ``w_domain`` cycle after that domain's reset (``i.ready`` low), while the copy is
+    still high.
     """
 
     def __init__(self, shape, *, depth: int, w_domain: str = "sync", r_domain: str,
                  block_ram: bool = False, read_register: bool | int = False,
-                 write_register: bool | str = False, pieces: int = 1, fetch_ahead: bool = False):
+                 write_register: bool | str = False, pieces: int = 1, fetch_ahead: bool = False,
+                 own_write_reset: bool = False):
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 2 or depth & (depth - 1):
             raise ValueError(f"depth must be a power of two of at least 2, not {depth!r}")
         width = Shape.cast(shape).width
@@ -126,6 +146,8 @@ class StreamCrossing(wiring.Component):
             raise ValueError(f"write_register must be False, True or 'half', not {write_register!r}")
         if not isinstance(fetch_ahead, bool):
             raise ValueError(f"fetch_ahead must be True or False, not {fetch_ahead!r}")
+        if not isinstance(own_write_reset, bool):
+            raise ValueError(f"own_write_reset must be True or False, not {own_write_reset!r}")
         if w_domain == r_domain:
             raise ValueError(f"w_domain and r_domain must differ, both are {w_domain!r}")
         self.shape = shape
@@ -138,6 +160,7 @@ class StreamCrossing(wiring.Component):
         self.write_register = write_register
         self.pieces = pieces
         self.fetch_ahead = bool(fetch_ahead)
+        self.own_write_reset = own_write_reset
         super().__init__({
             "i": In(stream.Signature(shape)),
             "o": Out(stream.Signature(shape)),
@@ -150,12 +173,27 @@ class StreamCrossing(wiring.Component):
         width = Shape.cast(self.shape).width
         pieces = self.pieces
         piece = -(-width // pieces)          # bits of a piece (the last one zero-padded)
+        # own_write_reset: the FIFO's write side is in a domain of its own, on the write clock,
+        # reset by a register of the write domain's reset (one per crossing; on ECP5 a
+        # TRELLIS_FF that yosys does not merge), and takes nothing while that copy is high
+        # (the first cycle after the write domain's reset): each crossing's read side then has
+        # a reset synchronizer of its own, where yosys merges those of crossings from one
+        # reset into one, whose output reaches every crossing's read logic across the die
+        fifo_w = self.w_domain
+        w_closed = Const(0, 1)
+        if self.own_write_reset:
+            fifo_w = "fifo_write"
+            m.domains.fifo_write = ClockDomain("fifo_write", local=True)
+            copy = Module()
+            w_closed = fabric_register(copy, "w_reset", ResetSignal("sync"), init=1, platform=platform)
+            m.submodules.w_reset = DomainRenamer({"sync": self.w_domain})(copy)
+            m.d.comb += [ClockSignal(fifo_w).eq(ClockSignal(self.w_domain)), ResetSignal(fifo_w).eq(w_closed)]
         if self.fetch_ahead:
-            fifo = FetchAheadAsyncFIFO(width=piece, depth=self.depth * pieces, w_domain=self.w_domain,
+            fifo = FetchAheadAsyncFIFO(width=piece, depth=self.depth * pieces, w_domain=fifo_w,
                                        r_domain=self.r_domain, block_ram=self.block_ram)
         else:
             kind = BlockRamAsyncFIFO if self.block_ram else AsyncFIFO
-            fifo = kind(width=piece, depth=self.depth * pieces, exact_depth=True, w_domain=self.w_domain,
+            fifo = kind(width=piece, depth=self.depth * pieces, exact_depth=True, w_domain=fifo_w,
                         r_domain=self.r_domain)
         m.submodules.fifo = fifo
         # the FIFO's two sides, each directly on a port or through a register of its domain
@@ -175,7 +213,7 @@ class StreamCrossing(wiring.Component):
             w_piece = Signal(range(pieces))
             r_piece = Signal(range(pieces))
             w_last, r_last = w_piece == pieces - 1, r_piece == pieces - 1
-        m.d.comb += [w_side.ready.eq(fifo.w_rdy & w_last), fifo.w_en.eq(w_side.valid)]
+        m.d.comb += [w_side.ready.eq(fifo.w_rdy & w_last & ~w_closed), fifo.w_en.eq(w_side.valid & ~w_closed)]
         read = fifo.r_en & fifo.r_rdy
         if pieces == 1:
             m.d.comb += fifo.w_data.eq(w_side.payload)

@@ -2,10 +2,14 @@
 """hw/cdc.py: the crossings between two clock domains, simulated with unrelated clock periods
 (either side faster, and a ratio that never lines the edges up)."""
 
+import json
 import random
 
 import pytest
-from amaranth import ClockDomain, Module
+from amaranth import Cat, ClockDomain, Module
+from amaranth.back import rtlil
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 from systolic.hw.cdc import (
     COUNT_BITS,
@@ -17,7 +21,7 @@ from systolic.hw.cdc import (
     StreamCrossing,
 )
 from systolic.hw.fifo import FETCH_AHEAD_BUFFER
-from systolic.sim.tools import to_verilog
+from systolic.sim.tools import to_verilog, yosys_synth
 
 from tests.hw.ecp5_stand import Ecp5Stand
 
@@ -106,10 +110,24 @@ def test_stream_crossing_fetch_ahead_in_order_under_random_traffic(periods, regi
     _random_traffic(periods, registers, width, pieces, fetch_ahead=True)
 
 
-def _random_traffic(periods, registers, width, pieces, *, fetch_ahead=False):
+#: (read_register, write_register, fetch_ahead, pieces) with a write reset of the crossing's own
+OWN_WRITE_RESET = [(3, False, False, 1), (False, True, False, 4), (2, False, True, 1),
+                   (True, "half", True, 4)]
+
+
+@pytest.mark.parametrize("read_register,write_register,fetch_ahead,pieces", OWN_WRITE_RESET)
+@pytest.mark.parametrize("periods", [(10, 7), (10, 23)])
+def test_stream_crossing_own_write_reset_in_order_under_random_traffic(periods, read_register, write_register,
+                                                                        fetch_ahead, pieces):
+    _random_traffic(periods, (read_register, write_register), 16, pieces, fetch_ahead=fetch_ahead,
+                    own_write_reset=True)
+
+
+def _random_traffic(periods, registers, width, pieces, *, fetch_ahead=False, own_write_reset=False):
     rng = random.Random(sum(periods))
     dut = StreamCrossing(width, depth=4, w_domain="sync", r_domain="fast", read_register=registers[0],
-                         write_register=registers[1], pieces=pieces, fetch_ahead=fetch_ahead)
+                         write_register=registers[1], pieces=pieces, fetch_ahead=fetch_ahead,
+                         own_write_reset=own_write_reset)
     top = (1 << width) - 1
     items = [0, top] + [rng.randrange(1 << width) for _ in range(300)] + [top, 0]
     received, checks = [], []
@@ -474,3 +492,86 @@ def test_crossing_rules():
         ResetCrossing(o_domain="fast", cycles=0)
     with pytest.raises(ValueError, match=r"^i_domain and o_domain must differ, both are 'fast'$"):
         ResetCrossing(i_domain="fast", o_domain="fast")
+
+
+@pytest.mark.parametrize("fetch_ahead,registers",
+                         [(False, (3, False)), (True, (2, False)), (False, (True, True))])
+def test_stream_crossing_own_write_reset_empties_and_waits_a_cycle(fetch_ahead, registers):
+    """With own_write_reset, a reset of the write domain with items inside empties the crossing
+    (nothing of them comes out afterwards); the crossing takes no item in the first write cycle
+    after the reset (ready low) and takes one in the second (with a write register, that takes
+    it at once), and items written afterwards come out alone, in order."""
+    write = ClockDomain("sync")
+    dut = StreamCrossing(8, depth=4, w_domain="sync", r_domain="fast", read_register=registers[0],
+                         write_register=registers[1], fetch_ahead=fetch_ahead, own_write_reset=True)
+    seen: dict[str, object] = {}
+
+    async def bench(ctx):
+        ctx.set(dut.i.valid, 1)
+        for item in (1, 2, 3):
+            ctx.set(dut.i.payload, item)
+            await _until_ready(ctx, dut.i)
+        ctx.set(dut.i.valid, 0)
+        ctx.set(write.rst, 1)
+        for _ in range(3):
+            await ctx.tick("sync")
+        ctx.set(write.rst, 0)
+        ctx.set(dut.i.valid, 1)
+        ctx.set(dut.i.payload, 40)
+        ticks = 0
+        while True:
+            ticks += 1
+            _, _, ready = await ctx.tick("sync").sample(dut.i.ready)
+            if ready or ticks == 10:
+                break
+        seen["ticks"] = ticks
+        ctx.set(dut.i.payload, 41)
+        await _until_ready(ctx, dut.i)
+        ctx.set(dut.i.valid, 0)
+        ctx.set(dut.o.ready, 1)
+        out = []
+        for _ in range(60):
+            _, _, valid, payload = await ctx.tick("fast").sample(dut.o.valid, dut.o.payload)
+            if valid:
+                out.append(payload)
+        seen["out"] = out
+
+    _simulate(dut, (10, 7), (bench, False), sync=write)
+    # the write register (its own reset is the domain's) takes the item at once and holds it
+    assert seen["ticks"] == (1 if registers[1] else 2)
+    assert seen["out"] == [40, 41]
+
+
+class _TwoCrossings(wiring.Component):
+    """Two crossings from ``sync`` to ``fast`` (one write reset), own_write_reset or not."""
+
+    def __init__(self, own: bool) -> None:
+        self._own = own
+        super().__init__({"data": In(16), "out": Out(16)})
+
+    def elaborate(self, platform):
+        m = Module()
+        a = m.submodules.a = StreamCrossing(8, depth=4, r_domain="fast", own_write_reset=self._own)
+        b = m.submodules.b = StreamCrossing(8, depth=4, r_domain="fast", own_write_reset=self._own)
+        m.d.comb += [a.i.payload.eq(self.data[:8]), b.i.payload.eq(self.data[8:]), a.i.valid.eq(1),
+                     b.i.valid.eq(1), a.o.ready.eq(1), b.o.ready.eq(1),
+                     self.out.eq(Cat(a.o.payload, b.o.payload))]
+        return m
+
+
+def test_ecp5_crossings_with_own_write_reset_keep_a_reset_synchronizer_each(tmp_path):
+    """Through synth_ecp5 two crossings from one reset keep two read-side reset synchronizers
+    (four flip-flops with an asynchronous set) with own_write_reset, where without it yosys
+    merges them into one (two)."""
+    def async_flip_flops(own: bool) -> int:
+        text = rtlil.convert(_TwoCrossings(own), name="top", platform=Ecp5Stand())
+        netlist = tmp_path / f"{own}.json"
+        yosys_synth(text, "top", "ecp5", netlist=netlist, rtlil=True)
+        cells = json.loads(netlist.read_text())["modules"]["top"]["cells"].values()
+        return sum(cell["type"] == "TRELLIS_FF" and cell["parameters"].get("SRMODE") == "ASYNC"
+                   and cell["parameters"].get("REGSET") == "SET" for cell in cells)
+
+    assert async_flip_flops(True) == 4
+    assert async_flip_flops(False) == 2
+    with pytest.raises(ValueError, match=r"^own_write_reset must be True or False, not 1$"):
+        StreamCrossing(8, depth=4, r_domain="fast", own_write_reset=1)
