@@ -2,12 +2,10 @@
 """hw/cdc.py: the crossings between two clock domains, simulated with unrelated clock periods
 (either side faster, and a ratio that never lines the edges up)."""
 
-import json
 import random
 
 import pytest
 from amaranth import Cat, ClockDomain, Module
-from amaranth.back import rtlil
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
@@ -21,9 +19,9 @@ from systolic.hw.cdc import (
     StreamCrossing,
 )
 from systolic.hw.fifo import FETCH_AHEAD_BUFFER
-from systolic.sim.tools import to_verilog, yosys_synth
+from systolic.sim.tools import to_verilog
 
-from tests.hw.ecp5_stand import Ecp5Stand
+from tests.hw.ecp5_stand import Ecp5Stand, async_set_flip_flops
 
 #: (write / source period, read / destination period), ns
 PERIODS = [(10, 7), (7, 10), (10, 23), (23, 10), (10, 10)]
@@ -564,12 +562,7 @@ def test_ecp5_crossings_with_own_write_reset_keep_a_reset_synchronizer_each(tmp_
     (four flip-flops with an asynchronous set) with own_write_reset, where without it yosys
     merges them into one (two)."""
     def async_flip_flops(own: bool) -> int:
-        text = rtlil.convert(_TwoCrossings(own), name="top", platform=Ecp5Stand())
-        netlist = tmp_path / f"{own}.json"
-        yosys_synth(text, "top", "ecp5", netlist=netlist, rtlil=True)
-        cells = json.loads(netlist.read_text())["modules"]["top"]["cells"].values()
-        return sum(cell["type"] == "TRELLIS_FF" and cell["parameters"].get("SRMODE") == "ASYNC"
-                   and cell["parameters"].get("REGSET") == "SET" for cell in cells)
+        return async_set_flip_flops(_TwoCrossings(own), Ecp5Stand(), tmp_path / f"{own}.json")
 
     assert async_flip_flops(True) == 4
     assert async_flip_flops(False) == 2

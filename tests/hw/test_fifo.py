@@ -8,7 +8,6 @@ fetcher's FIFO never does."""
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -36,7 +35,7 @@ from systolic.sim.tools import to_verilog, yosys_synth
 
 from tests.boards.clocked_testbench import random_top, run_clocked_testbench
 
-from .ecp5_stand import Ecp5Stand
+from .ecp5_stand import Ecp5Stand, async_set_flip_flops
 from .test_cdc import _simulate
 from .test_scratchpad import collect, drive, simulate
 
@@ -449,12 +448,7 @@ def test_ecp5_fifos_keep_a_reset_synchronizer_each(tmp_path) -> None:
     (four flip-flops with an asynchronous set) on ECP5, so that each can sit by its FIFO's reset
     logic; elaborated generically yosys merges them into one (two)."""
     def async_flip_flops(platform) -> int:
-        text = rtlil.convert(_TwoCrossings(), name="top", platform=platform)
-        netlist = tmp_path / f"{platform is None}.json"
-        yosys_synth(text, "top", "ecp5", netlist=netlist, rtlil=True)
-        cells = json.loads(netlist.read_text())["modules"]["top"]["cells"].values()
-        return sum(cell["type"] == "TRELLIS_FF" and cell["parameters"].get("SRMODE") == "ASYNC"
-                   and cell["parameters"].get("REGSET") == "SET" for cell in cells)
+        return async_set_flip_flops(_TwoCrossings(), platform, tmp_path / f"{platform is None}.json")
 
     assert async_flip_flops(Ecp5Stand()) == 4
     assert async_flip_flops(None) == 2
