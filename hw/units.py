@@ -424,7 +424,7 @@ class ComputeUnit(wiring.Component):
             preload_layout = data.StructLayout({"b_addr": addr_bits, "k_last": small_r, "k_single": 1,
                                                 "n": small_c})
             write_layout = data.StructLayout({"acc_addr": cfg.acc_addr_bits, "m_last": rows_bits,
-                                              "accumulate": 1})
+                                              "m_single": 1, "accumulate": 1})
         else:
             feed_layout = data.StructLayout({"a_addr": addr_bits, "b_addr": addr_bits, "k": rows_bits,
                                              "n": small_c, "row_macs": _row_macs_bits(cfg)})
@@ -446,7 +446,8 @@ class ComputeUnit(wiring.Component):
             preload = Signal(preload_layout)
             m_last = op.m[:rows_bits] - 1       # m >= 1, k >= 1 (ComputeCheck, the firmware)
             m.d.comb += [feed.m_last.eq(m_last), feed.m_single.eq(m_last == 0), feed.preload.eq(op.preload),
-                         write.m_last.eq(m_last), feed.acc_addr.eq(op.acc_addr),
+                         write.m_last.eq(m_last), write.m_single.eq(m_last == 0),
+                         feed.acc_addr.eq(op.acc_addr),
                          feed.accumulate.eq(op.accumulate), preload.b_addr.eq(op.b_addr),
                          preload.k_last.eq(op.k[:small_r] - 1), preload.k_single.eq(op.k[:small_r] == 1),
                          preload.n.eq(op.n)]
@@ -786,9 +787,16 @@ class ComputeUnit(wiring.Component):
         # without its descriptor would be written with a wrong one, which the RTL tests' golden
         # comparisons would show.
         if ws:
-            # the array returns exactly the m rows (m >= 1): no comparison with m but the last
+            # the array returns exactly the m rows (m >= 1): no comparison with m but the last.
+            # Whether a row is the last is made of registers, as the readers' (`reader` above):
+            # the descriptor's `m_single` for its first row (`out_fresh`), else `out_last_after`,
+            # set as the row before it is written, so no comparison lies between the row counter
+            # and the descriptor queue's read (on the 16x16 ULX3S SoC at b76e74e that comparison
+            # into the queue's read port and read data enables took 11.2 ns, docs/boards.md)
             m.d.comb += self.acc_write.valid.eq(results.valid)
-            last_row = out_row == head.m_last
+            fresh = Signal(init=1, name="out_fresh")                 # out_row == 0
+            last_after = Signal(name="out_last_after")               # out_row == m_last, out_row > 0
+            last_row = Mux(fresh, head.m_single, last_after)
         else:
             # OS tiles drain all R rows; rows >= m are dropped
             m.d.comb += self.acc_write.valid.eq(results.valid & (out_row < head.m))
@@ -798,8 +806,12 @@ class ComputeUnit(wiring.Component):
             with m.If(last_row):
                 m.d.sync += out_row.eq(0)
                 m.d.comb += [writes.r_en.eq(1), completing.eq(1)]
+                if ws:
+                    m.d.sync += fresh.eq(1)
             with m.Else():
                 m.d.sync += out_row.eq(next_row)
+                if ws:
+                    m.d.sync += [fresh.eq(0), last_after.eq(next_row == head.m_last)]
         # A read accepted by the accumulator sees a beat write_latency cycles after the beat: the
         # COMPUTE completes write_latency - 1 cycles after its last beat, and whatever reads on its
         # completion asks a cycle later at the earliest (as the golden model's estimate has it)
