@@ -286,7 +286,7 @@ class Accumulator(wiring.Component):
             beat_here = beat_reads & (beat_bank == k)
             to_bank += bank.read_en.eq(beat_here | (grant_read & (req_bank == k)))
             m.d.comb += bank.read_addr.eq(Mux(beat_here, beat.addr[:index_bits], req.addr[:index_bits]))
-        select_bank_row(m, bank_data, req_bank, resp_row, latency)
+        select_bank_row(m, bank_data, req_bank, resp_row, latency, platform=platform)
 
         # -- stages 1 to ADD_STAGE: the beat's (valid, addr, data, accumulate), one register set per
         # stage; the beat adds in stage ADD_STAGE (t+4), when its row is in the bank's register ---

@@ -43,7 +43,7 @@ from amaranth.utils import exact_log2
 
 from .bankram import BankRAM
 from .config import AcceleratorConfig
-from .dsp import COPY_GROUP_BITS, group_enables
+from .dsp import COPY_GROUP_BITS, fabric_register, group_enables, is_ecp5
 
 __all__ = [
     "READ_LATENCY", "DIRECT_READ_LATENCY", "LOAD_GROUP_BITS", "read_latency", "Scratchpad",
@@ -219,25 +219,44 @@ def bank_data_registers(m: Module, banks: Sequence[BankRAM], registered: bool = 
 
 
 def select_bank_row(m: Module, bank_data: Sequence[Value], bank: Value, row: Value,
-                    latency: int = READ_LATENCY) -> None:
+                    latency: int = READ_LATENCY, *, platform: Any = None) -> None:
     """Drive ``row`` (combinationally) with the entry of :func:`bank_data_registers` of the
     bank that ``bank`` named ``latency`` - 1 cycles ago: the cycle of the grant, whose request
     reached the block RAM one cycle later (in the same cycle without the memory registers); the
-    row :func:`drive_read_response` expects."""
+    row :func:`drive_read_response` expects.
+
+    On ECP5 (``platform``) a row wider than :data:`~systolic.hw.dsp.COPY_GROUP_BITS` is chosen in
+    groups of that many bits, each by a copy of its own of the last register of ``bank``
+    (``fabric_register``, which yosys does not merge back), so that no register drives the
+    multiplexer of every bit (on the 16x16 ULX3S SoC at cb80062 the one register of scratchpad
+    port A's bank, 5.8 ns from its multiplexer and that 4.2 ns from the response ring, ended
+    the compute clock's critical path, docs/boards.md)."""
     name = getattr(Value.cast(row), "name", "row")
     delayed = bank
     # the request is registered, the block RAM reads, its data is out, in the bank's registered
     # read data, in the bank data register; without the memory registers: the block RAM reads
     stages = ("requested", "read", "out", "registered") if latency == READ_LATENCY else ("read",)
     assert len(stages) == latency - 1, latency
-    for stage in stages:
+    *early, last = stages
+    for stage in early:
         later = Signal.like(bank, name=f"{name}_bank_{stage}")
         m.d.sync += later.eq(delayed)
         delayed = later
-    with m.Switch(delayed):
-        for k, register in enumerate(bank_data):
-            with m.Case(k):
-                m.d.comb += row.eq(register)
+    width = len(Value.cast(row))
+    groups = [slice(low, min(low + COPY_GROUP_BITS, width)) for low in range(0, width, COPY_GROUP_BITS)]
+    if is_ecp5(platform) and len(groups) > 1:
+        selects = [Cat(*(fabric_register(m, f"{name}_bank_{last}{g}_{b}", delayed[b], init=0,
+                                         platform=platform) for b in range(len(Value.cast(bank)))))
+                   for g in range(len(groups))]
+    else:
+        later = Signal.like(bank, name=f"{name}_bank_{last}")
+        m.d.sync += later.eq(delayed)
+        selects = [later] * len(groups)
+    for bits, select in zip(groups, selects, strict=True):
+        with m.Switch(select):
+            for k, register in enumerate(bank_data):
+                with m.Case(k):
+                    m.d.comb += Value.cast(row)[bits].eq(Value.cast(register)[bits])
 
 
 def spad_row_layout(config: AcceleratorConfig) -> data.ArrayLayout:
@@ -358,6 +377,6 @@ class Scratchpad(wiring.Component):
         # is selected from the latter four cycles after its grant (without the memory registers:
         # the block RAM reads at the end of the grant's cycle, its data is selected in the next)
         bank_data = bank_data_registers(m, banks, registered)
-        select_bank_row(m, bank_data, a_bank, row_a, latency)
-        select_bank_row(m, bank_data, b_bank, row_b, latency)
+        select_bank_row(m, bank_data, a_bank, row_a, latency, platform=platform)
+        select_bank_row(m, bank_data, b_bank, row_b, latency, platform=platform)
         return m

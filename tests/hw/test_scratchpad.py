@@ -11,17 +11,23 @@ from __future__ import annotations
 import gc
 import os
 import random
+import re
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+from amaranth import Module
 from amaranth.hdl import UnusedElaboratable
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 from systolic.hw.config import AcceleratorConfig
-from systolic.hw.scratchpad import LOAD_GROUP_BITS, Scratchpad, read_latency
+from systolic.hw.dsp import COPY_GROUP_BITS
+from systolic.hw.scratchpad import LOAD_GROUP_BITS, Scratchpad, read_latency, select_bank_row
 from systolic.sim.tools import to_verilog
 
+from tests.boards.clocked_testbench import random_top, run_clocked_testbench
 from tests.hw.ecp5_stand import Ecp5Stand
 
 SEED = int(os.environ.get("SYSTOLIC_TEST_SEED", "1"))
@@ -378,6 +384,75 @@ def test_response_entries_load_under_registers_of_their_own_on_ecp5(cols: int, b
         assert {name for name in loads if f" {name} (" in verilog} == loads
         assert f" {port}__resp__valid_load{depth}_0_ff (" not in verilog
         assert f" {port}__resp__valid_load0_{groups}_ff (" not in verilog
+
+
+@pytest.mark.parametrize("cols,bits", [(16, 128), (4, 32)])
+def test_row_bank_select_is_a_register_copy_per_group_on_ecp5(cols: int, bits: int) -> None:
+    """On ECP5 each 64-bit group of a read port's row is chosen by a TRELLIS_FF copy of its own
+    of the bank's last register (no register drives the multiplexer of every bit): two copies
+    per bank bit for a 128-bit row, none for a 32-bit row (one group: the plain register)."""
+    config = AcceleratorConfig(rows=cols, cols=cols, scratchpad_bytes=4096, scratchpad_banks=4)
+    groups = -(-bits // COPY_GROUP_BITS)
+    verilog = to_verilog(Scratchpad(config), "scratchpad", platform=Ecp5Stand())
+    for row in ("row_a", "row_b"):
+        copies = {f"{row}_bank_registered{g}_{b}_ff" for g in range(groups) for b in range(2)}
+        if groups > 1:
+            assert {name for name in copies if f" {name} (" in verilog} == copies
+            assert f" {row}_bank_registered{groups}_0_ff (" not in verilog
+        else:
+            assert not any(f" {name} (" in verilog for name in copies)
+
+
+class _BankSelect(wiring.Component):
+    """select_bank_row of four 200-bit banks' data (inputs) by a 2-bit bank, for ECP5 or not."""
+
+    def __init__(self, ecp5: bool) -> None:
+        self._ecp5 = ecp5
+        super().__init__({"data": In(800), "bank": In(2), "row": Out(200)})
+
+    def elaborate(self, platform):
+        m = Module()
+        select_bank_row(m, [self.data[200 * k:200 * (k + 1)] for k in range(4)], self.bank, self.row,
+                        platform=Ecp5Stand() if self._ecp5 else None)
+        return m
+
+
+@pytest.mark.slow
+def test_row_bank_select_copies_choose_as_the_one_register_on_verilator() -> None:
+    """select_bank_row elaborated for ECP5 (four copies of the bank's last register, in yosys's
+    TRELLIS_FF model) beside its generic elaboration, random bank data and banks every cycle:
+    the rows are equal in every cycle, and equal the data of the bank named READ_LATENCY - 1
+    cycles earlier."""
+    from .test_logic_multiplier_ecp5 import ecp5_cell_models
+
+    body = """  logic [799:0] data;
+  assign data = {x1[63:0], x2[63:0], x3[63:0], x1[63:0] ^ x2[63:0], x2[63:0] ^ x3[63:0],
+                 x1[63:0] ^ x3[63:0], x1[63:0] + x2[63:0], x2[63:0] + x3[63:0], x1[63:0] - x3[63:0],
+                 x1[63:0] ^ x2[62:0], x2[63:0] ^ x3[62:0], x3[63:0] ^ x1[62:0], x1[34:0]};
+  logic [1:0] bank;
+  assign bank = x3[9:8];
+  logic [199:0] re, rg;
+  se ue(.clk(clk), .rst(rst), .data(data), .bank(bank), .row(re));
+  sg ug(.clk(clk), .rst(rst), .data(data), .bank(bank), .row(rg));
+  logic [1:0] banks [0:3];
+  logic [31:0] checked = 0, bad = 0, wrong = 0;
+  always @(posedge clk) if (!rst) begin
+    banks[0] <= bank; banks[1] <= banks[0]; banks[2] <= banks[1]; banks[3] <= banks[2];
+    if (cycle > 8) begin
+      checked <= checked + 1;
+      if (re != rg) bad <= bad + 1;
+      if (rg != data[200 * banks[3] +: 200]) wrong <= wrong + 1;
+    end
+  end
+  final $display("checked %0d cycles: %0d differ, %0d wrong", checked, bad, wrong);
+"""
+    sources = [ecp5_cell_models("TRELLIS_FF"), to_verilog(_BankSelect(True), "se"),
+               to_verilog(_BankSelect(False), "sg"), random_top("bank_select_check", 5, 5000, body)]
+    output = run_clocked_testbench("bank_select_check", sources)
+    checked, bad, wrong = map(int, re.search(r"checked (\d+) cycles: (\d+) differ, (\d+) wrong",
+                                             output).groups())
+    assert (bad, wrong) == (0, 0), output
+    assert checked >= 4900, output
 
 
 def test_config_must_be_an_accelerator_config() -> None:
