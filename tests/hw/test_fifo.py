@@ -454,3 +454,6 @@ def test_ecp5_fifos_keep_a_reset_synchronizer_each(tmp_path) -> None:
     assert async_flip_flops(None) == 2
     with pytest.raises(ValueError, match=r"^value must be one bit wide, not 2$"):
         reset_synchronizer(Module(), "x", Signal(2), domain="sync", platform=None)
+    from systolic.hw.dsp import _trellis_ff
+    with pytest.raises(ValueError, match=r"^an asynchronous set needs init=1, not 0$"):
+        _trellis_ff(Module(), "x", Signal(), Signal(), enable=None, init=0, async_set=Signal())
