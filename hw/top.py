@@ -489,11 +489,11 @@ class Accelerator(wiring.Component):
         x = Module()
         m.submodules.crossings = x
 
-        def crossing(name: str, shape, *, into_core: bool = True, half_rate: bool = False,
-                     pieces: int = 1, read_registers: int = 2) -> StreamCrossing:
+        def crossing(name: str, shape, *, into_core: bool = True, half_rate: bool = False, pieces: int = 1,
+                     read_registers: int = 2, block_ram_allowed: bool = True) -> StreamCrossing:
             w, r = (_CROSSING, _COMPUTE) if into_core else (_COMPUTE, _CROSSING)
             depth = _CROSSING_DEPTH[name]
-            block_ram = wants_block_ram(cfg, Shape.cast(shape).width * depth)
+            block_ram = block_ram_allowed and wants_block_ram(cfg, Shape.cast(shape).width * depth)
             # registers on the compute core's side: its logic meets neither the FIFO's block
             # RAM nor its pointers in a cycle of the fast clock (hw/cdc.py); a half-rate one for
             # a stream out of the core that never has an item in two cycles running. Into the
@@ -523,7 +523,15 @@ class Accelerator(wiring.Component):
                 fetch_ahead=into_core and block_ram, own_write_reset=into_core)
             return block
 
-        cmd = crossing("cmd", InstructionLayout())
+        # The COMPUTE instructions cross in flip-flops or distributed RAM, whatever
+        # fifo_block_ram_bits says: the compute unit reads few of an instruction's 544 bits
+        # (yosys keeps 49 on the 16x16 SoC), so the FIFO is small, while in block RAM (3 DP16KD for 4
+        # instructions) its fixed place in a block-RAM row drew the FIFO, its two read registers
+        # and the compute unit's accept apart: on the 16x16 ULX3S SoC at cb80062 (93.0 MHz) the
+        # routes between them ended three of the compute clock's ten paths above 10 ns (the
+        # buffer's head and count after the first register's take, 10.5 and 10.3 ns; the
+        # second register's take into the first's spare valid, 10.0 ns; docs/boards.md)
+        cmd = crossing("cmd", InstructionLayout(), block_ram_allowed=False)
         spad_write = crossing("spad_write", core.spad_write.payload.shape())
         # accumulator rows, whole or in `acc_crossing_pieces` pieces (narrower FIFOs)
         acc_write = crossing("acc_write", core.acc_write.payload.shape(), pieces=cfg.acc_crossing_pieces)

@@ -3,7 +3,8 @@ the golden tests (sim/catalogue.py, but the million-cycle int32 GEMM) leaves the
 DRAM image and MAC count, with the compute clock faster than the rest (75 and 100 MHz, the
 ULX3S's pair) on the WS 4x4 configuration, its accumulator rows crossing in 4 pieces
 (``acc_crossing_pieces``) and every FIFO in block RAM (``fifo_block_ram_bits = 1``: the
-crossings into the core read theirs ahead, hw/fifo.py FetchAheadAsyncFIFO), and slower (75 and
+crossings into the core read theirs ahead, hw/fifo.py FetchAheadAsyncFIFO; the COMPUTE
+instructions' crossing is never in block RAM), and slower (75 and
 56 MHz) on the OS 4x4 one with the small FPGAs' choices, whole rows. Each configuration's
 programs run as one batch, each from reset, so the restart of both clock domains between
 programs is covered too."""
@@ -17,7 +18,8 @@ from systolic.sim.golden import run_golden
 from systolic.sim.rtl import RTLJob, RTLRunner, RTLRunResult, compute_clock_wrapper, compute_half_period_ps
 
 CONFIGS = {
-    # (every FIFO in block RAM: the crossings into the core read theirs ahead, FetchAheadAsyncFIFO)
+    # (every FIFO in block RAM but the COMPUTE instructions' crossing: the crossings into the core
+    # read theirs ahead, FetchAheadAsyncFIFO)
     "ws4-faster": RTL_CONFIGS["ws4"].replace(clock_mhz=75.0, compute_clock_mhz=100.0, acc_crossing_pieces=4,
                                              fifo_block_ram_bits=1),
     "os4-slower": RTL_CONFIGS["os4"].replace(clock_mhz=75.0, compute_clock_mhz=56.0),
