@@ -406,8 +406,12 @@ class ComputeUnit(wiring.Component):
 
         # descriptors hold what each consumer reads, as wide as the ISA allows: k <= R (WS) or
         # m <= R (OS), n <= C; the other size counts rows that lie in the scratchpad (and, WS m,
-        # in the accumulator): a COMPUTE past them is an error before it gets here. row_macs:
-        # MACs of one input row (WS k*n, OS m*n). WS: the input rows' (feed) and the weights'
+        # in the accumulator): a COMPUTE past them is an error before it gets here. mac_rows,
+        # mac_cols: an input row's MACs are their product (WS k*n, OS m*n), made only where the
+        # MACs are counted, as a row enters the array (made on accept, the product's three adder
+        # levels lay between the COMPUTE crossing's register and the descriptor queues' write
+        # data: on the 16x16 ULX3S SoC at 0778eab five of the compute clock's 13 paths above
+        # 10 ns, up to 11.2 ns, docs/boards.md). WS: the input rows' (feed) and the weights'
         # (preload) descriptors; OS: one feed descriptor for both operands.
         addr_bits = cfg.spad_addr_bits
         small_r, small_c = R.bit_length(), C.bit_length()
@@ -419,7 +423,7 @@ class ComputeUnit(wiring.Component):
         if ws:
             # m_single, k_single: one row (m_last, k_last zero), the reader's first row's `last`
             feed_layout = data.StructLayout({"a_addr": addr_bits, "m_last": rows_bits, "m_single": 1,
-                                             "preload": 1, "row_macs": _row_macs_bits(cfg),
+                                             "preload": 1, "mac_rows": small_r, "mac_cols": small_c,
                                              "acc_addr": cfg.acc_addr_bits, "accumulate": 1})
             preload_layout = data.StructLayout({"b_addr": addr_bits, "k_last": small_r, "k_single": 1,
                                                 "n": small_c})
@@ -427,7 +431,7 @@ class ComputeUnit(wiring.Component):
                                               "m_single": 1, "accumulate": 1})
         else:
             feed_layout = data.StructLayout({"a_addr": addr_bits, "b_addr": addr_bits, "k": rows_bits,
-                                             "n": small_c, "row_macs": _row_macs_bits(cfg)})
+                                             "n": small_c, "mac_rows": small_r, "mac_cols": small_c})
             write_layout = data.StructLayout({"acc_addr": cfg.acc_addr_bits, "m": small_r, "accumulate": 1})
         m.submodules.feeds = feeds = buffered_fifo(cfg, width=feed_layout.size, depth=self.depth)
         m.submodules.writes = writes = buffered_fifo(cfg, width=write_layout.size, depth=self.depth)
@@ -439,7 +443,7 @@ class ComputeUnit(wiring.Component):
         write = Signal(write_layout)
         m.d.comb += [
             feed.a_addr.eq(op.a_addr),
-            feed.row_macs.eq(_small_product(op.k[:small_r] if ws else op.m[:small_r], op.n[:small_c])),
+            feed.mac_rows.eq(op.k[:small_r] if ws else op.m[:small_r]), feed.mac_cols.eq(op.n[:small_c]),
             write.acc_addr.eq(op.acc_addr), write.accumulate.eq(op.accumulate),
         ]
         if ws:
@@ -641,11 +645,12 @@ class ComputeUnit(wiring.Component):
             # inputs: m rows of A, new_weights on the first row of a preloading COMPUTE; each
             # with the accumulator row its result goes to (acc_addr + row: a legal COMPUTE's rows
             # lie in the accumulator) and whether it accumulates
-            imeta_layout = data.StructLayout({"new_weights": 1, "last": 1, "row_macs": _row_macs_bits(cfg),
-                                              "acc_row": cfg.acc_addr_bits, "accumulate": 1})
+            imeta_layout = data.StructLayout({"new_weights": 1, "last": 1, "mac_rows": small_r,
+                                              "mac_cols": small_c, "acc_row": cfg.acc_addr_bits,
+                                              "accumulate": 1})
             imeta = reader("inputs", self.read_a, feeds, feed_layout, lambda h: h.m_last,
                            lambda h: h.m_single, lambda h: h.a_addr, imeta_layout,
-                           lambda h, r, last: Cat(h.preload & (r == 0), last, h.row_macs,
+                           lambda h, r, last: Cat(h.preload & (r == 0), last, h.mac_rows, h.mac_cols,
                                                   (h.acc_addr + r)[:cfg.acc_addr_bits], h.accumulate))
             # The accumulator does not forward (accumulator_forwards): a row that accumulates
             # waits at the array's input while one of the rows that entered the array in the
@@ -684,10 +689,11 @@ class ComputeUnit(wiring.Component):
             m.d.comb += [inputs_beat.new_weights.eq(im.new_weights), inputs_beat.last.eq(im.last)]
             m.d.comb += [took.eq(launch("inputs", self.inputs, self.read_a.resp.valid & im_valid)),
                          self.read_a.resp.ready.eq(took)]
-            row_macs = im.row_macs
+            mac_factors = (im.mac_rows, im.mac_cols)
         else:
             # k beats, each a row of A-transposed and a row of B (columns >= n zeroed)
-            ameta_layout = data.StructLayout({"columns": C, "last": 1, "row_macs": _row_macs_bits(cfg)})
+            ameta_layout = data.StructLayout({"columns": C, "last": 1, "mac_rows": small_r,
+                                              "mac_cols": small_c})
             a_head = Signal(feed_layout)
             m.d.comb += a_head.eq(feeds.r_data)
             a_row = Signal(16)
@@ -719,7 +725,8 @@ class ComputeUnit(wiring.Component):
                 b_req.valid.eq(both & (b_row <= a_row) & (b_row < a_head.k)),
                 a_done.eq((a_row + a_fire) == a_head.k),
                 b_done.eq((b_row + b_fire) == a_head.k),
-                ameta.w_data.eq(Cat(column_mask(a_head.n), a_row == a_head.k - 1, a_head.row_macs)),
+                ameta.w_data.eq(Cat(column_mask(a_head.n), a_row == a_head.k - 1, a_head.mac_rows,
+                                    a_head.mac_cols)),
                 ameta.w_en.eq(a_fire),
             ]
             with m.If(feeds.r_rdy & a_done & b_done):
@@ -738,13 +745,16 @@ class ComputeUnit(wiring.Component):
             took = launch("inputs", self.inputs, both_rows & ameta.r_rdy)
             m.d.comb += [self.read_a.resp.ready.eq(took), self.read_b.resp.ready.eq(took),
                          ameta.r_en.eq(took)]
-            row_macs = am.row_macs
+            mac_factors = (am.mac_rows, am.mac_cols)
         # MACs counted as a row enters the array, in registers here: the counters' registers may
         # sit far away (a CountCrossing's by the other clock's side), and the route to them then
         # starts at a register, not at the handshake (the 16x16 SoC's critical path at 9120dd7:
-        # the input register's fire -> a CountCrossing increment's reset, 9.9 ns of routing)
+        # the input register's fire -> a CountCrossing increment's reset, 9.9 ns of routing); the
+        # row's MACs are the product of its metadata's two factors (registers: a metadata FIFO's
+        # read data or the spaced register's output), made here in parallel with the handshake
         active = Signal()
         macs = Signal.like(self.macs)
+        row_macs = _small_product(*mac_factors)
         m.d.sync += [active.eq(copy.in_fire), macs.eq(Mux(copy.in_fire, row_macs, 0))]
         m.d.comb += [self.array_active.eq(active), self.macs.eq(macs)]
 
