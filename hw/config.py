@@ -99,7 +99,8 @@ _DOC = {
                          "on small, slow FPGAs",
     "fifo_block_ram_bits": "FIFOs storing at least this many bits (width x (depth - 1): the DMA "
                            "engines', the units' and the SFU's; width x depth: the clock-domain "
-                           "crossings' of a compute_clock_mhz config; hw/fifo.py) keep them in block RAM "
+                           "crossings' of a compute_clock_mhz config, but the COMPUTE instructions' "
+                           "crossing, never in block RAM; hw/fifo.py) keep them in block RAM "
                            "(yosys attribute ram_style = block) instead of distributed RAM; 0: yosys "
                            "chooses. For nearly full ECP5 devices, where distributed-RAM cells can keep "
                            "nextpnr's analytic placer from a legal placement; synthesis only (not part "
