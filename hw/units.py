@@ -431,7 +431,7 @@ class ComputeUnit(wiring.Component):
                                               "m_single": 1, "accumulate": 1})
         else:
             feed_layout = data.StructLayout({"a_addr": addr_bits, "b_addr": addr_bits, "k": rows_bits,
-                                             "n": small_c, "mac_rows": small_r, "mac_cols": small_c})
+                                             "n": small_c, "mac_rows": small_r})     # (MACs: mac_rows * n)
             write_layout = data.StructLayout({"acc_addr": cfg.acc_addr_bits, "m": small_r, "accumulate": 1})
         m.submodules.feeds = feeds = buffered_fifo(cfg, width=feed_layout.size, depth=self.depth)
         m.submodules.writes = writes = buffered_fifo(cfg, width=write_layout.size, depth=self.depth)
@@ -443,7 +443,7 @@ class ComputeUnit(wiring.Component):
         write = Signal(write_layout)
         m.d.comb += [
             feed.a_addr.eq(op.a_addr),
-            feed.mac_rows.eq(op.k[:small_r] if ws else op.m[:small_r]), feed.mac_cols.eq(op.n[:small_c]),
+            feed.mac_rows.eq(op.k[:small_r] if ws else op.m[:small_r]),
             write.acc_addr.eq(op.acc_addr), write.accumulate.eq(op.accumulate),
         ]
         if ws:
@@ -452,7 +452,8 @@ class ComputeUnit(wiring.Component):
             m.d.comb += [feed.m_last.eq(m_last), feed.m_single.eq(m_last == 0), feed.preload.eq(op.preload),
                          write.m_last.eq(m_last), write.m_single.eq(m_last == 0),
                          feed.acc_addr.eq(op.acc_addr),
-                         feed.accumulate.eq(op.accumulate), preload.b_addr.eq(op.b_addr),
+                         feed.accumulate.eq(op.accumulate), feed.mac_cols.eq(op.n[:small_c]),
+                         preload.b_addr.eq(op.b_addr),
                          preload.k_last.eq(op.k[:small_r] - 1), preload.k_single.eq(op.k[:small_r] == 1),
                          preload.n.eq(op.n)]
         else:
@@ -726,7 +727,7 @@ class ComputeUnit(wiring.Component):
                 a_done.eq((a_row + a_fire) == a_head.k),
                 b_done.eq((b_row + b_fire) == a_head.k),
                 ameta.w_data.eq(Cat(column_mask(a_head.n), a_row == a_head.k - 1, a_head.mac_rows,
-                                    a_head.mac_cols)),
+                                    a_head.n)),
                 ameta.w_en.eq(a_fire),
             ]
             with m.If(feeds.r_rdy & a_done & b_done):
