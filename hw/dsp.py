@@ -19,7 +19,7 @@ from .config import int_range
 
 __all__ = ["COPY_GROUP_BITS", "MULT18X18D_INPUT_BITS", "and_pair_sum", "and_pair_sum_shape", "fabric_copy",
            "fabric_register", "global_buffer", "group_enables", "is_ecp5", "mult18x18d", "reset_synchronizer",
-           "select_add"]
+           "reset_synchronizer_copies", "select_add"]
 
 #: Width of a MULT18X18D operand: 18 bits signed (so 17 bits unsigned).
 MULT18X18D_INPUT_BITS = 18
@@ -296,17 +296,34 @@ def reset_synchronizer(m: Module, name: str, value: Value, *, domain: str, platf
     from the merged one to the accumulator-write crossing's fetch logic took 9.9 ns of the compute
     clock's critical path, docs/boards.md). Elsewhere an ``AsyncFFSynchronizer`` (submodule
     ``name``; yosys may merge it)."""
+    return reset_synchronizer_copies(m, name, value, domain=domain, platform=platform, copies=1)[0]
+
+
+def reset_synchronizer_copies(m: Module, name: str, value: Value, *, domain: str, platform: Any,
+                              copies: int) -> list[Signal]:
+    """:func:`reset_synchronizer` whose second stage is ``copies`` flip-flops (on ECP5), each of
+    the same value at every edge (the same first stage, the same asynchronous set), for loads
+    apart: the first is the returned ``name`` (submodule ``name_ff1``), copy ``k`` >= 1 is
+    ``name_copy<k>`` (submodule ``name_copy<k>_ff``). Elsewhere the one synchronizer's output,
+    ``copies`` times (yosys would merge the copies).
+
+    Raises :class:`ValueError` for a ``value`` wider than one bit or fewer than one copy."""
     value = Value.cast(value)
     if len(value) != 1:
         raise ValueError(f"value must be one bit wide, not {len(value)}")
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+        raise ValueError(f"copies must be an integer of at least 1, not {copies!r}")
     reset = Signal(name=name, init=1)
-    if is_ecp5(platform):
-        first = Signal(name=f"{name}_stage0", init=1)
-        _trellis_ff(m, f"{name}_ff0", Const(0, 1), first, enable=None, init=1, domain=domain, async_set=value)
-        _trellis_ff(m, f"{name}_ff1", first, reset, enable=None, init=1, domain=domain, async_set=value)
-    else:
+    if not is_ecp5(platform):
         m.submodules[name] = AsyncFFSynchronizer(value, reset, o_domain=domain)
-    return reset
+        return [reset] * copies
+    first = Signal(name=f"{name}_stage0", init=1)
+    _trellis_ff(m, f"{name}_ff0", Const(0, 1), first, enable=None, init=1, domain=domain, async_set=value)
+    outputs = [reset] + [Signal(name=f"{name}_copy{k}", init=1) for k in range(1, copies)]
+    for k, output in enumerate(outputs):
+        _trellis_ff(m, f"{name}_copy{k}_ff" if k else f"{name}_ff1", first, output, enable=None, init=1,
+                    domain=domain, async_set=value)
+    return outputs
 
 
 def fabric_copy(m: Module, name: str, value: Value, *, enable: Value, platform: Any,

@@ -36,7 +36,7 @@ from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.memory import Memory
 
 from .config import AcceleratorConfig
-from .dsp import group_enables, reset_synchronizer
+from .dsp import group_enables, reset_synchronizer_copies
 from .rtlil import UNDEFINED_COLLISION
 
 __all__ = ["FETCH_AHEAD_BUFFER", "RAM_STYLE", "BlockRamFIFO", "BlockRamAsyncFIFO", "FetchAheadAsyncFIFO",
@@ -174,9 +174,13 @@ class FetchAheadAsyncFIFO(Elaboratable):
                      r_port.addr.eq(fetch_bin[:-1]), r_port.en.eq(1)]
 
         # a synchronizer of this FIFO's own (on ECP5 one that yosys does not merge with the other
-        # crossings' into the same domain, hw/dsp.py), placed by this FIFO's reset logic
-        r_rst = reset_synchronizer(m, "rst_cdc", ResetSignal(w, allow_reset_less=True), domain=r,
-                                   platform=platform)
+        # crossings' into the same domain, hw/dsp.py), placed by this FIFO's reset logic; its
+        # second stage twice, the copy `r_rst_ready` for `r_rdy` alone, so that it can sit by the
+        # consumer's handshake (on the 16x16 ULX3S SoC at b9a0bbe the one stage, drawn to the
+        # buffer's enables by the block RAM, reached the scratchpad-row crossing's read register
+        # 33 columns away, 5.7 ns of the compute clock's critical path, 10.4 ns, docs/boards.md)
+        r_rst, r_rst_ready = reset_synchronizer_copies(m, "rst_cdc", ResetSignal(w, allow_reset_less=True),
+                                                       domain=r, platform=platform, copies=2)
         # The storage's read data (a block RAM's come 5.8 ns after the clock edge on ECP5 at speed
         # grade 6) go into `data_d` with no enable and no logic, so that it can sit by the block
         # RAM (on the 16x16 ULX3S SoC at 1434618 the route from the scratchpad-row crossing's
@@ -204,7 +208,7 @@ class FetchAheadAsyncFIFO(Elaboratable):
         # comparison, the fetch and the pointer's carry chain into its Gray code took 10.7 ns)
         count = Signal(range(entries + 3))
         m.d.comb += [
-            self.r_rdy.eq((stored != 0) & ~r_rst),
+            self.r_rdy.eq((stored != 0) & ~r_rst_ready),
             take.eq(self.r_en & self.r_rdy),
             # written and not fetched; room when the data come (at most `entries` then, whatever
             # is taken meanwhile: no term of this cycle's take)

@@ -532,7 +532,12 @@ class Accelerator(wiring.Component):
         # buffer's head and count after the first register's take, 10.5 and 10.3 ns; the
         # second register's take into the first's spare valid, 10.0 ns; docs/boards.md)
         cmd = crossing("cmd", InstructionLayout(), block_ram_allowed=False)
-        spad_write = crossing("spad_write", core.spad_write.payload.shape())
+        # the scratchpad rows pass three read registers: with two, the hop between them (the first
+        # by the FIFO's block RAM, the second by the scratchpad's write ports) ended five of the
+        # compute clock's slowest endpoints on the 16x16 SoC at 0778eab, 10.0 to 10.7 ns
+        # (docs/boards.md); a LOAD's rows reach the scratchpad a compute cycle later for it, at
+        # the same rate
+        spad_write = crossing("spad_write", core.spad_write.payload.shape(), read_registers=3)
         # accumulator rows, whole or in `acc_crossing_pieces` pieces (narrower FIFOs)
         acc_write = crossing("acc_write", core.acc_write.payload.shape(), pieces=cfg.acc_crossing_pieces)
         acc_read_req = crossing("acc_read_req", core.acc_read.req.payload.shape(), read_registers=3)

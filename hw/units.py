@@ -449,8 +449,11 @@ class ComputeUnit(wiring.Component):
         if ws:
             preload = Signal(preload_layout)
             m_last = op.m[:rows_bits] - 1       # m >= 1, k >= 1 (ComputeCheck, the firmware)
-            m.d.comb += [feed.m_last.eq(m_last), feed.m_single.eq(m_last == 0), feed.preload.eq(op.preload),
-                         write.m_last.eq(m_last), write.m_single.eq(m_last == 0),
+            # (m_single compares m itself: m_last == 0 after the subtraction's carry chain ended the
+            # write descriptor queue's write data at 10.4 ns on the 16x16 ULX3S SoC at b9a0bbe)
+            m_single = op.m[:rows_bits] == 1
+            m.d.comb += [feed.m_last.eq(m_last), feed.m_single.eq(m_single), feed.preload.eq(op.preload),
+                         write.m_last.eq(m_last), write.m_single.eq(m_single),
                          feed.acc_addr.eq(op.acc_addr),
                          feed.accumulate.eq(op.accumulate), feed.mac_cols.eq(op.n[:small_c]),
                          preload.b_addr.eq(op.b_addr),
@@ -752,12 +755,15 @@ class ComputeUnit(wiring.Component):
         # starts at a register, not at the handshake (the 16x16 SoC's critical path at 9120dd7:
         # the input register's fire -> a CountCrossing increment's reset, 9.9 ns of routing); the
         # row's MACs are the product of its metadata's two factors (registers: a metadata FIFO's
-        # read data or the spaced register's output), made here in parallel with the handshake
+        # read data or the spaced register's output), made here in parallel with the handshake:
+        # the product's register takes it in every cycle, and `active` (the handshake's register)
+        # picks it after them, so that the handshake does not reach the product's adders (on the
+        # 16x16 ULX3S SoC at b9a0bbe, with the choice before the register, those paths ended at
+        # 9.97 ns, docs/boards.md)
         active = Signal()
         macs = Signal.like(self.macs)
-        row_macs = _small_product(*mac_factors)
-        m.d.sync += [active.eq(copy.in_fire), macs.eq(Mux(copy.in_fire, row_macs, 0))]
-        m.d.comb += [self.array_active.eq(active), self.macs.eq(macs)]
+        m.d.sync += [active.eq(copy.in_fire), macs.eq(_small_product(*mac_factors))]
+        m.d.comb += [self.array_active.eq(active), self.macs.eq(Mux(active, macs, 0))]
 
         # -- results -> accumulator -------------------------------------------------------------
         head = Signal(write_layout)

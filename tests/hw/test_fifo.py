@@ -19,7 +19,7 @@ from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.dma import GatherReader, read_run_fifo_depth
-from systolic.hw.dsp import reset_synchronizer
+from systolic.hw.dsp import reset_synchronizer, reset_synchronizer_copies
 from systolic.hw.fifo import (
     FETCH_AHEAD_BUFFER,
     RAM_STYLE,
@@ -368,41 +368,44 @@ def test_fetch_ahead_buffer_loads_and_reads_under_register_copies(width) -> None
     groups = -(-width // COPY_GROUP_BITS)
     text = convert(Ecp5Stand())
     names = [f"{kind}{k}_" for kind in ("load", "head") for k in range(FETCH_AHEAD_BUFFER)]
-    assert text.count("TRELLIS_FF ") == len(names) * groups + 2       # and the reset synchronizer's
+    # and the reset synchronizer's three: its first stage, its second and the second's copy for r_rdy
+    assert text.count("TRELLIS_FF ") == len(names) * groups + 3
+    assert "rst_cdc_copy1_ff" in text
     for name in names:
         assert sum(f"{name}{n}_ff" in text for n in range(groups)) == groups
     assert "TRELLIS_FF " not in convert(None)
 
 
 class _Synchronizer(wiring.Component):
-    """``reset_synchronizer`` from the ``value`` input, its reset out."""
+    """``reset_synchronizer_copies`` (two copies) from the ``value`` input, its resets out."""
 
     def __init__(self, ecp5: bool) -> None:
         self._ecp5 = ecp5
-        super().__init__({"value": In(1), "reset": Out(1)})
+        super().__init__({"value": In(1), "reset": Out(1), "copy": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
-        reset = reset_synchronizer(m, "rst_cdc", self.value, domain="sync",
-                                   platform=Ecp5Stand() if self._ecp5 else None)
-        m.d.comb += self.reset.eq(reset)
+        reset, copy = reset_synchronizer_copies(m, "rst_cdc", self.value, domain="sync",
+                                                platform=Ecp5Stand() if self._ecp5 else None, copies=2)
+        m.d.comb += [self.reset.eq(reset), self.copy.eq(copy)]
         return m
 
 
 @pytest.mark.slow
 def test_ecp5_reset_synchronizer_behaves_as_amaranths_on_verilator() -> None:
     """The ECP5 reset synchronizer (two TRELLIS_FF with an asynchronous set, in yosys's own
-    simulation model) beside Amaranth's AsyncFFSynchronizer, its input changed between clock
-    edges at random (pulses of one cycle and longer): at every edge both outputs are equal, and
-    high whenever the input has been high since the last falling edge (set at once, not at the
-    next clock edge)."""
+    simulation model), its second stage with a copy, beside Amaranth's AsyncFFSynchronizer, its
+    input changed between clock edges at random (pulses of one cycle and longer): at every edge
+    the outputs and the copies are equal, and high whenever the input has been high since the
+    last falling edge (set at once, not at the next clock edge)."""
     from .test_logic_multiplier_ecp5 import ecp5_cell_models
 
     body = """  logic v = 1;
   logic re, rg;
   always @(negedge clk) if (x2[1:0] == 0) v <= ~v;
-  se ue(.clk(clk), .rst(rst), .value(v), .reset(re));
-  sg ug(.clk(clk), .rst(rst), .value(v), .reset(rg));
+  logic ce, cg;
+  se ue(.clk(clk), .rst(rst), .value(v), .reset(re), .copy(ce));
+  sg ug(.clk(clk), .rst(rst), .value(v), .reset(rg), .copy(cg));
   logic [31:0] checked = 0, bad = 0, late = 0, rises = 0, releases = 0;
   logic was = 1;
   always @(posedge clk) if (!rst) begin
@@ -410,9 +413,9 @@ def test_ecp5_reset_synchronizer_behaves_as_amaranths_on_verilator() -> None:
     was <= re;
     rises <= rises + 32'(re && !was);
     releases <= releases + 32'(!re && was);
-    if (re != rg) begin
+    if (re != rg || ce != re || cg != rg) begin
       bad <= bad + 1;
-      if (bad < 3) $display("cycle %0d: ecp5 %0d, amaranth %0d", cycle, re, rg);
+      if (bad < 3) $display("cycle %0d: ecp5 %0d (copy %0d), amaranth %0d (copy %0d)", cycle, re, ce, rg, cg);
     end
     if (v && !re) late <= late + 1;
   end
@@ -445,15 +448,19 @@ class _TwoCrossings(wiring.Component):
 
 def test_ecp5_fifos_keep_a_reset_synchronizer_each(tmp_path) -> None:
     """Through synth_ecp5, two crossings between the same domains keep two reset synchronizers
-    (four flip-flops with an asynchronous set) on ECP5, so that each can sit by its FIFO's reset
-    logic; elaborated generically yosys merges them into one (two)."""
+    (six flip-flops with an asynchronous set: each second stage with its copy for ``r_rdy``) on
+    ECP5, so that each can sit by its FIFO's reset logic; elaborated generically yosys merges
+    them into one (two)."""
     def async_flip_flops(platform) -> int:
         return async_set_flip_flops(_TwoCrossings(), platform, tmp_path / f"{platform is None}.json")
 
-    assert async_flip_flops(Ecp5Stand()) == 4
+    assert async_flip_flops(Ecp5Stand()) == 6        # each: a first stage and two of the second
     assert async_flip_flops(None) == 2
     with pytest.raises(ValueError, match=r"^value must be one bit wide, not 2$"):
         reset_synchronizer(Module(), "x", Signal(2), domain="sync", platform=None)
+    for wrong in (0, True, 1.0):
+        with pytest.raises(ValueError, match=rf"^copies must be an integer of at least 1, not {wrong!r}$"):
+            reset_synchronizer_copies(Module(), "x", Signal(), domain="sync", platform=None, copies=wrong)
     from systolic.hw.dsp import _trellis_ff
     with pytest.raises(ValueError, match=r"^an asynchronous set needs init=1, not 0$"):
         _trellis_ff(Module(), "x", Signal(), Signal(), enable=None, init=0, async_set=Signal())

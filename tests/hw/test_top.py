@@ -633,8 +633,9 @@ def test_the_crossings_fifos_follow_fifo_block_ram_bits() -> None:
 
 def test_whole_items_reach_the_core_through_read_registers_in_series() -> None:
     """Whole items into the compute core leave their crossing through two StreamRegisters in
-    series, the accumulator's read requests through three (the accumulator's grant is then a
-    register away from the second, docs/arch-system.md)."""
+    series, the scratchpad rows and the accumulator's read requests through three (the hop
+    between the first two, and the accumulator's grant, are then a register away from the
+    consumer, docs/arch-system.md)."""
     from amaranth.back import rtlil
     from systolic.hw.top import Accelerator
 
@@ -649,7 +650,7 @@ def test_whole_items_reach_the_core_through_read_registers_in_series() -> None:
                 registers.setdefault(crossing, []).append(name)
     assert {crossing: sorted(names) for crossing, names in registers.items()} == {
         "cmd": ["r_register", "r_register1"],
-        "spad_write": ["r_register", "r_register1"],
+        "spad_write": ["r_register", "r_register1", "r_register2"],
         "acc_write": ["r_register", "r_register1"],          # whole rows in this config
         "acc_read_req": ["r_register", "r_register1", "r_register2"],
     }
