@@ -43,7 +43,9 @@ from systolic.hw.generate import TOP_NAME, top_verilog
 from systolic.sim.tools import (
     CELL_KINDS,
     SYNTH_FAMILIES,
+    ToolError,
     raise_yosys_failure,
+    report_tool_error,
     tool_env,
     yosys_command,
     yosys_synth,
@@ -177,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     config = small_config(rows, cols, **changes)
     print(f"{rows}x{cols} on {args.family}: synthesis ...", file=sys.stderr, flush=True)
-    result = breakdown(config, args.family, flat=not args.no_flat)
+    try:
+        result = breakdown(config, args.family, flat=not args.no_flat)
+    except ToolError as exc:
+        return report_tool_error(parser.prog, exc)
 
     out = args.out or RESULTS / f"area_breakdown_{args.family}_{rows}x{cols}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

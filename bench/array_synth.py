@@ -45,7 +45,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth_boards.ulx3s import ULX3S_85F_Platform
 from systolic.hw.array import SystolicArray
 from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment, parse_size
-from systolic.sim.tools import ToolError, to_verilog, tool_env, yosys_synth
+from systolic.sim.tools import ToolError, report_tool_error, to_verilog, tool_env, yosys_synth
 
 __all__ = ["RegisteredPorts", "measure", "main"]
 
@@ -225,7 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     for config in configs:
         print(f"{config.rows}x{config.cols} {config.dataflow}: synthesis, place and route ...",
               file=sys.stderr, flush=True)
-        rows_out.append(measure(config, freq=args.freq, seed=args.seed))
+        try:
+            rows_out.append(measure(config, freq=args.freq, seed=args.seed))
+        except ToolError as exc:                # the sizes measured so far are in args.out
+            return report_tool_error(parser.prog, exc)
         _merge(args.out, rows_out[-1:])
 
     header = f"{'array':>7} {'flow':>4} {'LUTmul':>6} {'RAMmul':>6} {'LUT4':>6} {'CCU2C':>6} {'FF':>6} " \

@@ -65,7 +65,7 @@ from amaranth.back import verilog as amaranth_verilog
 from amaranth.lib import wiring
 from amaranth.lib.wiring import Flow
 from systolic.hw.config import AcceleratorConfig, ConfigError, parse_assignment, parse_size
-from systolic.sim.tools import ToolError, to_verilog, tool_env, yosys_synth
+from systolic.sim.tools import ToolError, report_tool_error, to_verilog, tool_env, yosys_synth
 
 __all__ = ["UNITS", "DEVICES", "Harness", "FamilyPlatform", "measure", "main"]
 
@@ -381,17 +381,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_fmax and not args.area:
         parser.error("--no-fmax needs --area (nothing to measure otherwise)")
     config = _config(args, parser)
-    if args.baseline:
-        _use_revision(args.baseline)
-        args.label = args.label or args.baseline
-
     entries = []
-    for unit in args.unit:
-        entry = measure(unit, config, args.family, device=args.device, mhz=args.mhz,
-                        area=args.area, fmax=not args.no_fmax, seed=args.seed)
-        entry["label"] = args.label
-        entries.append(entry)
-        print(f"{unit}: done in {sum(entry['seconds'].values()):.0f} s", file=sys.stderr)
+    try:
+        if args.baseline:
+            _use_revision(args.baseline)
+            args.label = args.label or args.baseline
+        for unit in args.unit:
+            entry = measure(unit, config, args.family, device=args.device, mhz=args.mhz,
+                            area=args.area, fmax=not args.no_fmax, seed=args.seed)
+            entry["label"] = args.label
+            entries.append(entry)
+            print(f"{unit}: done in {sum(entry['seconds'].values()):.0f} s", file=sys.stderr)
+    except ToolError as exc:                    # the units measured so far are kept
+        if entries:
+            _merge(args.out, entries)
+        return report_tool_error(parser.prog, exc)
     _merge(args.out, entries)
     print(f"{'unit':<16}{'label':<10}{'size':<6}{'bus':>4} {'family':<6}{'dev':<6}{'Fmax':>7}"
           f"{'ns':>8}{'lvl':>4}{'LUT4':>7}{'FF':>7}{'DSP':>5}{'BRAM':>5}  critical path")

@@ -34,13 +34,20 @@ __all__ = [
     "tool_env", "to_verilog", "verilator_lint", "yosys_synth", "build_cache_dir", "build_lock", "design_hash",
     "cocotb_build", "cocotb_test", "waves_enabled", "SYNTH_FAMILIES", "strip_build", "CELL_KINDS",
     "raise_yosys_failure", "YosysSilentExit",
-    "classic_abc_commands", "exit_status", "yosys_command",
+    "classic_abc_commands", "exit_status", "yosys_command", "report_tool_error",
 ]
 
 
 class ToolError(RuntimeError):
     """An external tool is missing or reported errors; the message names the tool and quotes
     its output."""
+
+
+def report_tool_error(prog: str, exc: ToolError) -> int:
+    """Print ``exc`` on stderr as ``PROG: error: <message>`` (the message's own lines kept: a
+    tool's quoted output) for a script's ``main`` to end with; return its exit status, 1."""
+    print(f"{prog}: error: {exc}", file=sys.stderr)
+    return 1
 
 
 def exit_status(returncode: int) -> str:

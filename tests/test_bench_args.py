@@ -252,3 +252,52 @@ def test_board_sweep_row_of_a_flow_stopped_at_its_time_limit(monkeypatch: pytest
     assert (row["stopped_in"], row["placed_mhz"], row["control_placed_mhz"], row["router2"]) == (
         "routing", *expected, router2)
     assert (row["arcs_total"], row["arcs_left"], row["heap_stalled"]) == (1000, 12, False)
+
+
+@pytest.mark.parametrize("script, function, argv", [
+    ("area_breakdown", "breakdown", ["--size", "2x2"]),
+    ("array_synth", "measure", ["--sizes", "4x4", "--dataflows", "ws"]),
+    ("unit_fmax", "measure", ["--unit", "sfu"]),
+])
+def test_tool_failure_is_an_error_line_not_a_traceback(script: str, function: str, argv: list[str],
+                                                       monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    """A tool that fails (yosys, nextpnr, git) ends the script with status 1 and its message,
+    the tool's quoted output kept, after ``<script>: error:``."""
+    from systolic.sim.tools import ToolError
+
+    module = _script(script)
+
+    def failing(*args, **kwargs):
+        raise ToolError("nextpnr-ecp5 failed:\nERROR: Max frequency for clock 'clk': 12.00 MHz")
+
+    monkeypatch.setattr(module, function, failing)
+    out = tmp_path / "results.json"
+    assert module.main([*argv, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"^\S+: error: nextpnr-ecp5 failed:\nERROR: Max frequency for clock 'clk': 12.00 MHz$",
+                     err, re.M), err
+    assert "Traceback" not in err
+    assert not out.exists()                     # nothing was measured
+
+
+def test_unit_fmax_keeps_the_units_measured_before_a_tool_failure(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    import json
+
+    from systolic.sim.tools import ToolError
+
+    unit_fmax = _script("unit_fmax")
+
+    def measure(unit, config, family, **kwargs):
+        if unit == "sfu":
+            raise ToolError("yosys failed with status 1")
+        return {"unit": unit, "family": family, "device": "85k", "config_hash": "h",
+                "seconds": {"nextpnr": 1.0}}
+
+    monkeypatch.setattr(unit_fmax, "measure", measure)
+    out = tmp_path / "results.json"
+    assert unit_fmax.main(["--unit", "accumulator", "--unit", "sfu", "--out", str(out)]) == 1
+    assert re.search(r"^\S+: error: yosys failed with status 1$", capsys.readouterr().err, re.M)
+    assert [e["unit"] for e in json.loads(out.read_text())] == ["accumulator"]
