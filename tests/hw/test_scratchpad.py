@@ -386,6 +386,32 @@ def test_response_entries_load_under_registers_of_their_own_on_ecp5(cols: int, b
         assert f" {port}__resp__valid_load0_{groups}_ff (" not in verilog
 
 
+@pytest.mark.parametrize("unit", ["scratchpad", "accumulator"])
+@pytest.mark.parametrize("registered", [True, False], ids=["registers", "direct"])
+def test_response_valid_is_read_by_the_consumer_alone(unit: str, registered: bool) -> None:
+    """A read port's ``resp.valid`` register reaches no logic inside its memory: the response
+    ring takes ``entries.any()`` (the same value) for its own take, so that the consumer's
+    ``ready``, commonly made from ``resp.valid``, is not a round trip from the ring and back in
+    one cycle. In the Verilog the register appears in its declarations and its assignment only."""
+    from systolic.hw.accumulator import Accumulator
+
+    config = AcceleratorConfig(rows=4, cols=4, scratchpad_bytes=4096, scratchpad_banks=2,
+                               memory_registers=registered)
+    if unit == "scratchpad":
+        dut, ports = Scratchpad(config), ("read_a", "read_b")
+    else:
+        dut, ports = Accumulator(config), ("read",)
+    verilog = to_verilog(dut, unit)
+    for port in ports:
+        valid = f"{port}__resp__valid"
+        uses = [line.strip() for line in verilog.splitlines()
+                if re.search(rf"\b{valid}\b", line) and not line.startswith("module ")]
+        assert len(uses) == 3, uses
+        assert uses[0] == f"output {valid};"
+        assert re.fullmatch(rf"reg {valid} = 1'h0;", uses[1]), uses[1]
+        assert re.fullmatch(rf"{valid} <= \S+ ;", uses[2]), uses[2]
+
+
 @pytest.mark.parametrize("cols,bits", [(16, 128), (4, 32)])
 def test_row_bank_select_is_a_register_copy_per_group_on_ecp5(cols: int, bits: int) -> None:
     """On ECP5 each 64-bit group of a read port's row is chosen by a TRELLIS_FF copy of its own
