@@ -63,6 +63,10 @@ _ADDR = 32
 #: array, with ``memory_registers``: each beat the copy takes reaches the array this many cycles
 #: later (ComputeUnit).
 LAUNCH_STAGES = 2
+#: StreamRegisters (skid buffers) in a row between the compute unit's readers and a scratchpad
+#: read port's request, with ``memory_registers`` (ComputeUnit: the reader's side and the
+#: arbitration's side of the grant each have their own).
+REQUEST_STAGES = 2
 
 
 def _axi_read_port(config: AcceleratorConfig) -> wiring.Signature:
@@ -503,22 +507,28 @@ class ComputeUnit(wiring.Component):
         if ws:
             m.d.comb += [preloads.w_data.eq(preload), preloads.w_en.eq(accept & op.preload)]
 
-        # With the memory registers, a read request reaches the scratchpad through a
-        # StreamRegister (the row counter and its address sum are then a cycle apart from the
-        # scratchpad's bank arbitration): two more requests in flight at most, so the metadata
-        # queues have two more entries.
+        # With the memory registers, a read request reaches the scratchpad through two
+        # StreamRegisters in a row (REQUEST_STAGES): the first takes the reader's request (the row
+        # counter and its address sum are a cycle apart from the bank arbitration), the second
+        # offers it to the scratchpad's arbitration, whose grant is that register's `ready`. The
+        # grant's round trip (a request register's valid and bank -> the arbitration -> that
+        # register's own state) is then between the second register and the arbitration alone,
+        # which the placer can keep together, while the reader and the first register see only
+        # registers of the other side (on the 16x16 ULX3S SoC at 0aae96b, with one register,
+        # its valid -> the arbitration -> its spare's valid took 12.1 ns, docs/boards.md). Each
+        # holds two requests at most, so the metadata queues have two more entries per register.
         registered = cfg.memory_registers
-        meta_depth = read_latency(cfg) + 1 + (2 if registered else 0)
+        meta_depth = read_latency(cfg) + 1 + (2 * REQUEST_STAGES if registered else 0)
 
         def request(name, port):
             """The stream the reader drives for ``port.req``: the request itself, or (with the
-            memory registers) the input of a StreamRegister before it."""
+            memory registers) the input of REQUEST_STAGES StreamRegisters in a row before it."""
             local = stream.Signature(port.req.payload.shape()).create(path=(f"{name}_req",))
             source = local
-            if registered:
+            for k in range(REQUEST_STAGES if registered else 0):
                 stage = StreamRegister(port.req.payload.shape())
-                m.submodules[f"{name}_req_register"] = stage
-                wiring.connect(m, local, stage.i)
+                m.submodules[f"{name}_req_register" + (f"{k}" if k else "")] = stage
+                wiring.connect(m, source, stage.i)
                 source = stage.o
             m.d.comb += [port.req.valid.eq(source.valid), port.req.payload.eq(source.payload),
                          source.ready.eq(port.req.ready)]

@@ -15,7 +15,7 @@ from systolic.hw.compute_core import ComputeCore, connect_compute_datapath
 from systolic.hw.config import AcceleratorConfig
 from systolic.hw.isa import Instruction, Opcode, encode
 from systolic.hw.scratchpad import Scratchpad, spad_write_layout
-from systolic.hw.units import LAUNCH_STAGES, ComputeUnit
+from systolic.hw.units import LAUNCH_STAGES, REQUEST_STAGES, ComputeUnit
 
 
 def test_ports_carry_the_units_payloads():
@@ -115,18 +115,18 @@ def test_results_are_taken_without_a_handshake(memory_registers: bool) -> None:
 
 @pytest.mark.parametrize("dataflow", ["ws", "os"])
 def test_the_compute_units_registers_cut_its_handshakes(dataflow: str) -> None:
-    """With ``memory_registers`` each request passes a register (a cycle later than without it)
-    before the scratchpad's arbitration, and the array's results pass a register before the
-    write to the accumulator (no path from the array's result valid to the accumulator's): the
-    16x16 compute core's critical paths (docs/boards.md). Without them the result path is there,
-    in some cycles. With or without them, nothing the unit drives depends on the array's
-    ``ready``: the unit makes the array's readiness from its own copy of the array's handshake
-    (test_the_units_copy_of_the_arrays_handshake_is_the_arrays, below), and takes the rows at the
-    heads of the scratchpad's response rings by it. WS: an input row offered on port A never
-    changes whether port B's weight row is taken, in both: the unit offers weight rows only
-    while no completed preload waits (the copy's `pending`), not in the swap cycle the array's
-    rule also allows (on the 16x16 ULX3S SoC at 5832802 port A's side into the weights'
-    metadata queue took 10.7 ns, docs/boards.md)."""
+    """With ``memory_registers`` each request passes REQUEST_STAGES registers (that many cycles later
+    than without them) before the scratchpad's arbitration, and the array's results pass a register
+    before the write to the accumulator (no path from the array's result valid to the
+    accumulator's): the 16x16 compute core's critical paths (docs/boards.md). Without them the
+    result path is there, in some cycles. With or without them, nothing the unit drives depends on
+    the array's ``ready``: the unit makes the array's readiness from its own copy of the array's
+    handshake (test_the_units_copy_of_the_arrays_handshake_is_the_arrays, below), and takes the rows
+    at the heads of the scratchpad's response rings by it. WS: an input row offered on port A never
+    changes whether port B's weight row is taken, in both: the unit offers weight rows only while no
+    completed preload waits (the copy's `pending`), not in the swap cycle the array's rule also
+    allows (on the 16x16 ULX3S SoC at 5832802 port A's side into the weights' metadata queue took
+    10.7 ns, docs/boards.md)."""
     dependent, first = _handshakes(dataflow, memory_registers=True)
     direct_dependent, direct_first = _handshakes(dataflow, memory_registers=False)
     assert dependent.pop("array") == 0 and direct_dependent.pop("array") == 0
@@ -135,7 +135,8 @@ def test_the_compute_units_registers_cut_its_handshakes(dataflow: str) -> None:
         assert dependent.pop("spad") == 0 and direct_dependent.pop("spad") == 0
     assert not dependent and not direct_dependent
     assert first is not None and direct_first is not None
-    assert first == direct_first + 1, (first, direct_first)
+    assert REQUEST_STAGES == 2
+    assert first == direct_first + REQUEST_STAGES, (first, direct_first)
 
 
 @pytest.mark.parametrize("dataflow,memory_registers", [("ws", True), ("ws", False), ("os", True)])
