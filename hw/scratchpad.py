@@ -146,11 +146,12 @@ def drive_read_response(m: Module, resp: stream.Interface, granted: Value, row: 
     head = Signal(depth, init=1, name=f"{name}_head")      # one-hot: the entry that is the response
     tail = Signal(depth, init=1, name=f"{name}_tail")      # one-hot: the entry the next row goes into
     entries = Signal(depth, name=f"{name}_entries")        # bit k: entry k holds a row not yet taken
-    # a take, as the ring sees it: `resp.valid` is `entries.any()` a cycle late (the register of
-    # `entries_next.any()`, below), so the ring's logic reads its own entries and `resp.valid`'s
-    # loads are the consumer's alone. A consumer's `ready` is commonly made from `resp.valid`: with
-    # the ring's logic on it too, `resp.valid` -> the consumer's take -> the ring's state was a round
-    # trip between the two within a cycle (on the 16x16 ULX3S SoC at 0aae96b scratchpad port A's
+    # a take, as the ring sees it: `resp.valid` equals `entries.any()` in every cycle (it is the
+    # register of `entries_next.any()`, below, as `entries` is of `entries_next`), so the ring's
+    # logic reads its own entries and `resp.valid`'s loads are the consumer's alone. A consumer's
+    # `ready` is commonly made from `resp.valid`: with the ring's logic on it too, `resp.valid` ->
+    # the consumer's take -> the ring's state was a round trip between the two within a cycle (on
+    # the 16x16 ULX3S SoC at 0aae96b scratchpad port A's
     # `resp.valid` at column 76 -> the compute unit's take at column 20 -> the ring's entries at
     # column 78, 13.2 ns, 11.5 of them routing, docs/boards.md); now each way is a path of its own
     taken = Signal(name=f"{name}_taken")
